@@ -1,0 +1,32 @@
+# The three commands of README.md: `make setup`, `make demo`, `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test lint bench clean
+
+setup:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -c constraints.txt -e ".[dev]"
+	@# trio-typing (a libp2p dependency) ships stale stubs for trio that hide trio's own
+	@# inline types from mypy; trio is typed by itself since 0.23.
+	$(BIN)/python -c "import shutil, sysconfig; shutil.rmtree(sysconfig.get_paths()['purelib'] + '/trio-stubs', ignore_errors=True)"
+
+demo:
+	$(BIN)/moehome demo
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest
+
+bench:
+	$(BIN)/python benchmarks/net_rpc.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

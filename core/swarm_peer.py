@@ -1,0 +1,66 @@
+"""Bare swarm peers for the command line: a bootstrap node, one-shot DHT reads and writes."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from net import DhtConfig, DhtError, Identity, Peer, PeerConfig
+from net.host import DEFAULT_LISTEN
+
+log = logging.getLogger(__name__)
+
+
+async def run_peer(
+    identity: Identity, listen: Sequence[str] | None, bootstrap: Sequence[str]
+) -> None:
+    """Serve DHT and RPC until cancelled; print our addresses on stdout for scripts."""
+    config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
+    async with trio.open_nursery() as nursery:
+        peer: Peer = await nursery.start(Peer(identity, config).run)
+        for addr in peer.addrs():
+            sys.stdout.write(addr + "\n")
+        sys.stdout.flush()
+        await trio.sleep_forever()
+
+
+@asynccontextmanager
+async def joined_client(identity: Identity, bootstrap: Sequence[str]) -> AsyncIterator[Peer]:
+    """A short-lived peer in client mode (it asks the DHT but is never asked)."""
+    if not bootstrap:
+        raise DhtError("give at least one --bootstrap address of a running peer")
+    config = PeerConfig(dht=DhtConfig(server_mode=False))
+    async with trio.open_nursery() as nursery:
+        peer: Peer = await nursery.start(Peer(identity, config).run)
+        await peer.dht.bootstrap(bootstrap)
+        yield peer
+        nursery.cancel_scope.cancel()
+
+
+async def dht_get(identity: Identity, bootstrap: Sequence[str], key: str) -> list[dict[str, Any]]:
+    async with joined_client(identity, bootstrap) as peer:
+        records = await peer.dht.get(key)
+    now = time.time()
+    return [
+        {
+            "key": r.key,
+            "author": str(r.author_peer_id),
+            "value": r.value.decode(errors="replace"),
+            "timestamp": r.timestamp_ms / 1000,
+            "expires_in_s": r.expires_ms / 1000 - now,
+        }
+        for r in records
+    ]
+
+
+async def dht_put(
+    identity: Identity, bootstrap: Sequence[str], key: str, value: bytes, ttl: float
+) -> int:
+    async with joined_client(identity, bootstrap) as peer:
+        return await peer.dht.put(key, value, ttl)

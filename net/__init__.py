@@ -1,0 +1,64 @@
+"""moehome's networking: libp2p host and identity, framed tensor RPC, DHT of signed records.
+
+Never imports torch, Qt, core or app (checked by tests/test_architecture.py).
+"""
+
+from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator, NamespaceRule, SignedRecord
+from net.host import AddressError, DialError, SwarmHost, parse_peer_addr
+from net.identity import Identity, IdentityError, load_or_create
+from net.peer import Peer, PeerConfig
+from net.rpc import (
+    BadRequest,
+    CallContext,
+    DeadlineExceeded,
+    Overloaded,
+    PeerUnreachable,
+    ProtocolViolation,
+    RateLimited,
+    RemoteError,
+    Reply,
+    RpcConfig,
+    RpcError,
+    RpcService,
+    RpcTimeout,
+    TooLarge,
+    Unavailable,
+    UnknownMethod,
+)
+from net.wire import Limits, Tensor
+
+__all__ = [
+    "AddressError",
+    "BadRequest",
+    "CallContext",
+    "DeadlineExceeded",
+    "DhtConfig",
+    "DhtError",
+    "DhtNode",
+    "DialError",
+    "Identity",
+    "IdentityError",
+    "Limits",
+    "NamespaceRule",
+    "NamespacedValidator",
+    "Overloaded",
+    "Peer",
+    "PeerConfig",
+    "PeerUnreachable",
+    "ProtocolViolation",
+    "RateLimited",
+    "RemoteError",
+    "Reply",
+    "RpcConfig",
+    "RpcError",
+    "RpcService",
+    "RpcTimeout",
+    "SignedRecord",
+    "SwarmHost",
+    "Tensor",
+    "TooLarge",
+    "Unavailable",
+    "UnknownMethod",
+    "load_or_create",
+    "parse_peer_addr",
+]

@@ -1,0 +1,441 @@
+"""moehome's DHT: a Kademlia record store on libp2p streams, with signed records.
+
+Why not py-libp2p's KadDHT: see docs/decisions/001-dht.md (measured: ~10x slower gets,
+silent puts before a routing-table refresh, duplicate providers, no isolation of our DHT
+from IPFS's by protocol id).
+
+The API hides Kademlia::
+
+    await dht.put(key, value, ttl)      # signed with our key; returns replicas stored
+    await dht.get(key)                  # verified records of every author, newest first
+    await dht.announcers(key)           # {author PeerID: record}: "who serves ffn.3.17"
+
+A prefix lookup (``ffn.3.*``) is a key of its own: each server also announces under the
+prefix key, and ``get`` of that key returns every announcer.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import trio
+
+from net._libp2p import PeerID
+from net.dht.records import NamespacedValidator, RecordRejected, SignedRecord, sign_record
+from net.dht.routing import Contact, RoutingTable, key_id_of, node_id_of
+from net.dht.store import RecordStore, StoreLimits
+from net.host import DialError, SwarmHost
+from net.identity import Identity
+from net.rpc import BadRequest, CallContext, Reply, RpcError, RpcService
+from net.wire import Tensor, pack, unpack_bounded
+
+log = logging.getLogger(__name__)
+
+FIND: Final = "dht.find"
+GET: Final = "dht.get"
+STORE: Final = "dht.store"
+_MAX_ADDRS: Final = 8
+_MAX_ADDR_CHARS: Final = 200
+_MAX_PEER_ID_BYTES: Final = 64
+
+
+class DhtError(Exception):
+    """A DHT operation could not be done (e.g. no peer reachable)."""
+
+
+@dataclass(frozen=True)
+class DhtConfig:
+    k: int = 20  # bucket size, and how many contacts a find returns
+    replicas: int = 5  # peers that store each record
+    alpha: int = 5  # queries in flight per lookup
+    query_timeout: float = 2.0
+    lookup_timeout: float = 8.0
+    refresh_interval: float = 60.0
+    sweep_interval: float = 30.0
+    max_record_bytes: int = 12 * 1024
+    max_records_per_message: int = 1024
+    store_limits: StoreLimits = field(default_factory=StoreLimits)
+    #: False for peers that cannot be reached from outside: they query but never serve.
+    server_mode: bool = True
+
+
+@dataclass
+class DhtStatistics:
+    lookups: int = 0
+    queries_sent: int = 0
+    queries_failed: int = 0
+    records_refused: dict[str, int] = field(default_factory=dict)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class DhtNode:
+    def __init__(
+        self,
+        identity: Identity,
+        host: SwarmHost,
+        rpc: RpcService,
+        validator: NamespacedValidator | None = None,
+        config: DhtConfig | None = None,
+        *,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.identity = identity
+        self.host = host
+        self.rpc = rpc
+        self.validator = validator or NamespacedValidator()
+        self.config = config or DhtConfig()
+        self._clock_ms = clock_ms
+        self.node_id = node_id_of(host.peer_id.to_bytes())
+        self.routing: RoutingTable[PeerID] = RoutingTable(self.node_id, k=self.config.k)
+        self.store = RecordStore(self.config.store_limits)
+        self.stats = DhtStatistics()
+        self._bootstrap_addrs: list[str] = []
+        self._bootstrapped = trio.Event()
+        rpc.register(FIND, self._handle_find)
+        rpc.register(GET, self._handle_get)
+        rpc.register(STORE, self._handle_store)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Maintenance: expire records, refresh the routing table, retry bootstrap."""
+        task_status.started()
+        next_refresh = trio.current_time() + self.config.refresh_interval
+        while True:
+            await trio.sleep(min(self.config.sweep_interval, self.config.refresh_interval))
+            self.store.sweep(self._clock_ms())
+            if trio.current_time() >= next_refresh:
+                next_refresh = trio.current_time() + self.config.refresh_interval
+                await self._refresh()
+
+    async def _refresh(self) -> None:
+        if not len(self.routing) and self._bootstrap_addrs:
+            try:
+                await self.bootstrap(self._bootstrap_addrs)
+            except DhtError as exc:
+                log.warning("DHT bootstrap failed again: %s", exc)
+            return
+        await self._lookup(self.node_id, width=self.config.k)
+        # one random id per refresh keeps far buckets alive (Kademlia's bucket refresh)
+        await self._lookup(random.getrandbits(256), width=self.config.k)
+
+    async def bootstrap(self, addrs: Sequence[str], *, timeout: float = 15.0) -> int:
+        """Join the DHT through the given peers. Returns how many peers we know after.
+
+        Connects to every bootstrap address (in parallel, with retries), then looks up our
+        own id, which fills the routing table and tells our neighbours about us. Raises
+        DhtError if no bootstrap peer answered: a put before that would reach nobody.
+        """
+        self._bootstrap_addrs = list(addrs)
+        reached = 0
+
+        async def join(addr: str) -> None:
+            nonlocal reached
+            try:
+                peer = await self.host.connect_addr(addr, timeout=timeout)
+                await self._query(peer, FIND, {"target": self.node_id.to_bytes(32, "big")})
+                reached += 1
+            except (DialError, RpcError, ValueError) as exc:
+                log.warning("bootstrap peer %s unreachable: %s", addr, exc)
+
+        with trio.move_on_after(timeout):
+            async with trio.open_nursery() as nursery:
+                for addr in addrs:
+                    nursery.start_soon(join, addr)
+        if not reached:
+            raise DhtError(f"none of {len(addrs)} bootstrap peers answered")
+        await self._lookup(self.node_id, width=self.config.k)
+        self._bootstrapped.set()
+        log.info("joined the DHT: %d peers known", len(self.routing))
+        return len(self.routing)
+
+    async def wait_bootstrapped(self) -> None:
+        await self._bootstrapped.wait()
+
+    # ------------------------------------------------------------ public API
+
+    async def put(self, key: str, value: bytes, ttl: float) -> int:
+        """Sign and store a record on the peers closest to ``key``.
+
+        Returns the number of remote replicas that accepted it; raises DhtError when no
+        remote peer did (py-libp2p's KadDHT returns silently in that case).
+        """
+        record = sign_record(self.identity, key, value, ttl, self._clock_ms())
+        return await self.put_record(record)
+
+    async def put_record(self, record: SignedRecord) -> int:
+        self.validator.validate(record, self._clock_ms())  # our own mistakes fail loudly here
+        self.store.put(record, self._clock_ms())
+        closest = await self._lookup(key_id_of(record.key), width=self.config.replicas)
+        targets = closest[: self.config.replicas]
+        stored = 0
+        errors: list[str] = []
+
+        async def store_on(contact: Contact[PeerID]) -> None:
+            nonlocal stored
+            try:
+                reply = await self._query(contact.peer, STORE, {}, records=[record])
+            except RpcError as exc:
+                errors.append(f"{contact.peer}: {exc}")
+                return
+            accepted = reply.meta.get("stored")
+            if isinstance(accepted, list) and accepted and accepted[0] is True:
+                stored += 1
+            else:
+                errors.append(f"{contact.peer}: refused ({reply.meta.get('errors')})")
+
+        async with trio.open_nursery() as nursery:
+            for contact in targets:
+                nursery.start_soon(store_on, contact)
+        if not stored:
+            detail = "; ".join(errors[:3]) or "no peers known (bootstrap first)"
+            raise DhtError(f"record {record.key} reached no peer: {detail}")
+        return stored
+
+    async def get(self, key: str) -> list[SignedRecord]:
+        """Every live, verified record under ``key`` (one per author), newest first."""
+        found: dict[bytes, SignedRecord] = {}
+        for record in self.store.get(key, self._clock_ms()):
+            found[record.author] = record
+        await self._lookup(key_id_of(key), width=self.config.replicas, key=key, found=found)
+        return sorted(found.values(), key=lambda r: r.timestamp_ms, reverse=True)
+
+    async def announcers(self, key: str) -> dict[PeerID, SignedRecord]:
+        """Who announces ``key``: each author's newest record, deduplicated by author."""
+        return {record.author_peer_id: record for record in await self.get(key)}
+
+    def known_peers(self) -> list[PeerID]:
+        return [c.peer for c in self.routing.contacts()]
+
+    def statistics(self) -> DhtStatistics:
+        return self.stats
+
+    # ------------------------------------------------------------ lookups
+
+    async def _lookup(
+        self,
+        target: int,
+        *,
+        width: int,
+        key: str | None = None,
+        found: dict[bytes, SignedRecord] | None = None,
+    ) -> list[Contact[PeerID]]:
+        """Iterative Kademlia lookup. Returns the closest peers that answered.
+
+        Ends when the ``width`` closest candidates have all been asked. With ``key``, asks
+        for records as well and merges valid ones into ``found``.
+        """
+        self.stats.lookups += 1
+        candidates: dict[PeerID, Contact[PeerID]] = {
+            c.peer: c for c in self.routing.closest(target, self.config.k)
+        }
+        asked: set[PeerID] = set()
+        answered: dict[PeerID, Contact[PeerID]] = {}
+        method = GET if key is not None else FIND
+        meta: dict[str, Any] = (
+            {"key": key} if key is not None else {"target": target.to_bytes(32, "big")}
+        )
+
+        async def ask(contact: Contact[PeerID]) -> None:
+            try:
+                reply = await self._query(contact.peer, method, meta)
+            except RpcError:
+                candidates.pop(contact.peer, None)
+                return
+            answered[contact.peer] = contact
+            for peer, node_id, addrs in self._parse_contacts(reply.meta.get("peers")):
+                if peer not in candidates and peer not in asked and node_id != self.node_id:
+                    candidates[peer] = Contact(peer, node_id, addrs)
+                    self.host.remember(peer, addrs)
+            if key is not None and found is not None:
+                self._merge_records(reply, key, found)
+
+        with trio.move_on_after(self.config.lookup_timeout):
+            while True:
+                closest = sorted(candidates.values(), key=lambda c: c.node_id ^ target)[:width]
+                pending = [c for c in closest if c.peer not in asked][: self.config.alpha]
+                if not pending:
+                    break
+                async with trio.open_nursery() as nursery:
+                    for contact in pending:
+                        asked.add(contact.peer)
+                        nursery.start_soon(ask, contact)
+        return sorted(answered.values(), key=lambda c: c.node_id ^ target)
+
+    def _merge_records(self, reply: Reply, key: str, found: dict[bytes, SignedRecord]) -> None:
+        now = self._clock_ms()
+        for record in self._decode_records(reply.tensors):
+            if record.key != key:
+                continue
+            try:
+                self.validator.validate(record, now)
+            except RecordRejected as exc:
+                self._count_refusal(exc.reason)
+                continue
+            current = found.get(record.author)
+            if current is None or record.newer_than(current):
+                found[record.author] = record
+
+    async def _query(
+        self,
+        peer: PeerID,
+        method: str,
+        meta: Mapping[str, Any],
+        *,
+        records: Sequence[SignedRecord] = (),
+    ) -> Reply:
+        """One DHT request; updates the routing table with the outcome."""
+        self.stats.queries_sent += 1
+        full_meta = dict(meta)
+        full_meta["addrs"] = self.host.listen_addrs() if self.config.server_mode else []
+        tensors = (_records_tensor(records),) if records else ()
+        try:
+            reply = await self.rpc.call(
+                peer, method, full_meta, tensors, timeout=self.config.query_timeout
+            )
+        except RpcError:
+            self.stats.queries_failed += 1
+            self.routing.mark_failed(peer)
+            raise
+        self.routing.add(
+            peer, node_id_of(peer.to_bytes()), self.host.known_addrs(peer), trio.current_time()
+        )
+        return reply
+
+    # ------------------------------------------------------------ serving
+
+    def _note_sender(self, ctx: CallContext) -> None:
+        addrs = _parse_addrs(ctx.request.meta.get("addrs"))
+        if addrs:  # peers without listen addresses are clients: never route to them
+            self.host.remember(ctx.peer_id, addrs)
+            self.routing.add(
+                ctx.peer_id, node_id_of(ctx.peer_id.to_bytes()), addrs, trio.current_time()
+            )
+
+    def _closest_contacts(self, target: int, requester: PeerID) -> list[list[Any]]:
+        return [
+            [c.peer.to_bytes(), list(c.addrs)]
+            for c in self.routing.closest(target, self.config.k, exclude=[requester])
+            if c.addrs
+        ]
+
+    async def _handle_find(self, ctx: CallContext) -> Reply:
+        self._require_server()
+        target = ctx.request.meta.get("target")
+        if not isinstance(target, bytes) or len(target) != 32:
+            raise BadRequest("target must be 32 bytes")
+        self._note_sender(ctx)
+        return Reply({"peers": self._closest_contacts(int.from_bytes(target, "big"), ctx.peer_id)})
+
+    async def _handle_get(self, ctx: CallContext) -> Reply:
+        self._require_server()
+        key = ctx.request.meta.get("key")
+        if not isinstance(key, str) or len(key) > 256:
+            raise BadRequest("key must be a string of at most 256 characters")
+        self._note_sender(ctx)
+        records = self.store.get(key, self._clock_ms())[: self.config.max_records_per_message]
+        peers = self._closest_contacts(key_id_of(key), ctx.peer_id)
+        return Reply({"peers": peers}, (_records_tensor(records),) if records else ())
+
+    async def _handle_store(self, ctx: CallContext) -> Reply:
+        self._require_server()
+        self._note_sender(ctx)
+        stored: list[bool] = []
+        errors: list[str | None] = []
+        now = self._clock_ms()
+        for item in self._decode_record_list(ctx.request.tensors):
+            if isinstance(item, RecordRejected):
+                stored.append(False)
+                errors.append(str(item))
+                self._count_refusal(item.reason)
+                continue
+            try:
+                self.validator.validate(item, now)
+            except RecordRejected as exc:
+                stored.append(False)
+                errors.append(str(exc))
+                self._count_refusal(exc.reason)
+                log.info("refused a record from %s: %s", ctx.peer_id, exc)
+                continue
+            stored.append(self.store.put(item, now))
+            errors.append(None)
+        return Reply({"stored": stored, "errors": errors})
+
+    def _require_server(self) -> None:
+        if not self.config.server_mode:
+            raise BadRequest("this peer does not serve the DHT")
+
+    def _count_refusal(self, reason: str) -> None:
+        self.stats.records_refused[reason] = self.stats.records_refused.get(reason, 0) + 1
+
+    # ------------------------------------------------------------ decoding
+
+    def _decode_record_list(self, tensors: Sequence[Tensor]) -> list[SignedRecord | RecordRejected]:
+        if len(tensors) != 1 or tensors[0].dtype != "uint8":
+            raise BadRequest("records travel as one uint8 tensor")
+        blob = bytes(tensors[0].data)
+        try:
+            items = unpack_bounded(blob, len(blob))
+        except Exception as exc:  # garbage from a peer
+            raise BadRequest(f"record list is not msgpack: {exc}") from exc
+        if not isinstance(items, list) or len(items) > self.config.max_records_per_message:
+            raise BadRequest("record list is not a list or is too long")
+        out: list[SignedRecord | RecordRejected] = []
+        for raw in items:
+            if not isinstance(raw, bytes):
+                out.append(RecordRejected("malformed", "record is not bytes"))
+                continue
+            try:
+                out.append(SignedRecord.decode(raw, self.config.max_record_bytes))
+            except RecordRejected as exc:
+                out.append(exc)
+        return out
+
+    def _decode_records(self, tensors: Sequence[Tensor]) -> list[SignedRecord]:
+        if not tensors:
+            return []
+        try:
+            items = self._decode_record_list(tensors)
+        except BadRequest:
+            self._count_refusal("malformed")
+            return []
+        return [r for r in items if isinstance(r, SignedRecord)]
+
+    def _parse_contacts(self, raw: Any) -> Iterable[tuple[PeerID, int, tuple[str, ...]]]:
+        if not isinstance(raw, list):
+            return
+        for item in raw[: self.config.k * 2]:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], bytes)):
+                continue
+            if len(item[0]) > _MAX_PEER_ID_BYTES:
+                continue
+            addrs = _parse_addrs(item[1])
+            if not addrs:
+                continue
+            try:
+                peer = PeerID(item[0])
+            except Exception as exc:  # noqa: BLE001 - a malformed id from a peer is skipped
+                log.debug("skipping a malformed peer id in a DHT reply: %s", exc)
+                continue
+            yield peer, node_id_of(item[0]), addrs
+
+
+def _parse_addrs(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list):
+        return ()
+    return tuple(
+        a for a in raw[:_MAX_ADDRS] if isinstance(a, str) and 0 < len(a) <= _MAX_ADDR_CHARS
+    )
+
+
+def _records_tensor(records: Sequence[SignedRecord]) -> Tensor:
+    blob = pack([r.encode() for r in records])
+    return Tensor("uint8", (len(blob),), blob)

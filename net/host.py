@@ -1,0 +1,167 @@
+"""A libp2p host on trio: TCP + Noise + Yamux, dials with retries and deadlines."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.exceptions import BaseLibp2pError
+
+from net._libp2p import (
+    PeerID,
+    PeerInfo,
+    TProtocol,
+    connection_config,
+    info_from_p2p_addr,
+    new_host,
+)
+from net.identity import Identity
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+#: How long dialled addresses stay in the peerstore (seconds).
+_ADDR_TTL = 3600
+
+StreamHandler = Callable[[Any], Awaitable[None]]
+
+
+class DialError(Exception):
+    """No connection to a peer could be made within the deadline."""
+
+
+class AddressError(ValueError):
+    """A multiaddress could not be parsed or lacks its /p2p/ part."""
+
+
+def parse_peer_addr(addr: str) -> PeerInfo:
+    """PeerInfo of a full address such as ``/ip4/127.0.0.1/tcp/4001/p2p/12D3Koo...``."""
+    try:
+        return info_from_p2p_addr(multiaddr.Multiaddr(addr))
+    except Exception as exc:  # multiaddr raises several unrelated types
+        raise AddressError(f"{addr!r} is not a valid peer address ({exc})") from exc
+
+
+class SwarmHost:
+    """One libp2p host. Use ``async with host.running():`` to listen; leaving it closes
+    every connection and listener."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        listen: Sequence[str] = DEFAULT_LISTEN,
+        *,
+        dial_timeout: float = 10.0,
+    ) -> None:
+        self.identity = identity
+        self._listen = [multiaddr.Multiaddr(a) for a in listen]
+        self._host = new_host(
+            key_pair=identity.key_pair(),
+            connection_config=connection_config(dial_timeout=dial_timeout),
+            listen_addrs=self._listen,
+        )
+        self._running = False
+
+    @property
+    def peer_id(self) -> PeerID:
+        return self._host.get_id()
+
+    @property
+    def libp2p_host(self) -> Any:
+        return self._host
+
+    def listen_addrs(self) -> list[str]:
+        """Addresses we listen on, without the /p2p/ part (what peers store for us)."""
+        return [str(a) for a in self._host.get_transport_addrs()]
+
+    def addrs(self) -> list[str]:
+        """Full addresses to give to others, e.g. as bootstrap peers."""
+        return [f"{a}/p2p/{self.peer_id}" for a in self.listen_addrs()]
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[SwarmHost]:
+        async with self._host.run(self._listen):
+            self._running = True
+            try:
+                yield self
+            finally:
+                self._running = False
+
+    def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
+        self._host.set_stream_handler(TProtocol(protocol), handler)
+
+    def remember(self, peer_id: PeerID, addrs: Iterable[str]) -> None:
+        """Add addresses for a peer to the peerstore, skipping unparsable ones."""
+        parsed = []
+        for a in addrs:
+            try:
+                parsed.append(multiaddr.Multiaddr(a))
+            except Exception:  # noqa: BLE001 - a bad address from a peer is only skipped
+                log.debug("ignoring unparsable address %r for %s", a, peer_id)
+        if parsed:
+            self._host.get_peerstore().add_addrs(peer_id, parsed, _ADDR_TTL)
+
+    def known_addrs(self, peer_id: PeerID) -> list[str]:
+        try:
+            return [str(a) for a in self._host.get_peerstore().addrs(peer_id)]
+        except BaseLibp2pError:
+            return []
+
+    def is_connected(self, peer_id: PeerID) -> bool:
+        return bool(self._host.get_network().connections.get(peer_id))
+
+    def connected_peers(self) -> list[PeerID]:
+        return list(self._host.get_connected_peers())
+
+    async def connect(
+        self,
+        peer_id: PeerID,
+        addrs: Sequence[str] = (),
+        *,
+        timeout: float = 10.0,
+        attempts: int = 3,
+    ) -> None:
+        """Connect to a peer, retrying with backoff, within ``timeout`` seconds overall."""
+        if peer_id == self.peer_id:
+            raise DialError("refusing to dial ourselves")
+        if addrs:
+            self.remember(peer_id, addrs)
+        if self.is_connected(peer_id):
+            return
+        known = self.known_addrs(peer_id)
+        if not known:
+            raise DialError(f"no known address for {peer_id}")
+        info = PeerInfo(peer_id, [multiaddr.Multiaddr(a) for a in known])
+        delay = 0.05
+        last: BaseException | None = None
+        with trio.move_on_after(timeout):
+            for attempt in range(1, attempts + 1):
+                try:
+                    await self._host.connect(info)
+                    return
+                except (BaseLibp2pError, OSError) as exc:
+                    last = exc
+                    log.debug("dial %s attempt %d failed: %s", peer_id, attempt, exc)
+                    if attempt < attempts:
+                        await trio.sleep(delay)
+                        delay *= 4
+        raise DialError(f"cannot connect to {peer_id}: {last or 'timed out'}")
+
+    async def connect_addr(self, addr: str, *, timeout: float = 10.0) -> PeerID:
+        """Connect to a full /p2p/ address; returns the peer's id."""
+        info = parse_peer_addr(addr)
+        await self.connect(info.peer_id, [str(a) for a in info.addrs], timeout=timeout)
+        return info.peer_id
+
+    async def new_stream(self, peer_id: PeerID, protocol: str, *, timeout: float = 10.0) -> Any:
+        """A new stream to ``peer_id``, dialling first if needed."""
+        if not self.is_connected(peer_id):
+            await self.connect(peer_id, timeout=timeout)
+        try:
+            return await self._host.new_stream(peer_id, [TProtocol(protocol)])
+        except (BaseLibp2pError, OSError) as exc:
+            raise DialError(f"cannot open a {protocol} stream to {peer_id}: {exc}") from exc

@@ -1,0 +1,86 @@
+"""A swarm peer: libp2p host + framed RPC + DHT, as one service with one owner nursery."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator
+from net.host import DEFAULT_LISTEN, SwarmHost
+from net.identity import Identity
+from net.rpc import CallContext, Reply, RpcConfig, RpcService
+
+log = logging.getLogger(__name__)
+
+#: Every peer answers this: round-trip and upload measurements, liveness checks.
+PING = "net.ping"
+
+
+async def _ping(ctx: CallContext) -> Reply:
+    """Answers with the number of payload bytes received (never echoes them back, so a
+    ping cannot be used to make a peer send data)."""
+    return Reply({"bytes": sum(t.nbytes for t in ctx.request.tensors)})
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    listen: Sequence[str] = DEFAULT_LISTEN
+    bootstrap: Sequence[str] = ()
+    rpc: RpcConfig = field(default_factory=RpcConfig)
+    dht: DhtConfig = field(default_factory=DhtConfig)
+    #: How long run() waits for the first bootstrap before it reports started anyway
+    #: (the DHT keeps retrying in the background).
+    bootstrap_timeout: float = 15.0
+
+
+class Peer:
+    """Use as a service::
+
+    async with trio.open_nursery() as nursery:
+        peer = await nursery.start(Peer(identity, config).run)
+        await peer.dht.put(...)
+        nursery.cancel_scope.cancel()      # stops everything, closes connections
+    """
+
+    def __init__(
+        self,
+        identity: Identity,
+        config: PeerConfig | None = None,
+        *,
+        validator: NamespacedValidator | None = None,
+    ) -> None:
+        self.identity = identity
+        self.config = config or PeerConfig()
+        self.host = SwarmHost(identity, self.config.listen)
+        self.rpc = RpcService(self.host, self.config.rpc)
+        self.dht = DhtNode(identity, self.host, self.rpc, validator, self.config.dht)
+        self.rpc.register(PING, _ping)
+
+    @property
+    def peer_id(self) -> object:
+        return self.host.peer_id
+
+    def addrs(self) -> list[str]:
+        return self.host.addrs()
+
+    async def run(self, *, task_status: trio.TaskStatus[Peer] = trio.TASK_STATUS_IGNORED) -> None:
+        async with self.host.running():
+            self.rpc.attach()
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self.dht.run)
+                    if self.config.bootstrap:
+                        try:
+                            await self.dht.bootstrap(
+                                self.config.bootstrap, timeout=self.config.bootstrap_timeout
+                            )
+                        except DhtError as exc:
+                            log.warning("%s; will retry in the background", exc)
+                    log.info("peer %s listening on %s", self.host.peer_id, ", ".join(self.addrs()))
+                    task_status.started(self)
+                    await trio.sleep_forever()
+            finally:
+                self.rpc.close()

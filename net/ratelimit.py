@@ -1,0 +1,77 @@
+"""Per-peer admission policy for inbound requests: pure, driven by an explicit clock."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from enum import Enum
+from typing import Generic, TypeVar
+
+
+@dataclass
+class TokenBucket:
+    """Classic token bucket: ``rate`` tokens per second, holding at most ``burst``."""
+
+    rate: float
+    burst: float
+    tokens: float
+    updated: float
+
+    @classmethod
+    def full(cls, rate: float, burst: float, now: float) -> TokenBucket:
+        return cls(rate, burst, burst, now)
+
+    def try_take(self, amount: float, now: float) -> bool:
+        elapsed = max(0.0, now - self.updated)
+        self.tokens = min(self.burst, self.tokens + elapsed * self.rate)
+        self.updated = now
+        if amount <= self.tokens:
+            self.tokens -= amount
+            return True
+        return False
+
+
+class Admission(Enum):
+    ADMIT = "admit"
+    TOO_MANY_REQUESTS = "too_many_requests"
+    TOO_MANY_BYTES = "too_many_bytes"
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    requests_per_second: float = 1000.0
+    request_burst: float = 2000.0
+    bytes_per_second: float = 1024.0 * 1024 * 1024
+    #: At least one maximal message must fit in a full bucket.
+    byte_burst: float = 2.0 * 1024 * 1024 * 1024
+    #: Peers remembered at once; the least recently seen are forgotten (with full buckets).
+    max_peers: int = 10_000
+
+
+K = TypeVar("K")
+
+
+class PeerRateLimiter(Generic[K]):
+    """Token buckets for requests and bytes, one pair per peer, with bounded memory."""
+
+    def __init__(self, limits: RateLimits) -> None:
+        self._limits = limits
+        self._buckets: OrderedDict[K, tuple[TokenBucket, TokenBucket]] = OrderedDict()
+
+    def admit(self, peer: K, nbytes: int, now: float) -> Admission:
+        pair = self._buckets.pop(peer, None)
+        if pair is None:
+            lim = self._limits
+            pair = (
+                TokenBucket.full(lim.requests_per_second, lim.request_burst, now),
+                TokenBucket.full(lim.bytes_per_second, lim.byte_burst, now),
+            )
+        self._buckets[peer] = pair  # most recently seen last
+        while len(self._buckets) > self._limits.max_peers:
+            self._buckets.popitem(last=False)
+        requests, volume = pair
+        if not requests.try_take(1.0, now):
+            return Admission.TOO_MANY_REQUESTS
+        if not volume.try_take(float(nbytes), now):
+            return Admission.TOO_MANY_BYTES
+        return Admission.ADMIT

@@ -1,0 +1,542 @@
+"""Request/response RPC with tensor payloads over raw libp2p streams.
+
+One call occupies one stream at a time; streams are pooled per peer and reused, because
+opening a libp2p stream costs several milliseconds (multistream negotiation) while a
+round trip on an open one costs well under one. Many calls to one peer run concurrently on
+as many streams (all over one connection).
+
+Robustness rules this module keeps:
+
+* limits are checked from the frame header before any payload is allocated
+  (:mod:`net.wire`); an oversized or malformed frame gets an error reply and the stream is
+  reset, and the server goes on serving everything else;
+* the server reads a whole request before it runs the handler, and the client reads a
+  whole response as soon as it arrives, so no writer ever waits on a stalled reader (Yamux
+  resets a stream after 5 s without window updates);
+* every call has a deadline; the deadline travels in the request so the server drops work
+  the caller no longer waits for;
+* per-peer rate limits (requests and bytes) and a per-peer cap on handlers in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final
+
+import trio
+from libp2p.exceptions import BaseLibp2pError
+
+from net._libp2p import PeerID
+from net.host import DialError, SwarmHost
+from net.ratelimit import Admission, PeerRateLimiter, RateLimits
+from net.wire import (
+    KIND_REQUEST,
+    KIND_RESPONSE,
+    ErrorInfo,
+    FrameError,
+    FrameReader,
+    FrameTooLarge,
+    Limits,
+    MiB,
+    Request,
+    Response,
+    StreamClosedEarly,
+    Tensor,
+    build_request,
+    build_response,
+    encode_request,
+    encode_response,
+    write_frame,
+)
+
+log = logging.getLogger(__name__)
+
+RPC_PROTOCOL: Final = "/moehome/rpc/1.0.0"
+
+
+# ---------------------------------------------------------------- errors
+
+
+class RpcError(Exception):
+    """Base class of every error a call can raise."""
+
+
+class RpcTimeout(RpcError, TimeoutError):
+    """The call's deadline passed before a response arrived."""
+
+
+class PeerUnreachable(RpcError):
+    """No stream to the peer could be opened, or the connection broke mid-call."""
+
+
+class ProtocolViolation(RpcError):
+    """The peer answered with something that is not a valid response."""
+
+
+class RemoteError(RpcError):
+    """The remote side answered with an error. Subclasses name the reason; handlers raise
+    them to send that reason back."""
+
+    code: ClassVar[str] = "remote_error"
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+class BadRequest(RemoteError):
+    code = "bad_request"
+
+
+class UnknownMethod(RemoteError):
+    code = "unknown_method"
+
+
+class TooLarge(RemoteError):
+    code = "too_large"
+
+
+class RateLimited(RemoteError):
+    code = "rate_limited"
+
+
+class Overloaded(RemoteError):
+    code = "overloaded"
+
+
+class DeadlineExceeded(RemoteError):
+    code = "deadline_exceeded"
+
+
+class Unavailable(RemoteError):
+    """The peer is up but will not do this now (paused, shutting down)."""
+
+    code = "unavailable"
+
+
+class InternalError(RemoteError):
+    code = "internal"
+
+
+_ERRORS_BY_CODE: Final[Mapping[str, type[RemoteError]]] = {
+    cls.code: cls
+    for cls in (
+        BadRequest,
+        UnknownMethod,
+        TooLarge,
+        RateLimited,
+        Overloaded,
+        DeadlineExceeded,
+        Unavailable,
+        InternalError,
+    )
+} | {"bad_frame": BadRequest, "truncated": BadRequest}
+
+
+def remote_error(info: ErrorInfo) -> RemoteError:
+    cls = _ERRORS_BY_CODE.get(info.code)
+    if cls is None:
+        err = RemoteError(info.message)
+        err.code = info.code  # type: ignore[misc]  # an unknown code from a newer peer
+        return err
+    return cls(info.message)
+
+
+# ---------------------------------------------------------------- handler API
+
+
+@dataclass(frozen=True)
+class Reply:
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    tensors: tuple[Tensor, ...] = ()
+
+
+@dataclass(frozen=True)
+class CallContext:
+    peer_id: PeerID
+    request: Request
+
+
+Handler = Callable[[CallContext], Awaitable[Reply]]
+
+
+@dataclass(frozen=True)
+class RpcConfig:
+    limits: Limits = field(default_factory=Limits)
+    rate_limits: RateLimits = field(default_factory=RateLimits)
+    default_timeout: float = 30.0
+    #: Server: handlers of one peer running at once; more get ``Overloaded``.
+    max_inflight_per_peer: int = 64
+    #: Server: the longest a handler may run, whatever the caller asked.
+    max_handler_seconds: float = 600.0
+    #: Server: an inbound stream with no new request for this long is closed.
+    server_idle_seconds: float = 300.0
+    #: Server: after refusing an oversized frame, read and drop at most this much of it so
+    #: that the sender can finish writing and read the refusal.
+    max_drain_bytes: int = 1024 * MiB
+    #: Client: streams to one peer at once (calls beyond wait for a free one).
+    max_streams_per_peer: int = 64
+    #: Client: idle streams kept per peer, and for how long.
+    max_idle_streams_per_peer: int = 16
+    client_idle_seconds: float = 60.0
+
+
+@dataclass
+class RpcStatistics:
+    calls_sent: int = 0
+    calls_failed: int = 0
+    requests_served: int = 0
+    streams_opened: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class _PooledStream:
+    stream: Any
+    reader: FrameReader
+    last_used: float
+    uses: int = 0
+
+
+class _PeerPool:
+    def __init__(self, max_streams: int) -> None:
+        self.idle: list[_PooledStream] = []
+        self.slots = trio.Semaphore(max_streams)
+
+
+# ---------------------------------------------------------------- service
+
+
+class RpcService:
+    """Serves registered methods and makes calls to other peers."""
+
+    def __init__(self, host: SwarmHost, config: RpcConfig | None = None) -> None:
+        self.host = host
+        self.config = config or RpcConfig()
+        self._handlers: dict[str, Handler] = {}
+        self._ids = itertools.count(1)
+        self._pools: dict[PeerID, _PeerPool] = {}
+        self._limiter: PeerRateLimiter[PeerID] = PeerRateLimiter(self.config.rate_limits)
+        self._inflight: defaultdict[PeerID, int] = defaultdict(int)
+        self._serving: set[trio.CancelScope] = set()
+        self.stats = RpcStatistics()
+
+    # ---- registration
+
+    def register(self, method: str, handler: Handler) -> None:
+        if not 0 < len(method) <= self.config.limits.max_method_chars:
+            raise ValueError(f"method name {method!r} is empty or too long")
+        if method in self._handlers:
+            raise ValueError(f"method {method!r} is already registered")
+        self._handlers[method] = handler
+
+    def attach(self) -> None:
+        """Start accepting RPC streams on the host."""
+        self.host.set_stream_handler(RPC_PROTOCOL, self._serve_stream)
+
+    def close(self) -> None:
+        """Stop serving: cancel every inbound stream loop (they belong to libp2p's
+        connection nurseries, so we keep their cancel scopes to end them on shutdown)."""
+        for scope in list(self._serving):
+            scope.cancel()
+
+    def statistics(self) -> RpcStatistics:
+        return self.stats
+
+    # ---- client side
+
+    async def call(
+        self,
+        peer_id: PeerID,
+        method: str,
+        meta: Mapping[str, Any] | None = None,
+        tensors: Sequence[Tensor] = (),
+        *,
+        timeout: float | None = None,
+    ) -> Reply:
+        """Call ``method`` on ``peer_id``; raises a :class:`RpcError` subclass on failure."""
+        timeout = self.config.default_timeout if timeout is None else timeout
+        payload = sum(t.nbytes for t in tensors)
+        if payload > self.config.limits.max_payload_bytes:
+            raise TooLarge(
+                f"{payload} bytes of tensors exceed the limit of "
+                f"{self.config.limits.max_payload_bytes}; split the call"
+            )
+        deadline = trio.current_time() + timeout
+        self.stats.calls_sent += 1
+        try:
+            with trio.fail_after(timeout):
+                return await self._call(peer_id, method, meta or {}, tuple(tensors), deadline)
+        except trio.TooSlowError:
+            self.stats.calls_failed += 1
+            raise RpcTimeout(f"{method} on {peer_id}: no response within {timeout:.3g} s") from None
+        except RpcError:
+            self.stats.calls_failed += 1
+            raise
+
+    async def _call(
+        self,
+        peer_id: PeerID,
+        method: str,
+        meta: Mapping[str, Any],
+        tensors: tuple[Tensor, ...],
+        deadline: float,
+    ) -> Reply:
+        request_id = next(self._ids)
+        pool = self._pools.get(peer_id)
+        if pool is None:
+            pool = self._pools[peer_id] = _PeerPool(self.config.max_streams_per_peer)
+        async with pool.slots:
+            # A reused stream may have died while idle (peer restarted). If writing the
+            # request fails, the peer cannot have acted on it, so one retry is safe.
+            for attempt in (1, 2):
+                entry = await self._checkout(peer_id, pool, deadline)
+                reused = entry.uses > 0
+                request = Request(
+                    method,
+                    request_id,
+                    meta,
+                    tensors,
+                    timeout=max(0.001, deadline - trio.current_time()),
+                )
+                ok = False
+                try:
+                    try:
+                        await write_frame(entry.stream, encode_request(request))
+                    except (BaseLibp2pError, OSError) as exc:
+                        if reused and attempt == 1:
+                            continue
+                        raise PeerUnreachable(f"{method} on {peer_id}: {exc}") from exc
+                    response = await self._read_response(entry, request_id, peer_id)
+                    ok = not response.meta.get("fatal")
+                finally:
+                    if ok:
+                        await self._checkin(pool, entry)
+                    else:
+                        await _reset_quietly(entry.stream)
+                if response.error is not None:
+                    raise remote_error(response.error)
+                return Reply(response.meta, response.tensors)
+        raise AssertionError("unreachable")
+
+    async def _read_response(
+        self, entry: _PooledStream, request_id: int, peer_id: PeerID
+    ) -> Response:
+        try:
+            frame = await entry.reader.read_frame()
+        except FrameError as exc:
+            raise ProtocolViolation(f"bad response from {peer_id}: {exc}") from exc
+        except (BaseLibp2pError, OSError) as exc:
+            raise PeerUnreachable(f"connection to {peer_id} broke: {exc}") from exc
+        if frame is None:
+            raise PeerUnreachable(f"{peer_id} closed the stream without answering")
+        header, tensors = frame
+        if header.kind != KIND_RESPONSE:
+            raise ProtocolViolation(f"{peer_id} sent a request where a response was due")
+        response = build_response(header, tensors)
+        if response.request_id != request_id and not (
+            response.request_id == 0 and response.error is not None  # request unreadable
+        ):
+            raise ProtocolViolation(
+                f"{peer_id} answered request {response.request_id}, expected {request_id}"
+            )
+        return response
+
+    async def _checkout(self, peer_id: PeerID, pool: _PeerPool, deadline: float) -> _PooledStream:
+        now = trio.current_time()
+        while pool.idle:
+            entry = pool.idle.pop()
+            if now - entry.last_used < self.config.client_idle_seconds:
+                return entry
+            await _close_quietly(entry.stream)
+        try:
+            stream = await self.host.new_stream(
+                peer_id, RPC_PROTOCOL, timeout=max(0.001, deadline - now)
+            )
+        except DialError as exc:
+            raise PeerUnreachable(str(exc)) from exc
+        self.stats.streams_opened += 1
+        return _PooledStream(stream, FrameReader(stream, self.config.limits), now)
+
+    async def _checkin(self, pool: _PeerPool, entry: _PooledStream) -> None:
+        entry.uses += 1
+        entry.last_used = trio.current_time()
+        if len(pool.idle) < self.config.max_idle_streams_per_peer:
+            pool.idle.append(entry)
+        else:
+            await _close_quietly(entry.stream)
+
+    def forget_peer(self, peer_id: PeerID) -> None:
+        """Drop pooled streams of a peer (e.g. after it left)."""
+        self._pools.pop(peer_id, None)
+
+    # ---- server side
+
+    async def _serve_stream(self, stream: Any) -> None:
+        peer_id: PeerID = stream.muxed_conn.peer_id
+        reader = FrameReader(stream, self.config.limits)
+        with trio.CancelScope() as scope:
+            self._serving.add(scope)
+            try:
+                await self._serve_requests(stream, reader, peer_id)
+            except (BaseLibp2pError, OSError) as exc:
+                log.debug("rpc stream from %s ended: %s", peer_id, exc)
+                await _reset_quietly(stream)
+            finally:
+                self._serving.discard(scope)
+        if scope.cancelled_caught:
+            await _reset_quietly(stream)
+
+    async def _serve_requests(self, stream: Any, reader: FrameReader, peer_id: PeerID) -> None:
+        while True:
+            try:
+                with trio.fail_after(self.config.server_idle_seconds):
+                    frame = await reader.read_frame()
+            except trio.TooSlowError:
+                await _close_quietly(stream)
+                return
+            except StreamClosedEarly:
+                self.stats.rejected["truncated"] += 1
+                await _reset_quietly(stream)
+                return
+            except FrameError as exc:
+                # No resynchronising inside a broken or oversized frame: answer, let the
+                # sender finish writing (bounded) so it can read the answer, then reset.
+                self.stats.rejected[exc.code] += 1
+                log.info("rejecting a frame from %s: %s", peer_id, exc)
+                code = TooLarge.code if isinstance(exc, FrameTooLarge) else BadRequest.code
+                await self._send_error_quietly(stream, exc.request_id or 0, code, str(exc))
+                drain = exc.declared_bytes if isinstance(exc, FrameTooLarge) else 1 * MiB
+                if drain <= self.config.max_drain_bytes:
+                    await _drain_quietly(stream, drain, seconds=10.0)
+                await _reset_quietly(stream)
+                return
+            if frame is None:
+                await _close_quietly(stream)
+                return
+            header, tensors = frame
+            if header.kind != KIND_REQUEST:
+                self.stats.rejected["not_a_request"] += 1
+                await self._send_error_quietly(
+                    stream, header.request_id, BadRequest.code, "expected a request"
+                )
+                await _reset_quietly(stream)
+                return
+            request = build_request(header, tensors)
+            response = await self._answer(peer_id, request)
+            await write_frame(stream, encode_response(response))
+
+    async def _answer(self, peer_id: PeerID, request: Request) -> Response:
+        nbytes = sum(t.nbytes for t in request.tensors)
+        admission = self._limiter.admit(peer_id, nbytes, trio.current_time())
+        if admission is not Admission.ADMIT:
+            self.stats.rejected[admission.value] += 1
+            return _error_response(request, RateLimited(f"{admission.value}; slow down"))
+        if self._inflight[peer_id] >= self.config.max_inflight_per_peer:
+            self.stats.rejected["overloaded"] += 1
+            return _error_response(
+                request,
+                Overloaded(f"more than {self.config.max_inflight_per_peer} calls in flight"),
+            )
+        handler = self._handlers.get(request.method)
+        if handler is None:
+            self.stats.rejected["unknown_method"] += 1
+            return _error_response(request, UnknownMethod(f"no method {request.method!r}"))
+        self._inflight[peer_id] += 1
+        try:
+            budget = min(
+                request.timeout or self.config.max_handler_seconds, self.config.max_handler_seconds
+            )
+            with trio.move_on_after(budget) as scope:
+                reply = await handler(CallContext(peer_id, request))
+            if scope.cancelled_caught:
+                return _error_response(
+                    request, DeadlineExceeded(f"{request.method} took over {budget:.3g} s")
+                )
+            self.stats.requests_served += 1
+            return Response(request.request_id, reply.meta, reply.tensors)
+        except RemoteError as exc:
+            return _error_response(request, exc)
+        except Exception:
+            log.exception("handler for %s failed on a request from %s", request.method, peer_id)
+            return _error_response(request, InternalError(f"{request.method} failed"))
+        finally:
+            self._inflight[peer_id] -= 1
+            if not self._inflight[peer_id]:
+                del self._inflight[peer_id]
+
+    async def _send_error_quietly(
+        self, stream: Any, request_id: int, code: str, message: str
+    ) -> None:
+        # "fatal" tells the caller this stream is finished (it cannot be reused)
+        response = Response(request_id, meta={"fatal": True}, error=ErrorInfo(code, message[:500]))
+        with trio.move_on_after(2):
+            with contextlib.suppress(BaseLibp2pError, OSError):
+                await write_frame(stream, encode_response(response))
+
+
+def _error_response(request: Request, error: RemoteError) -> Response:
+    return Response(request.request_id, error=ErrorInfo(error.code, error.message[:2000]))
+
+
+async def _drain_quietly(stream: Any, max_bytes: int, *, seconds: float) -> None:
+    """Read and drop up to ``max_bytes`` (without keeping them) for at most ``seconds``."""
+    left = max_bytes
+    with trio.move_on_after(seconds):
+        try:
+            while left > 0:
+                chunk = await stream.read(min(left, 1 * MiB))
+                if not chunk:
+                    return
+                left -= len(chunk)
+        except (BaseLibp2pError, OSError, EOFError):
+            return
+
+
+async def _reset_quietly(stream: Any) -> None:
+    with (
+        trio.CancelScope(shield=True),
+        trio.move_on_after(1),
+        contextlib.suppress(BaseLibp2pError, OSError),
+    ):
+        await stream.reset()
+
+
+async def _close_quietly(stream: Any) -> None:
+    with (
+        trio.CancelScope(shield=True),
+        trio.move_on_after(1),
+        contextlib.suppress(BaseLibp2pError, OSError),
+    ):
+        await stream.close()
+
+
+__all__ = [
+    "RPC_PROTOCOL",
+    "BadRequest",
+    "CallContext",
+    "DeadlineExceeded",
+    "Handler",
+    "InternalError",
+    "Overloaded",
+    "PeerUnreachable",
+    "ProtocolViolation",
+    "RateLimited",
+    "RemoteError",
+    "Reply",
+    "RpcConfig",
+    "RpcError",
+    "RpcService",
+    "RpcTimeout",
+    "TooLarge",
+    "Unavailable",
+    "UnknownMethod",
+]
