@@ -10,6 +10,7 @@ from typing import Any
 import multiaddr
 import trio
 from libp2p.exceptions import BaseLibp2pError
+from libp2p.peer.peerstore import PeerStoreError
 
 from net._libp2p import (
     PeerID,
@@ -108,7 +109,7 @@ class SwarmHost:
     def known_addrs(self, peer_id: PeerID) -> list[str]:
         try:
             return [str(a) for a in self._host.get_peerstore().addrs(peer_id)]
-        except BaseLibp2pError:
+        except (BaseLibp2pError, PeerStoreError):
             return []
 
     def is_connected(self, peer_id: PeerID) -> bool:

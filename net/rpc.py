@@ -414,7 +414,10 @@ class RpcService:
                 log.info("rejecting a frame from %s: %s", peer_id, exc)
                 code = TooLarge.code if isinstance(exc, FrameTooLarge) else BadRequest.code
                 await self._send_error_quietly(stream, exc.request_id or 0, code, str(exc))
-                drain = exc.declared_bytes if isinstance(exc, FrameTooLarge) else 1 * MiB
+                # Size unknown (broken header): drain until the sender, having read the
+                # answer, resets the stream, within the same bounds.
+                declared = exc.declared_bytes if isinstance(exc, FrameTooLarge) else 0
+                drain = declared or self.config.max_drain_bytes
                 if drain <= self.config.max_drain_bytes:
                     await _drain_quietly(stream, drain, seconds=10.0)
                 await _reset_quietly(stream)

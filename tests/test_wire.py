@@ -50,7 +50,9 @@ def frame_bytes(pieces) -> bytes:
     return b"".join(bytes(p) for p in pieces)
 
 
-def raw_frame(header: object, kind: int = KIND_REQUEST, payload: bytes = b"", magic=b"MH", version=1) -> bytes:
+def raw_frame(
+    header: object, kind: int = KIND_REQUEST, payload: bytes = b"", magic=b"MH", version=1
+) -> bytes:
     h = msgpack.packb(header, use_bin_type=True)
     return struct.pack(">2sBBI", magic, version, kind, len(h)) + h + payload
 
@@ -83,7 +85,9 @@ async def test_response_round_trip_with_error():
 
 
 async def test_two_frames_back_to_back_in_one_chunk():
-    data = frame_bytes(encode_request(Request("a", 1))) + frame_bytes(encode_request(Request("b", 2)))
+    data = frame_bytes(encode_request(Request("a", 1))) + frame_bytes(
+        encode_request(Request("b", 2))
+    )
     reader = FrameReader(MemoryStream(data, chunk=10_000), Limits())
     first = await reader.read_frame()
     second = await reader.read_frame()

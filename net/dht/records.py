@@ -67,7 +67,9 @@ class SignedRecord:
         )
 
     def encode(self) -> bytes:
-        return pack([self.key, self.value, self.author, self.timestamp_ms, self.expires_ms, self.signature])
+        return pack(
+            [self.key, self.value, self.author, self.timestamp_ms, self.expires_ms, self.signature]
+        )
 
     @classmethod
     def decode(cls, data: bytes, max_bytes: int) -> SignedRecord:
