@@ -7,7 +7,6 @@ answers at once.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path

@@ -50,6 +50,8 @@ def _processes() -> Iterator[list[subprocess.Popen[str]]]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
 
 
 async def _start_peer(procs: list[subprocess.Popen[str]], bootstrap: list[str]) -> str:
@@ -136,5 +138,6 @@ async def _show(console: Console, peer: Peer, addrs: list[str], gets: int) -> No
         f"p90 {latencies[int(0.9 * (len(latencies) - 1))]:.1f} ms, found {hits}/{gets}"
     )
     console.print(
-        f"RPC: 16 MiB upload to one peer at {upload:.0f} MB/s; routing table: {len(peer.dht.routing)} peers"
+        f"RPC: 16 MiB upload to one peer at {upload:.0f} MB/s; "
+        f"routing table: {len(peer.dht.routing)} peers"
     )

@@ -46,7 +46,7 @@ class Swarm:
         peer = Peer(identity or Identity.generate(), config)
         scope = trio.CancelScope()
 
-        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async def run(task_status: trio.TaskStatus[Peer] = trio.TASK_STATUS_IGNORED) -> None:
             with scope:
                 await peer.run(task_status=task_status)
 

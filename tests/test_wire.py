@@ -57,8 +57,8 @@ def raw_frame(
     return struct.pack(">2sBBI", magic, version, kind, len(h)) + h + payload
 
 
-async def read_one(data: bytes, limits: Limits = Limits(), chunk: int = 7):
-    return await FrameReader(MemoryStream(data, chunk), limits).read_frame()
+async def read_one(data: bytes, limits: Limits | None = None, chunk: int = 7):
+    return await FrameReader(MemoryStream(data, chunk), limits or Limits()).read_frame()
 
 
 async def test_request_round_trip_with_tensors():

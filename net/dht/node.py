@@ -203,8 +203,7 @@ class DhtNode:
     async def get(self, key: str) -> list[SignedRecord]:
         """Every live, verified record under ``key`` (one per author), newest first."""
         found: dict[bytes, SignedRecord] = {}
-        for record in self.store.get(key, self._clock_ms()):
-            found[record.author] = record
+        self._merge(self.store.get(key, self._clock_ms()), key, found)
         await self._lookup(key_id_of(key), width=self.config.replicas, key=key, found=found)
         return sorted(found.values(), key=lambda r: r.timestamp_ms, reverse=True)
 
@@ -256,7 +255,7 @@ class DhtNode:
                     candidates[peer] = Contact(peer, node_id, addrs)
                     self.host.remember(peer, addrs)
             if key is not None and found is not None:
-                self._merge_records(reply, key, found)
+                self._merge(self._decode_records(reply.tensors), key, found)
 
         with trio.move_on_after(self.config.lookup_timeout):
             while True:
@@ -270,9 +269,13 @@ class DhtNode:
                         nursery.start_soon(ask, contact)
         return sorted(answered.values(), key=lambda c: c.node_id ^ target)
 
-    def _merge_records(self, reply: Reply, key: str, found: dict[bytes, SignedRecord]) -> None:
+    def _merge(
+        self, records: Iterable[SignedRecord], key: str, found: dict[bytes, SignedRecord]
+    ) -> None:
+        """Keep each author's newest valid record. Everything is re-verified, our own
+        store included: what reaches a caller has always had its signature checked."""
         now = self._clock_ms()
-        for record in self._decode_records(reply.tensors):
+        for record in records:
             if record.key != key:
                 continue
             try:

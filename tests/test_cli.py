@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import logging
+
+from typer.testing import CliRunner
+
+from core.cli import app
+
+runner = CliRunner()
+
+
+def test_help_lists_the_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("id", "peer", "demo", "dht"):
+        assert command in result.output
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.startswith("moehome ")
+
+
+def test_id_creates_the_identity_once(tmp_path):
+    first = runner.invoke(app, ["--data-dir", str(tmp_path), "id"])
+    second = runner.invoke(app, ["--data-dir", str(tmp_path), "id"])
+    assert first.exit_code == 0
+    ids = [
+        [line for line in r.output.splitlines() if line.startswith("peer id:")]
+        for r in (first, second)
+    ]
+    assert len(ids[0]) == 1
+    assert ids[0] == ids[1]
+    assert (tmp_path / "identity.key").exists()
+
+
+def test_corrupt_identity_is_reported_and_kept(tmp_path):
+    (tmp_path / "identity.key").write_text("garbage")
+    result = runner.invoke(app, ["--data-dir", str(tmp_path), "id"])
+    assert result.exit_code == 2
+    assert "corrupt" in result.output
+    assert (tmp_path / "identity.key").read_text() == "garbage"
+
+
+def test_dht_get_without_bootstrap_is_a_clear_error():
+    result = runner.invoke(app, ["dht", "get", "/moehome/demo/x"])
+    assert result.exit_code == 1
+    assert "--bootstrap" in result.output
+
+
+def test_libp2p_logs_reach_the_program_log():
+    import net  # noqa: F401 - importing net reconnects libp2p's logger
+
+    assert logging.getLogger("libp2p").propagate is True
+    assert logging.getLogger("libp2p.network.auto_connector").level == logging.NOTSET

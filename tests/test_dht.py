@@ -1,0 +1,189 @@
+"""The DHT of signed records, with real peers on 127.0.0.1 in one process."""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import pytest
+import trio
+
+from net.dht import DhtConfig, DhtError, SignedRecord, sign_record
+from net.dht.node import STORE
+from net.identity import Identity
+from net.peer import Peer, PeerConfig
+from net.testing import open_swarm
+from net.wire import Tensor
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def records_tensor(*raw: bytes) -> Tensor:
+    blob = msgpack.packb(list(raw), use_bin_type=True)
+    return Tensor("uint8", (len(blob),), blob)
+
+
+@pytest.mark.slow
+async def test_24_peers_a_record_put_by_one_is_read_by_every_other():
+    async with open_swarm(24) as swarm:
+        writer = swarm.node(7)
+        replicas = await writer.dht.put("/moehome/demo/hello", b"world", ttl=60)
+        assert replicas >= 3
+        for i, peer in enumerate(swarm.peers):
+            if peer is writer:
+                continue
+            records = await peer.dht.get("/moehome/demo/hello")
+            assert [r.value for r in records] == [b"world"], f"peer {i}"
+            assert records[0].author_peer_id == writer.host.peer_id
+
+
+async def test_forged_records_are_refused_by_a_remote_peer():
+    async with open_swarm(3) as swarm:
+        author, victim, observer = swarm.peers
+        mallory = Identity.generate()
+        good = sign_record(author.identity, "/moehome/demo/k", b"true value", 60, now_ms())
+        changed_value = SignedRecord(
+            good.key, b"evil value", good.author, good.timestamp_ms, good.expires_ms, good.signature
+        )
+        bad_signature = SignedRecord(
+            good.key, good.value, good.author, good.timestamp_ms, good.expires_ms, bytes(64)
+        )
+        # signed by mallory but claiming author's key
+        claimed = sign_record(mallory, "/moehome/demo/k", b"mine", 60, now_ms())
+        wrong_author = SignedRecord(
+            claimed.key,
+            claimed.value,
+            author.identity.public_key,
+            claimed.timestamp_ms,
+            claimed.expires_ms,
+            claimed.signature,
+        )
+        # validly signed by mallory, but under a key that only `author` may write
+        squat = sign_record(mallory, f"/moehome/peer/{author.host.peer_id}", b"x", 60, now_ms())
+        expired = sign_record(author.identity, "/moehome/demo/old", b"x", 1, now_ms() - 10_000)
+        unknown_ns = sign_record(author.identity, "/moehome/nosuch/k", b"x", 60, now_ms())
+        too_long_ttl = sign_record(author.identity, "/moehome/demo/forever", b"x", 10**7, now_ms())
+        forged = [
+            changed_value,
+            bad_signature,
+            wrong_author,
+            squat,
+            expired,
+            unknown_ns,
+            too_long_ttl,
+        ]
+        raw = [r.encode() for r in forged] + [b"\x93garbage", good.encode()]
+
+        reply = await observer.rpc.call(
+            victim.host.peer_id, STORE, {"addrs": []}, [records_tensor(*raw)]
+        )
+        assert reply.meta["stored"] == [False] * 8 + [True]
+        reasons = " ".join(reply.meta["errors"][:8])
+        for reason in (
+            "bad_signature",
+            "wrong_author",
+            "expired",
+            "unknown_namespace",
+            "ttl_too_long",
+            "malformed",
+        ):
+            assert reason in reasons
+        assert [r.value for r in victim.dht.store.get("/moehome/demo/k", now_ms())] == [
+            b"true value"
+        ]
+        assert not victim.dht.store.get(f"/moehome/peer/{author.host.peer_id}", now_ms())
+        assert (
+            victim.dht.stats.records_refused["bad_signature"] == 3
+        )  # value, signature, claimed author
+
+
+async def test_a_peer_serving_forged_records_is_not_believed():
+    async with open_swarm(4) as swarm:
+        liar = swarm.node(1)
+        good = sign_record(swarm.node(0).identity, "/moehome/demo/x", b"good", 60, now_ms())
+        forged = SignedRecord(
+            good.key, b"forged", good.author, good.timestamp_ms + 1, good.expires_ms, good.signature
+        )
+        for peer in swarm.peers:  # plant the forgery straight into every store, as a liar would
+            peer.dht.store.put(forged, now_ms())
+        records = await swarm.node(3).dht.get("/moehome/demo/x")
+        assert b"forged" not in [r.value for r in records]
+        assert swarm.node(3).dht.stats.records_refused.get("bad_signature", 0) >= 1
+        del liar
+
+
+async def test_newest_record_of_an_author_wins_and_authors_are_deduplicated():
+    async with open_swarm(6) as swarm:
+        a, b = swarm.node(1), swarm.node(2)
+        await a.dht.put("/moehome/demo/ffn.3.", b"ffn.3.17 v1", ttl=60)
+        await a.dht.put("/moehome/demo/ffn.3.", b"ffn.3.17 v2", ttl=60)
+        await b.dht.put("/moehome/demo/ffn.3.", b"ffn.3.4", ttl=60)
+        announcers = await swarm.node(5).dht.announcers("/moehome/demo/ffn.3.")
+        assert {p: r.value for p, r in announcers.items()} == {
+            a.host.peer_id: b"ffn.3.17 v2",
+            b.host.peer_id: b"ffn.3.4",
+        }
+
+
+async def test_an_expired_record_disappears():
+    async with open_swarm(4) as swarm:
+        await swarm.node(1).dht.put("/moehome/demo/short", b"soon gone", ttl=1.0)
+        assert [r.value for r in await swarm.node(2).dht.get("/moehome/demo/short")] == [
+            b"soon gone"
+        ]
+        await trio.sleep(1.2)
+        for peer in swarm.peers:
+            assert await peer.dht.get("/moehome/demo/short") == []
+            assert not peer.dht.store.get("/moehome/demo/short", now_ms())
+
+
+async def test_put_before_joining_fails_loudly_instead_of_reaching_nobody():
+    async with trio.open_nursery() as nursery:
+        lonely: Peer = await nursery.start(Peer(Identity.generate()).run)
+        with pytest.raises(DhtError, match="reached no peer"):
+            await lonely.dht.put("/moehome/demo/x", b"y", ttl=60)
+        nursery.cancel_scope.cancel()
+
+
+async def test_bootstrap_to_nobody_is_an_error():
+    async with trio.open_nursery() as nursery:
+        peer: Peer = await nursery.start(Peer(Identity.generate()).run)
+        dead = f"/ip4/127.0.0.1/tcp/9/p2p/{Identity.generate().peer_id}"
+        with pytest.raises(DhtError, match="none of 1 bootstrap peers"):
+            await peer.dht.bootstrap([dead], timeout=3)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_a_peer_that_leaves_and_returns():
+    async with open_swarm(8) as swarm:
+        leaver = swarm.node(3)
+        identity = leaver.identity
+        await swarm.node(5).dht.put("/moehome/demo/durable", b"kept", ttl=60)
+        swarm.stop(leaver)
+        await trio.sleep(0.3)
+        # the swarm still answers: records live on several replicas
+        for peer in swarm.running():
+            assert [r.value for r in await peer.dht.get("/moehome/demo/durable")] == [b"kept"]
+        # it comes back with the same identity (a new port) and is reachable again
+        back = await swarm.add(identity=identity)
+        assert back.host.peer_id == leaver.host.peer_id
+        await back.dht.put("/moehome/demo/back", b"again", ttl=60)
+        assert [r.value for r in await swarm.node(0).dht.get("/moehome/demo/back")] == [b"again"]
+        assert [r.value for r in await back.dht.get("/moehome/demo/durable")] == [b"kept"]
+
+
+async def test_client_mode_peers_are_never_put_in_routing_tables():
+    def config(i: int) -> PeerConfig:
+        return PeerConfig(dht=DhtConfig(server_mode=(i != 2)))
+
+    async with open_swarm(4, config) as swarm:
+        client = swarm.node(2)
+        await client.dht.put("/moehome/demo/from-client", b"ok", ttl=60)
+        for i in (0, 1, 3):
+            assert client.host.peer_id not in swarm.node(i).dht.known_peers()
+        assert [r.value for r in await swarm.node(3).dht.get("/moehome/demo/from-client")] == [
+            b"ok"
+        ]

@@ -1,0 +1,155 @@
+"""Pure parts of net/: rate limiter, routing table, record store, record validator."""
+
+from __future__ import annotations
+
+import pytest
+
+from net.dht.records import (
+    NamespacedValidator,
+    NamespaceRule,
+    RecordRejected,
+    SignedRecord,
+    sign_record,
+)
+from net.dht.routing import RoutingTable, key_id_of
+from net.dht.store import RecordStore, StoreLimits
+from net.identity import Identity
+from net.ratelimit import Admission, PeerRateLimiter, RateLimits, TokenBucket
+
+NOW = 1_700_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        ([(0.0, 1), (0.0, 1), (0.0, 1)], [True, True, False]),  # burst of 2
+        ([(0.0, 2), (0.5, 1), (1.0, 1)], [True, True, True]),  # 2 tokens/s refill
+        ([(0.0, 2), (0.1, 1)], [True, False]),
+        ([(0.0, 3)], [False]),  # never more than the burst
+    ],
+)
+def test_token_bucket(events, expected):
+    bucket = TokenBucket.full(rate=2.0, burst=2.0, now=0.0)
+    assert [bucket.try_take(amount, now) for now, amount in events] == expected
+
+
+def test_rate_limiter_counts_requests_and_bytes_per_peer():
+    limiter: PeerRateLimiter[str] = PeerRateLimiter(
+        RateLimits(
+            requests_per_second=1, request_burst=2, bytes_per_second=10, byte_burst=100, max_peers=2
+        )
+    )
+    assert limiter.admit("a", 60, 0.0) is Admission.ADMIT
+    assert limiter.admit("a", 60, 0.0) is Admission.TOO_MANY_BYTES
+    assert limiter.admit("a", 0, 0.0) is Admission.TOO_MANY_REQUESTS
+    assert limiter.admit("b", 0, 0.0) is Admission.ADMIT  # other peers unaffected
+    assert limiter.admit("c", 0, 0.0) is Admission.ADMIT
+    assert limiter.admit("a", 0, 0.0) is Admission.ADMIT  # forgotten (max_peers=2): fresh bucket
+
+
+def test_routing_table_keeps_old_contacts_when_a_bucket_is_full_and_promotes_replacements():
+    table: RoutingTable[int] = RoutingTable(self_id=0, k=2, max_failures=1)
+    # ids 4..7 share the bucket of bit length 3
+    for peer in (4, 5, 6):
+        table.add(peer, peer, ["/ip4/127.0.0.1/tcp/1"], now=float(peer))
+    assert {c.peer for c in table.contacts()} == {4, 5}
+    table.mark_failed(4)
+    assert {c.peer for c in table.contacts()} == {5, 6}
+    assert [c.peer for c in table.closest(7, 5)] == [6, 5]  # xor distance 1, then 2
+    assert table.add(0, 0, [], 0.0) is False  # never ourselves
+
+
+def test_routing_table_closest_is_sorted_by_xor_distance():
+    table: RoutingTable[int] = RoutingTable(self_id=1 << 255, k=20)
+    for peer in range(1, 200):
+        table.add(peer, peer * 7919, [], 0.0)
+    target = key_id_of("/moehome/demo/x")
+    closest = table.closest(target, 10)
+    distances = [c.node_id ^ target for c in closest]
+    assert distances == sorted(distances)
+
+
+def record(
+    identity: Identity, key="/moehome/demo/k", value=b"v", ttl=60.0, now=NOW
+) -> SignedRecord:
+    return sign_record(identity, key, value, ttl, now)
+
+
+def test_store_keeps_the_newest_record_per_author_and_bounds_authors():
+    a, b, c = Identity.generate(), Identity.generate(), Identity.generate()
+    store = RecordStore(StoreLimits(max_keys=10, max_authors_per_key=2))
+    assert store.put(record(a, value=b"1", now=NOW), NOW)
+    assert store.put(record(a, value=b"2", now=NOW + 1), NOW)
+    assert not store.put(record(a, value=b"old", now=NOW - 5), NOW)
+    assert store.put(record(b, ttl=10), NOW)
+    # full: c's record lives longer than b's, so b's (sooner to expire) makes room
+    assert store.put(record(c, ttl=100), NOW)
+    assert {r.value for r in store.get("/moehome/demo/k", NOW)} == {b"2", b"v"}
+    assert [r.author for r in store.get("/moehome/demo/k", NOW + 70_000)] == [c.public_key]
+    assert store.sweep(NOW + 200_000) == 1
+    assert len(store) == 0
+
+
+def test_store_refuses_new_keys_when_full():
+    a = Identity.generate()
+    store = RecordStore(StoreLimits(max_keys=2))
+    assert store.put(record(a, key="/moehome/demo/1"), NOW)
+    assert store.put(record(a, key="/moehome/demo/2"), NOW)
+    assert not store.put(record(a, key="/moehome/demo/3"), NOW)
+
+
+ALICE = Identity.from_seed(b"a" * 32)
+BOB = Identity.from_seed(b"b" * 32)
+
+
+def tampered(r: SignedRecord, **changes) -> SignedRecord:
+    fields = {
+        f: getattr(r, f)
+        for f in ("key", "value", "author", "timestamp_ms", "expires_ms", "signature")
+    }
+    fields.update(changes)
+    return SignedRecord(**fields)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda: record(ALICE), None),
+        (lambda: tampered(record(ALICE), value=b"changed"), "bad_signature"),
+        (lambda: tampered(record(ALICE), expires_ms=NOW + 61_000), "bad_signature"),
+        (lambda: tampered(record(ALICE), author=BOB.public_key), "bad_signature"),
+        (lambda: tampered(record(ALICE), signature=b"x" * 10), "bad_signature"),
+        (lambda: record(ALICE, now=NOW - 120_000), "expired"),
+        (lambda: record(ALICE, now=NOW + 3_600_000), "from_future"),
+        (lambda: record(ALICE, ttl=7200), "ttl_too_long"),
+        (lambda: record(ALICE, key="/moehome/other/k"), "unknown_namespace"),
+        (lambda: record(ALICE, key="/other/demo/k"), "bad_key"),
+        (lambda: record(ALICE, key="/moehome/demo/has space"), "bad_key"),
+        (lambda: record(ALICE, value=b"x" * 9000), "too_large"),
+        (lambda: record(ALICE, key=f"/moehome/peer/{ALICE.peer_id}"), None),
+        (lambda: record(BOB, key=f"/moehome/peer/{ALICE.peer_id}"), "wrong_author"),
+        (lambda: record(ALICE, key="/moehome/strict/k", value=b"bad"), "schema"),
+    ],
+)
+def test_validator(make, reason):
+    def only_good(r: SignedRecord) -> None:
+        if r.value != b"good":
+            raise RecordRejected("schema", "value must be 'good'")
+
+    validator = NamespacedValidator().with_rules({"strict": NamespaceRule(check=only_good)})
+    rec = make()
+    if reason is None:
+        validator.validate(rec, NOW)
+    else:
+        with pytest.raises(RecordRejected) as info:
+            validator.validate(rec, NOW)
+        assert info.value.reason == reason
+
+
+def test_record_encoding_round_trip_and_bounds():
+    r = record(ALICE)
+    assert SignedRecord.decode(r.encode(), 4096) == r
+    with pytest.raises(RecordRejected, match="too_large"):
+        SignedRecord.decode(r.encode(), 10)
+    with pytest.raises(RecordRejected, match="malformed"):
+        SignedRecord.decode(b"\x92\x01\x02", 4096)
