@@ -192,12 +192,27 @@ async def _bench_dht(n_peers: int, n_keys: int, n_gets: int) -> dict[str, float]
             records = await reader.dht.get(key)
             lat.append((time.perf_counter() - t0) * 1000)
             ok += any(r.value == keys[key] for r in records)
+        # churn: a quarter of the peers leave at once, with no time to hand over records
+        for peer in random.sample(swarm.peers[1:], n_peers // 4):
+            swarm.stop(peer)
+        await trio.sleep(0.5)
+        churn_lat, churn_ok = [], 0
+        for _ in range(n_gets // 2):
+            key = random.choice(names)
+            reader = random.choice(swarm.running())
+            t0 = time.perf_counter()
+            records = await reader.dht.get(key)
+            churn_lat.append((time.perf_counter() - t0) * 1000)
+            churn_ok += any(r.value == keys[key] for r in records)
         return {
             "dht_peers": n_peers,
             "dht_gets": n_gets,
             "dht_get_ms_median": round(statistics.median(lat), 2),
             "dht_get_ms_p90": round(_pct(lat, 0.9), 2),
             "dht_get_success": round(ok / n_gets, 4),
+            "dht_churn_left": n_peers // 4,
+            "dht_churn_get_ms_median": round(statistics.median(churn_lat), 2),
+            "dht_churn_get_success": round(churn_ok / len(churn_lat), 4),
         }
 
 

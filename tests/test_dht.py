@@ -187,3 +187,44 @@ async def test_client_mode_peers_are_never_put_in_routing_tables():
         assert [r.value for r in await swarm.node(3).dht.get("/moehome/demo/from-client")] == [
             b"ok"
         ]
+
+
+async def test_a_peer_whose_bootstrap_was_down_joins_when_it_comes_back():
+    fast = DhtConfig(refresh_interval=0.3, sweep_interval=0.1)
+    boot_identity = Identity.generate()
+    async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as first_nursery:
+            first: Peer = await first_nursery.start(Peer(boot_identity).run)
+            boot_addr = first.addrs()[0]
+            first_nursery.cancel_scope.cancel()
+        port = boot_addr.split("/tcp/")[1].split("/")[0]
+        # the joiner starts while its bootstrap peer is down: it runs, and keeps retrying
+        joiner: Peer = await nursery.start(
+            Peer(
+                Identity.generate(),
+                PeerConfig(bootstrap=(boot_addr,), bootstrap_timeout=1, dht=fast),
+            ).run
+        )
+        assert len(joiner.dht.routing) == 0
+        back: Peer = await nursery.start(
+            Peer(boot_identity, PeerConfig(listen=(f"/ip4/127.0.0.1/tcp/{port}",))).run
+        )
+        with trio.fail_after(15):
+            await joiner.dht.wait_bootstrapped()
+        assert back.host.peer_id in joiner.dht.known_peers()
+        nursery.cancel_scope.cancel()
+
+
+async def test_clean_shutdown_leaves_no_tasks_behind():
+    def task_count() -> int:
+        def walk(task) -> int:
+            return 1 + sum(walk(t) for n in task.child_nurseries for t in n.child_tasks)
+
+        return walk(trio.lowlevel.current_root_task())
+
+    before = task_count()
+    async with open_swarm(3) as swarm:
+        await swarm.node(1).dht.put("/moehome/demo/x", b"y", ttl=60)
+        assert task_count() > before + 10
+    await trio.sleep(0.1)
+    assert task_count() == before
