@@ -28,7 +28,7 @@ from libp2p.crypto.ed25519 import Ed25519PrivateKey as _LibP2PPrivateKey
 from libp2p.crypto.ed25519 import Ed25519PublicKey as LibP2PPublicKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.custom_types import TProtocol
-from libp2p.network.config import ConnectionConfig
+from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.peer.id import ID as PeerID  # noqa: N811 - libp2p's name for the type
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
@@ -55,6 +55,7 @@ __all__ = [
     "LibP2PPublicKey",
     "PeerID",
     "PeerInfo",
+    "RetryConfig",
     "TProtocol",
     "connection_config",
     "info_from_p2p_addr",

@@ -14,6 +14,7 @@ from libp2p.peer.peerstore import PeerStoreError
 
 from net._libp2p import (
     PeerID,
+    RetryConfig,
     PeerInfo,
     TProtocol,
     connection_config,
@@ -65,6 +66,9 @@ class SwarmHost:
             connection_config=connection_config(dial_timeout=dial_timeout),
             listen_addrs=self._listen,
         )
+        # One dial attempt per call of ours: connect() below owns retries and deadlines
+        # (libp2p's own retries, 4 tries over ~0.7 s, would hide inside every call).
+        self._host.get_network().retry_config = RetryConfig(max_retries=0)
         self._running = False
 
     @property
@@ -179,10 +183,12 @@ class SwarmHost:
         await self.connect(info.peer_id, [str(a) for a in info.addrs], timeout=timeout)
         return info.peer_id
 
-    async def new_stream(self, peer_id: PeerID, protocol: str, *, timeout: float = 10.0) -> Any:
+    async def new_stream(
+        self, peer_id: PeerID, protocol: str, *, timeout: float = 10.0, attempts: int = 3
+    ) -> Any:
         """A new stream to ``peer_id``, dialling first if needed."""
         if not self.is_connected(peer_id):
-            await self.connect(peer_id, timeout=timeout)
+            await self.connect(peer_id, timeout=timeout, attempts=attempts)
         try:
             return await self._host.new_stream(peer_id, [TProtocol(protocol)])
         except (BaseLibp2pError, OSError) as exc:

@@ -261,8 +261,12 @@ class RpcService:
         tensors: Sequence[Tensor] = (),
         *,
         timeout: float | None = None,
+        dial_attempts: int = 3,
     ) -> Reply:
-        """Call ``method`` on ``peer_id``; raises a :class:`RpcError` subclass on failure."""
+        """Call ``method`` on ``peer_id``; raises a :class:`RpcError` subclass on failure.
+
+        ``dial_attempts``: tries to connect when there is no connection yet (callers with
+        alternatives, like DHT lookups, use 1 and move on to another peer)."""
         timeout = self.config.default_timeout if timeout is None else timeout
         payload = sum(t.nbytes for t in tensors)
         if payload > self.config.limits.max_payload_bytes:
@@ -274,7 +278,9 @@ class RpcService:
         self.stats.calls_sent += 1
         try:
             with trio.fail_after(timeout):
-                return await self._call(peer_id, method, meta or {}, tuple(tensors), deadline)
+                return await self._call(
+                    peer_id, method, meta or {}, tuple(tensors), deadline, dial_attempts
+                )
         except trio.TooSlowError:
             self.stats.calls_failed += 1
             raise RpcTimeout(f"{method} on {peer_id}: no response within {timeout:.3g} s") from None
@@ -289,6 +295,7 @@ class RpcService:
         meta: Mapping[str, Any],
         tensors: tuple[Tensor, ...],
         deadline: float,
+        dial_attempts: int,
     ) -> Reply:
         request_id = next(self._ids)
         pool = self._pools.get(peer_id)
@@ -298,7 +305,7 @@ class RpcService:
             # A reused stream may have died while idle (peer restarted). If writing the
             # request fails, the peer cannot have acted on it, so one retry is safe.
             for attempt in (1, 2):
-                entry = await self._checkout(peer_id, pool, deadline)
+                entry = await self._checkout(peer_id, pool, deadline, dial_attempts)
                 reused = entry.uses > 0
                 request = Request(
                     method,
@@ -350,7 +357,9 @@ class RpcService:
             )
         return response
 
-    async def _checkout(self, peer_id: PeerID, pool: _PeerPool, deadline: float) -> _PooledStream:
+    async def _checkout(
+        self, peer_id: PeerID, pool: _PeerPool, deadline: float, dial_attempts: int
+    ) -> _PooledStream:
         now = trio.current_time()
         while pool.idle:
             entry = pool.idle.pop()
@@ -359,7 +368,7 @@ class RpcService:
             await _close_quietly(entry.stream)
         try:
             stream = await self.host.new_stream(
-                peer_id, RPC_PROTOCOL, timeout=max(0.001, deadline - now)
+                peer_id, RPC_PROTOCOL, timeout=max(0.001, deadline - now), attempts=dial_attempts
             )
         except DialError as exc:
             raise PeerUnreachable(str(exc)) from exc

@@ -31,7 +31,7 @@ from net.dht.routing import Contact, RoutingTable, key_id_of, node_id_of
 from net.dht.store import RecordStore, StoreLimits
 from net.host import DialError, SwarmHost
 from net.identity import Identity
-from net.rpc import BadRequest, CallContext, Reply, RpcError, RpcService
+from net.rpc import BadRequest, CallContext, PeerUnreachable, Reply, RpcError, RpcService
 from net.wire import Tensor, pack, unpack_bounded
 
 log = logging.getLogger(__name__)
@@ -302,8 +302,14 @@ class DhtNode:
         tensors = (_records_tensor(records),) if records else ()
         try:
             reply = await self.rpc.call(
-                peer, method, full_meta, tensors, timeout=self.config.query_timeout
+                peer, method, full_meta, tensors, timeout=self.config.query_timeout, dial_attempts=1
             )
+        except PeerUnreachable:
+            # gone (connection refused or broken): forget it now; it is added back as
+            # soon as it contacts us or another peer vouches for it again
+            self.stats.queries_failed += 1
+            self.routing.remove(peer)
+            raise
         except RpcError:
             self.stats.queries_failed += 1
             self.routing.mark_failed(peer)
