@@ -14,8 +14,8 @@ from libp2p.peer.peerstore import PeerStoreError
 
 from net._libp2p import (
     PeerID,
-    RetryConfig,
     PeerInfo,
+    RetryConfig,
     TProtocol,
     connection_config,
     info_from_p2p_addr,
