@@ -10,6 +10,7 @@ from typing import Any
 import multiaddr
 import trio
 from libp2p.exceptions import BaseLibp2pError
+from libp2p.network.swarm import Swarm
 from libp2p.peer.peerstore import PeerStoreError
 
 from net._libp2p import (
@@ -68,7 +69,9 @@ class SwarmHost:
         )
         # One dial attempt per call of ours: connect() below owns retries and deadlines
         # (libp2p's own retries, 4 tries over ~0.7 s, would hide inside every call).
-        self._host.get_network().retry_config = RetryConfig(max_retries=0)
+        network = self._host.get_network()
+        if isinstance(network, Swarm):
+            network.retry_config = RetryConfig(max_retries=0)
         self._running = False
 
     @property
@@ -166,6 +169,12 @@ class SwarmHost:
         last: BaseException | None = None
         with trio.move_on_after(timeout):
             for attempt in range(1, attempts + 1):
+                network = self._host.get_network()
+                if attempts > 1 and isinstance(network, Swarm):
+                    # libp2p refuses, for 60 s, to redial a peer whose addresses all
+                    # failed once; a caller that asks for retries wants real ones. (With
+                    # attempts=1, e.g. DHT lookups, that cache usefully fails fast.)
+                    network.unblock_peer(peer_id)
                 try:
                     await self._host.connect(info)
                     return
