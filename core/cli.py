@@ -188,20 +188,33 @@ def demo(
 
 
 def _run(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """Run ``fn(*args)`` under trio; known failures become a one-line error and exit 1."""
+    """Run ``fn(*args)`` under trio; Ctrl-C exits with 130, known failures with a one-line
+    error and 1 (also when trio wrapped them in exception groups)."""
     import trio
 
     from net import DhtError, RpcError
     from net.host import AddressError, DialError
 
+    known = (DhtError, RpcError, DialError, AddressError, ValueError)
     try:
         return trio.run(fn, *args)
-    except KeyboardInterrupt:
-        typer.echo("stopped", err=True)
-        raise typer.Exit(130) from None
-    except (DhtError, RpcError, DialError, AddressError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+    except BaseException as exc:  # noqa: BLE001 - sorted below, re-raised if unknown
+        leaves = _leaf_exceptions(exc)
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+            if _state["verbosity"] >= 0:
+                typer.echo("stopped", err=True)
+            raise typer.Exit(130) from None
+        if leaves and all(isinstance(e, known) for e in leaves):
+            for e in leaves:
+                typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        raise
+
+
+def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaf_exceptions(sub)]
+    return [exc]
 
 
 def main() -> None:

@@ -79,7 +79,7 @@ class Peer:
                             )
                         except DhtError as exc:
                             log.warning("%s; will retry in the background", exc)
-                    log.info("peer %s listening on %s", self.host.peer_id, ", ".join(self.addrs()))
+                    log.debug("peer %s listening on %s", self.host.peer_id, ", ".join(self.addrs()))
                     task_status.started(self)
                     await trio.sleep_forever()
             finally:

@@ -54,3 +54,22 @@ def test_libp2p_logs_reach_the_program_log():
 
     assert logging.getLogger("libp2p").propagate is True
     assert logging.getLogger("libp2p.network.auto_connector").level == logging.NOTSET
+
+
+def test_errors_inside_exception_groups_become_one_line_errors():
+    import trio
+
+    from core.cli import _run
+    from net import DhtError
+
+    async def fails_in_a_nursery():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep, 0)
+            raise DhtError("none of 1 bootstrap peers answered")
+
+    import pytest
+    import typer
+
+    with pytest.raises(typer.Exit) as info:
+        _run(fails_in_a_nursery)
+    assert info.value.exit_code == 1

@@ -154,7 +154,7 @@ class DhtNode:
             raise DhtError(f"none of {len(addrs)} bootstrap peers answered")
         await self._lookup(self.node_id, width=self.config.k)
         self._bootstrapped.set()
-        log.info("joined the DHT: %d peers known", len(self.routing))
+        log.debug("joined the DHT: %d peers known", len(self.routing))
         return len(self.routing)
 
     async def wait_bootstrapped(self) -> None:
