@@ -198,7 +198,7 @@ def _run(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     known = (DhtError, RpcError, DialError, AddressError, ValueError)
     try:
         return trio.run(fn, *args)
-    except BaseException as exc:  # noqa: BLE001 - sorted below, re-raised if unknown
+    except BaseException as exc:
         leaves = _leaf_exceptions(exc)
         if any(isinstance(e, KeyboardInterrupt) for e in leaves):
             if _state["verbosity"] >= 0:
