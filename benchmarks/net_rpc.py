@@ -176,12 +176,17 @@ async def _bench_tcp(port: int, repeats: int, small_calls: int) -> dict[str, flo
 
 
 async def _bench_dht(n_peers: int, n_keys: int, n_gets: int) -> dict[str, float]:
+    t_start = time.perf_counter()
     async with open_swarm(n_peers) as swarm:
+        bootstrap_s = time.perf_counter() - t_start
         keys = {}
+        put_lat = []
         for i in range(n_keys):
             writer = random.choice(swarm.peers)
             key = f"/moehome/demo/bench-{i}"
+            t0 = time.perf_counter()
             await writer.dht.put(key, f"value-{i}".encode(), ttl=600)
+            put_lat.append((time.perf_counter() - t0) * 1000)
             keys[key] = f"value-{i}".encode()
         lat, ok = [], 0
         names = list(keys)
@@ -206,6 +211,8 @@ async def _bench_dht(n_peers: int, n_keys: int, n_gets: int) -> dict[str, float]
             churn_ok += any(r.value == keys[key] for r in records)
         return {
             "dht_peers": n_peers,
+            "dht_bootstrap_s": round(bootstrap_s, 2),
+            "dht_put_ms_median": round(statistics.median(put_lat), 2),
             "dht_gets": n_gets,
             "dht_get_ms_median": round(statistics.median(lat), 2),
             "dht_get_ms_p90": round(_pct(lat, 0.9), 2),
