@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from net._libp2p import PeerID
 from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator
 from net.host import DEFAULT_LISTEN, SwarmHost
 from net.identity import Identity
@@ -60,7 +61,7 @@ class Peer:
         self.rpc.register(PING, _ping)
 
     @property
-    def peer_id(self) -> object:
+    def peer_id(self) -> PeerID:
         return self.host.peer_id
 
     def addrs(self) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -36,13 +36,7 @@ class Swarm:
         boots = [live[0].addrs()[0]] if live else []
         boots += [p.addrs()[0] for p in random.sample(live[1:], min(2, max(0, len(live) - 1)))]
         base = config or PeerConfig()
-        config = PeerConfig(
-            listen=base.listen,
-            bootstrap=tuple(dict.fromkeys(boots)) or base.bootstrap,
-            rpc=base.rpc,
-            dht=base.dht,
-            bootstrap_timeout=base.bootstrap_timeout,
-        )
+        config = replace(base, bootstrap=tuple(dict.fromkeys(boots)) or base.bootstrap)
         peer = Peer(identity or Identity.generate(), config)
         scope = trio.CancelScope()
 
