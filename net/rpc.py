@@ -39,6 +39,7 @@ from net.wire import (
     KIND_RESPONSE,
     ErrorInfo,
     FrameError,
+    FrameHeader,
     FrameReader,
     FrameTooLarge,
     Limits,
@@ -175,6 +176,9 @@ class RpcConfig:
     default_timeout: float = 30.0
     #: Server: handlers of one peer running at once; more get ``Overloaded``.
     max_inflight_per_peer: int = 64
+    #: Server: request payloads held in memory at once, all peers together; requests
+    #: beyond it get ``Overloaded`` before their payload is read into memory.
+    max_buffered_bytes: int = 1024 * MiB
     #: Server: the longest a handler may run, whatever the caller asked.
     max_handler_seconds: float = 600.0
     #: Server: an inbound stream with no new request for this long is closed.
@@ -226,6 +230,7 @@ class RpcService:
         self._pools: dict[PeerID, _PeerPool] = {}
         self._limiter: PeerRateLimiter[PeerID] = PeerRateLimiter(self.config.rate_limits)
         self._inflight: defaultdict[PeerID, int] = defaultdict(int)
+        self._buffered_bytes = 0
         self._serving: set[trio.CancelScope] = set()
         self.stats = RpcStatistics()
 
@@ -408,7 +413,26 @@ class RpcService:
         while True:
             try:
                 with trio.fail_after(self.config.server_idle_seconds):
-                    frame = await reader.read_frame()
+                    header = await reader.read_header()
+                    if header is None:
+                        await _close_quietly(stream)
+                        return
+                    if header.kind != KIND_REQUEST:
+                        raise FrameError("expected a request", header.request_id)
+                    refusal = self._admit(peer_id, header)
+                    if refusal is not None:
+                        # refused before its payload is allocated; skipping it keeps the
+                        # stream in step, so the caller may use it again
+                        await reader.skip_payload(header)
+                        await write_frame(
+                            stream, encode_response(_error(header.request_id, refusal))
+                        )
+                        continue
+                    try:
+                        tensors = await reader.read_payload(header)
+                    except BaseException:
+                        self._release(peer_id, header)
+                        raise
             except trio.TooSlowError:
                 await _close_quietly(stream)
                 return
@@ -417,73 +441,76 @@ class RpcService:
                 await _reset_quietly(stream)
                 return
             except FrameError as exc:
-                # No resynchronising inside a broken or oversized frame: answer, let the
-                # sender finish writing (bounded) so it can read the answer, then reset.
-                self.stats.rejected[exc.code] += 1
-                log.info("rejecting a frame from %s: %s", peer_id, exc)
-                code = TooLarge.code if isinstance(exc, FrameTooLarge) else BadRequest.code
-                await self._send_error_quietly(stream, exc.request_id or 0, code, str(exc))
-                # Size unknown (broken header): drain until the sender, having read the
-                # answer, resets the stream, within the same bounds.
-                declared = exc.declared_bytes if isinstance(exc, FrameTooLarge) else 0
-                drain = declared or self.config.max_drain_bytes
-                if drain <= self.config.max_drain_bytes:
-                    await _drain_quietly(stream, drain, seconds=10.0)
-                await _reset_quietly(stream)
+                await self._refuse_frame(stream, peer_id, exc)
                 return
-            if frame is None:
-                await _close_quietly(stream)
-                return
-            header, tensors = frame
-            if header.kind != KIND_REQUEST:
-                self.stats.rejected["not_a_request"] += 1
-                await self._send_error_quietly(
-                    stream, header.request_id, BadRequest.code, "expected a request"
-                )
-                await _reset_quietly(stream)
-                return
-            request = build_request(header, tensors)
-            response = await self._answer(peer_id, request)
+            try:
+                response = await self._dispatch(peer_id, build_request(header, tensors))
+            finally:
+                self._release(peer_id, header)
             await write_frame(stream, encode_response(response))
 
-    async def _answer(self, peer_id: PeerID, request: Request) -> Response:
-        nbytes = sum(t.nbytes for t in request.tensors)
+    async def _refuse_frame(self, stream: Any, peer_id: PeerID, exc: FrameError) -> None:
+        """No resynchronising inside a broken or oversized frame: answer, let the sender
+        finish writing (bounded) so that it can read the answer, then reset the stream."""
+        self.stats.rejected[exc.code] += 1
+        log.info("rejecting a frame from %s: %s", peer_id, exc)
+        code = TooLarge.code if isinstance(exc, FrameTooLarge) else BadRequest.code
+        await self._send_error_quietly(stream, exc.request_id or 0, code, str(exc))
+        # Size unknown (broken header): drain until the sender, having read the answer,
+        # resets the stream, within the same bounds.
+        declared = exc.declared_bytes if isinstance(exc, FrameTooLarge) else 0
+        drain = declared or self.config.max_drain_bytes
+        if drain <= self.config.max_drain_bytes:
+            await _drain_quietly(stream, drain, seconds=10.0)
+        await _reset_quietly(stream)
+
+    def _admit(self, peer_id: PeerID, header: FrameHeader) -> RemoteError | None:
+        """Decide from the header alone whether to take a request. When it is taken, its
+        handler slot and payload memory are reserved (see _release)."""
+        nbytes = header.payload_bytes
         admission = self._limiter.admit(peer_id, nbytes, trio.current_time())
         if admission is not Admission.ADMIT:
             self.stats.rejected[admission.value] += 1
-            return _error_response(request, RateLimited(f"{admission.value}; slow down"))
+            return RateLimited(f"{admission.value}; slow down")
+        if header.method not in self._handlers:
+            self.stats.rejected["unknown_method"] += 1
+            return UnknownMethod(f"no method {header.method!r}")
         if self._inflight[peer_id] >= self.config.max_inflight_per_peer:
             self.stats.rejected["overloaded"] += 1
-            return _error_response(
-                request,
-                Overloaded(f"more than {self.config.max_inflight_per_peer} calls in flight"),
-            )
-        handler = self._handlers.get(request.method)
-        if handler is None:
-            self.stats.rejected["unknown_method"] += 1
-            return _error_response(request, UnknownMethod(f"no method {request.method!r}"))
+            return Overloaded(f"more than {self.config.max_inflight_per_peer} calls in flight")
+        if self._buffered_bytes + nbytes > self.config.max_buffered_bytes:
+            self.stats.rejected["memory"] += 1
+            return Overloaded("too much data in flight; retry later")
         self._inflight[peer_id] += 1
+        self._buffered_bytes += nbytes
+        return None
+
+    def _release(self, peer_id: PeerID, header: FrameHeader) -> None:
+        self._buffered_bytes -= header.payload_bytes
+        self._inflight[peer_id] -= 1
+        if not self._inflight[peer_id]:
+            del self._inflight[peer_id]
+
+    async def _dispatch(self, peer_id: PeerID, request: Request) -> Response:
+        handler = self._handlers[request.method]
+        budget = min(
+            request.timeout or self.config.max_handler_seconds, self.config.max_handler_seconds
+        )
         try:
-            budget = min(
-                request.timeout or self.config.max_handler_seconds, self.config.max_handler_seconds
-            )
             with trio.move_on_after(budget) as scope:
                 reply = await handler(CallContext(peer_id, request))
             if scope.cancelled_caught:
-                return _error_response(
-                    request, DeadlineExceeded(f"{request.method} took over {budget:.3g} s")
+                return _error(
+                    request.request_id,
+                    DeadlineExceeded(f"{request.method} took over {budget:.3g} s"),
                 )
             self.stats.requests_served += 1
             return Response(request.request_id, reply.meta, reply.tensors)
         except RemoteError as exc:
-            return _error_response(request, exc)
+            return _error(request.request_id, exc)
         except Exception:
             log.exception("handler for %s failed on a request from %s", request.method, peer_id)
-            return _error_response(request, InternalError(f"{request.method} failed"))
-        finally:
-            self._inflight[peer_id] -= 1
-            if not self._inflight[peer_id]:
-                del self._inflight[peer_id]
+            return _error(request.request_id, InternalError(f"{request.method} failed"))
 
     async def _send_error_quietly(
         self, stream: Any, request_id: int, code: str, message: str
@@ -495,8 +522,8 @@ class RpcService:
                 await write_frame(stream, encode_response(response))
 
 
-def _error_response(request: Request, error: RemoteError) -> Response:
-    return Response(request.request_id, error=ErrorInfo(error.code, error.message[:2000]))
+def _error(request_id: int, error: RemoteError) -> Response:
+    return Response(request_id, error=ErrorInfo(error.code, error.message[:2000]))
 
 
 async def _drain_quietly(stream: Any, max_bytes: int, *, seconds: float) -> None:

@@ -194,11 +194,19 @@ def _frame(
 
 
 @dataclass(frozen=True)
-class _Header:
+class FrameHeader:
     kind: int
     request_id: int
     fields: Mapping[str, Any]
     specs: tuple[tuple[str, tuple[int, ...], int], ...]
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(nbytes for _, _, nbytes in self.specs)
+
+    @property
+    def method(self) -> str:
+        return str(self.fields.get("m", ""))
 
 
 def parse_prefix(prefix: bytes, limits: Limits) -> tuple[int, int]:
@@ -240,7 +248,7 @@ def unpack_bounded(data: bytes, max_bytes: int) -> Any:
     )
 
 
-def parse_header(kind: int, data: bytes, limits: Limits) -> _Header:
+def parse_header(kind: int, data: bytes, limits: Limits) -> FrameHeader:
     try:
         obj = unpack_bounded(data, limits.max_header_bytes)
     except FrameError:
@@ -275,7 +283,7 @@ def parse_header(kind: int, data: bytes, limits: Limits) -> _Header:
             not isinstance(err, list) or len(err) != 2 or not all(isinstance(x, str) for x in err)
         ):
             raise FrameError("malformed error in response", request_id)
-    return _Header(kind, request_id, obj, specs)
+    return FrameHeader(kind, request_id, obj, specs)
 
 
 def _parse_specs(
@@ -316,7 +324,7 @@ def _parse_specs(
     return tuple(specs)
 
 
-def build_request(header: _Header, tensors: tuple[Tensor, ...]) -> Request:
+def build_request(header: FrameHeader, tensors: tuple[Tensor, ...]) -> Request:
     f = header.fields
     timeout = f.get("to")
     return Request(
@@ -328,7 +336,7 @@ def build_request(header: _Header, tensors: tuple[Tensor, ...]) -> Request:
     )
 
 
-def build_response(header: _Header, tensors: tuple[Tensor, ...]) -> Response:
+def build_response(header: FrameHeader, tensors: tuple[Tensor, ...]) -> Response:
     f = header.fields
     err = f.get("err")
     return Response(
@@ -390,21 +398,41 @@ class FrameReader:
             filled += take
         return True
 
-    async def read_frame(self) -> tuple[_Header, tuple[Tensor, ...]] | None:
+    async def read_frame(self) -> tuple[FrameHeader, tuple[Tensor, ...]] | None:
         """The next frame, or None when the stream ended cleanly between frames."""
+        header = await self.read_header()
+        if header is None:
+            return None
+        return header, await self.read_payload(header)
+
+    async def read_header(self) -> FrameHeader | None:
+        """Prefix and header of the next frame (the payload is still to be read or
+        skipped), or None when the stream ended cleanly between frames."""
         prefix = bytearray(PREFIX_BYTES)
         if not await self._read_into(prefix, at_boundary=True):
             return None
         kind, header_len = parse_prefix(bytes(prefix), self._limits)
         header_bytes = bytearray(header_len)
         await self._read_into(header_bytes)
-        header = parse_header(kind, bytes(header_bytes), self._limits)
+        return parse_header(kind, bytes(header_bytes), self._limits)
+
+    async def read_payload(self, header: FrameHeader) -> tuple[Tensor, ...]:
         tensors = []
         for dtype, shape, nbytes in header.specs:
             data = bytearray(nbytes)  # size already checked against the limits
             await self._read_into(data)
             tensors.append(Tensor(dtype, shape, data))
-        return header, tuple(tensors)
+        return tuple(tensors)
+
+    async def skip_payload(self, header: FrameHeader) -> None:
+        """Read past the payload without keeping it: the stream stays in step, and a
+        refused request costs no memory."""
+        scratch = bytearray(min(header.payload_bytes, WRITE_CHUNK_BYTES))
+        left = header.payload_bytes
+        while left:
+            view = memoryview(scratch)[: min(left, len(scratch))]
+            await self._read_into(view)
+            left -= len(view)
 
 
 async def write_frame(stream: ByteStream, pieces: list[bytes | memoryview]) -> None:

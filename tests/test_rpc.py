@@ -414,3 +414,31 @@ async def test_connect_has_no_fixed_250_ms_dial_delay():
             await a.connect_addr(b.addrs()[0])
             durations.append(time.perf_counter() - t0)
     assert sorted(durations)[1] < 0.2, durations
+
+
+async def test_requests_beyond_the_memory_budget_are_refused_before_their_payload_is_read():
+    async with rpc_pair(server_config=RpcConfig(max_buffered_bytes=1 * MiB)) as (client, server):
+        server.register("echo", echo)
+        big = bytes(2 * MiB)
+        with pytest.raises(Overloaded, match="too much data"):
+            await client.call(
+                server.host.peer_id, "echo", tensors=[Tensor("uint8", (len(big),), big)]
+            )
+        small = bytes(1000)
+        reply = await client.call(
+            server.host.peer_id, "echo", tensors=[Tensor("uint8", (1000,), small)]
+        )
+        assert bytes(reply.tensors[0].data) == small
+        assert server.stats.rejected["memory"] == 1
+        assert client.stats.streams_opened == 1  # the refused request left the stream in step
+
+
+async def test_unknown_method_with_a_payload_keeps_the_stream_usable():
+    async with rpc_pair() as (client, server):
+        server.register("echo", echo)
+        with pytest.raises(UnknownMethod):
+            await client.call(
+                server.host.peer_id, "nope", tensors=[Tensor("uint8", (MiB,), bytes(MiB))]
+            )
+        assert (await client.call(server.host.peer_id, "echo", {"a": 1})).meta == {"a": 1}
+        assert client.stats.streams_opened == 1
