@@ -228,3 +228,30 @@ async def test_clean_shutdown_leaves_no_tasks_behind():
         assert task_count() > before + 10
     await trio.sleep(0.1)
     assert task_count() == before
+
+
+async def test_hostile_dht_requests_get_bad_request_and_the_peer_keeps_serving():
+    from net.dht.node import FIND, GET
+    from net.rpc import BadRequest
+
+    hostile = [
+        (FIND, {"target": "not bytes"}, []),
+        (FIND, {"target": b"short"}, []),
+        (FIND, {"target": b"\0" * 32, "addrs": "not a list"}, None),  # addrs ignored: fine
+        (GET, {"key": 12}, []),
+        (GET, {"key": "x" * 1000}, []),
+        (STORE, {}, []),  # no records tensor
+        (STORE, {}, [Tensor("float32", (1,), b"\0" * 4)]),
+        (STORE, {}, [Tensor("uint8", (5,), b"\xc1\xc1\xc1\xc1\xc1")]),
+        (STORE, {}, [Tensor("uint8", (1,), msgpack.packb(5))]),
+    ]
+    async with open_swarm(2) as swarm:
+        attacker, victim = swarm.node(1), swarm.node(0)
+        for method, meta, tensors in hostile:
+            if tensors is None:
+                await attacker.rpc.call(victim.host.peer_id, method, meta)
+                continue
+            with pytest.raises(BadRequest):
+                await attacker.rpc.call(victim.host.peer_id, method, meta, tensors)
+        await attacker.dht.put("/moehome/demo/after", b"still fine", ttl=60)
+        assert [r.value for r in await victim.dht.get("/moehome/demo/after")] == [b"still fine"]
