@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgpack
 import pytest
@@ -234,7 +235,7 @@ async def test_hostile_dht_requests_get_bad_request_and_the_peer_keeps_serving()
     from net.dht.node import FIND, GET
     from net.rpc import BadRequest
 
-    hostile = [
+    hostile: list[tuple[str, dict[str, Any], list[Tensor] | None]] = [
         (FIND, {"target": "not bytes"}, []),
         (FIND, {"target": b"short"}, []),
         (FIND, {"target": b"\0" * 32, "addrs": "not a list"}, None),  # addrs ignored: fine
