@@ -214,6 +214,7 @@ class _PeerPool:
     def __init__(self, max_streams: int) -> None:
         self.idle: list[_PooledStream] = []
         self.slots = trio.Semaphore(max_streams)
+        self.users = 0  # calls waiting for or holding a slot
 
 
 # ---------------------------------------------------------------- service
@@ -306,6 +307,27 @@ class RpcService:
         pool = self._pools.get(peer_id)
         if pool is None:
             pool = self._pools[peer_id] = _PeerPool(self.config.max_streams_per_peer)
+        pool.users += 1
+        try:
+            return await self._call_pooled(
+                peer_id, pool, method, meta, tensors, deadline, request_id, dial_attempts
+            )
+        finally:
+            pool.users -= 1
+            if not pool.users and not pool.idle:
+                del self._pools[peer_id]  # a pool per peer ever met would grow forever
+
+    async def _call_pooled(
+        self,
+        peer_id: PeerID,
+        pool: _PeerPool,
+        method: str,
+        meta: Mapping[str, Any],
+        tensors: tuple[Tensor, ...],
+        deadline: float,
+        request_id: int,
+        dial_attempts: int,
+    ) -> Reply:
         async with pool.slots:
             # A reused stream may have died while idle (peer restarted). If writing the
             # request fails, the peer cannot have acted on it, so one retry is safe.
