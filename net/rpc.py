@@ -232,6 +232,7 @@ class RpcService:
         self._limiter: PeerRateLimiter[PeerID] = PeerRateLimiter(self.config.rate_limits)
         self._inflight: defaultdict[PeerID, int] = defaultdict(int)
         self._buffered_bytes = 0
+        self._next_sweep = 0.0
         self._serving: set[trio.CancelScope] = set()
         self.stats = RpcStatistics()
 
@@ -304,6 +305,8 @@ class RpcService:
         dial_attempts: int,
     ) -> Reply:
         request_id = next(self._ids)
+        if trio.current_time() >= self._next_sweep:
+            await self._close_stale_streams()
         pool = self._pools.get(peer_id)
         if pool is None:
             pool = self._pools[peer_id] = _PeerPool(self.config.max_streams_per_peer)
@@ -360,6 +363,20 @@ class RpcService:
                     raise remote_error(response.error)
                 return Reply(response.meta, response.tensors)
         raise AssertionError("unreachable")
+
+    async def _close_stale_streams(self) -> None:
+        """Close idle streams past their time, and forget peers left with none. Runs from
+        calls now and then, so an RpcService needs no background task of its own."""
+        now = trio.current_time()
+        self._next_sweep = now + self.config.client_idle_seconds
+        for peer_id, pool in list(self._pools.items()):
+            fresh = [e for e in pool.idle if now - e.last_used < self.config.client_idle_seconds]
+            stale = [e for e in pool.idle if e not in fresh]
+            pool.idle = fresh
+            if not pool.users and not pool.idle:
+                del self._pools[peer_id]
+            for entry in stale:
+                await _close_quietly(entry.stream)
 
     async def _read_response(
         self, entry: _PooledStream, request_id: int, peer_id: PeerID

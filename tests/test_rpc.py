@@ -442,3 +442,22 @@ async def test_unknown_method_with_a_payload_keeps_the_stream_usable():
             )
         assert (await client.call(server.host.peer_id, "echo", {"a": 1})).meta == {"a": 1}
         assert client.stats.streams_opened == 1
+
+
+async def test_idle_streams_are_closed_and_forgotten_after_their_time():
+    config = RpcConfig(client_idle_seconds=0.2)
+    async with rpc_pair(client_config=config) as (client, server):
+        server.register("echo", echo)
+        third = SwarmHost(Identity.generate())
+        async with third.running():
+            other = RpcService(third)
+            other.register("echo", echo)
+            other.attach()
+            client.host.remember(third.peer_id, third.listen_addrs())
+            await client.call(server.host.peer_id, "echo")
+            await client.call(third.peer_id, "echo")
+            assert len(client._pools) == 2
+            await trio.sleep(0.3)
+            await client.call(server.host.peer_id, "echo")  # sweeps on the way
+            assert set(client._pools) == {server.host.peer_id}
+            assert client.stats.streams_opened == 3
