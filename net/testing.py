@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
+from net.dht import NamespacedValidator
 from net.identity import Identity
 from net.peer import Peer, PeerConfig
 
@@ -21,6 +22,7 @@ from net.peer import Peer, PeerConfig
 class Swarm:
     peers: list[Peer] = field(default_factory=list)
     nursery: trio.Nursery | None = None
+    validator: NamespacedValidator | None = None
     _scopes: dict[int, trio.CancelScope] = field(default_factory=dict)
 
     def node(self, i: int) -> Peer:
@@ -29,7 +31,12 @@ class Swarm:
     def __len__(self) -> int:
         return len(self.peers)
 
-    async def add(self, identity: Identity | None = None, config: PeerConfig | None = None) -> Peer:
+    async def add(
+        self,
+        identity: Identity | None = None,
+        config: PeerConfig | None = None,
+        validator: NamespacedValidator | None = None,
+    ) -> Peer:
         """Start one more peer, bootstrapped through peer 0 and up to two random others."""
         assert self.nursery is not None
         live = [p for p in self.peers if id(p) in self._scopes]
@@ -37,7 +44,7 @@ class Swarm:
         boots += [p.addrs()[0] for p in random.sample(live[1:], min(2, max(0, len(live) - 1)))]
         base = config or PeerConfig()
         config = replace(base, bootstrap=tuple(dict.fromkeys(boots)) or base.bootstrap)
-        peer = Peer(identity or Identity.generate(), config)
+        peer = Peer(identity or Identity.generate(), config, validator=validator or self.validator)
         scope = trio.CancelScope()
 
         async def run(task_status: trio.TaskStatus[Peer] = trio.TASK_STATUS_IGNORED) -> None:
@@ -59,10 +66,14 @@ class Swarm:
 
 @asynccontextmanager
 async def open_swarm(
-    n: int, config_factory: Callable[[int], PeerConfig] | None = None
+    n: int,
+    config_factory: Callable[[int], PeerConfig] | None = None,
+    *,
+    validator: NamespacedValidator | None = None,
 ) -> AsyncIterator[Swarm]:
+    """``n`` peers; ``validator`` (the DHT namespaces they accept) applies to all of them."""
     async with trio.open_nursery() as nursery:
-        swarm = Swarm(nursery=nursery)
+        swarm = Swarm(nursery=nursery, validator=validator)
         for i in range(n):
             await swarm.add(config=config_factory(i) if config_factory else None)
         try:

@@ -1,0 +1,210 @@
+"""The expert server of a volunteer's node: forward, backward and info over the RPC,
+batched per expert, computed off the network loop, announced in the DHT."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+import trio
+
+from core.experts.backend import ExpertBackend, InvalidInput
+from core.experts.batching import TaskPool
+from core.experts.records import (
+    SERVING,
+    WITHDRAWN,
+    ExpertAnnouncement,
+    PrefixAnnouncement,
+    check_project,
+    expert_key,
+    prefix_children,
+)
+from core.experts.wire import from_wire, to_wire
+from net import BadRequest, CallContext, DhtError, Peer, Reply, Unavailable
+
+log = logging.getLogger(__name__)
+
+FORWARD: Final = "moe.forward"
+BACKWARD: Final = "moe.backward"
+INFO: Final = "moe.info"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    project: str = "demo"
+    #: Largest batch run at once, in samples (requests are joined up to it).
+    max_batch_size: int = 4096
+    #: Seconds a batch may wait for more requests before it runs (0: never waits).
+    max_wait: float = 0.0
+    #: Declarations are re-put this often and live this long in the DHT.
+    announce_interval: float = 30.0
+    announce_ttl: float = 90.0
+
+
+class ExpertServer:
+    def __init__(
+        self,
+        peer: Peer,
+        backends: Mapping[str, ExpertBackend],
+        config: ServerConfig | None = None,
+    ) -> None:
+        self.peer = peer
+        self.backends = dict(backends)
+        self.config = config or ServerConfig()
+        check_project(self.config.project)
+        self._device = trio.CapacityLimiter(1)  # one batch on the device at a time
+        self._forward_pools = {
+            uid: TaskPool(
+                f"{uid}.forward",
+                b.forward,
+                self._device,
+                max_batch_size=self.config.max_batch_size,
+                max_wait=self.config.max_wait,
+            )
+            for uid, b in self.backends.items()
+        }
+        self._backward_pools = {
+            uid: TaskPool(
+                f"{uid}.backward",
+                b.backward,
+                self._device,
+                max_batch_size=self.config.max_batch_size,
+                max_wait=self.config.max_wait,
+            )
+            for uid, b in self.backends.items()
+        }
+        self._paused = False
+        self._announce_now = trio.Event()
+        peer.rpc.register(FORWARD, self._forward)
+        peer.rpc.register(BACKWARD, self._backward)
+        peer.rpc.register(INFO, self._info)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[ExpertServer] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                for pool in [*self._forward_pools.values(), *self._backward_pools.values()]:
+                    await nursery.start(pool.run)
+                nursery.start_soon(self._announce_loop)
+                task_status.started(self)
+                await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self._announce(withdraw=True)
+
+    def pause(self) -> None:
+        """Stop taking work (requests get Unavailable) and withdraw the declarations."""
+        self._paused = True
+        self._announce_now.set()
+
+    def resume(self) -> None:
+        self._paused = False
+        self._announce_now.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def load(self, uid: str) -> float:
+        queued = self._forward_pools[uid].queued_samples + self._backward_pools[uid].queued_samples
+        return queued / self.config.max_batch_size
+
+    # ------------------------------------------------------------ DHT declarations
+
+    async def _announce_loop(self) -> None:
+        while True:
+            await self._announce(withdraw=self._paused)
+            self._announce_now = trio.Event()
+            with trio.move_on_after(self.config.announce_interval):
+                await self._announce_now.wait()
+
+    async def _announce(self, *, withdraw: bool) -> None:
+        """Put (or withdraw) every declaration: one record per expert, one per prefix.
+        Withdrawing puts newer records saying so, which replace ours everywhere."""
+        project, ttl = self.config.project, self.config.announce_ttl
+        puts: list[tuple[str, bytes]] = []
+        for uid, backend in self.backends.items():
+            ann = ExpertAnnouncement(
+                uid,
+                WITHDRAWN if withdraw else SERVING,
+                backend.version,
+                backend.sha256,
+                0.0 if withdraw else self.load(uid),
+                self.config.max_batch_size,
+            )
+            puts.append((expert_key(project, uid), ann.encode()))
+        for prefix, coords in prefix_children(list(self.backends)).items():
+            puts.append(
+                (
+                    expert_key(project, prefix),
+                    PrefixAnnouncement(() if withdraw else tuple(coords)).encode(),
+                )
+            )
+
+        async def put(key: str, value: bytes) -> None:
+            try:
+                await self.peer.dht.put(key, value, ttl=ttl)
+            except DhtError as exc:
+                log.warning("could not declare %s: %s", key, exc)
+
+        async with trio.open_nursery() as nursery:
+            for key, value in puts:
+                nursery.start_soon(put, key, value)
+
+    # ------------------------------------------------------------ RPC handlers
+
+    def _backend(self, ctx: CallContext) -> ExpertBackend:
+        if self._paused:
+            raise Unavailable("this volunteer is paused")
+        uid = ctx.request.meta.get("uid")
+        backend = self.backends.get(uid) if isinstance(uid, str) else None
+        if backend is None:
+            raise BadRequest(f"expert {uid!r} is not served here")
+        return backend
+
+    def _tensors(self, ctx: CallContext, count: int) -> list[torch.Tensor]:
+        if len(ctx.request.tensors) != count:
+            raise BadRequest(f"expected {count} tensor(s), got {len(ctx.request.tensors)}")
+        return [from_wire(t) for t in ctx.request.tensors]
+
+    def _identity(self, backend: ExpertBackend) -> dict[str, Any]:
+        return {"version": backend.version, "sha256": backend.sha256}
+
+    async def _forward(self, ctx: CallContext) -> Reply:
+        backend = self._backend(ctx)
+        (x,) = self._tensors(ctx, 1)
+        try:
+            backend.check_inputs(x)
+        except InvalidInput as exc:
+            raise BadRequest(str(exc)) from exc
+        y = await self._forward_pools[str(backend.uid)].submit(x)
+        return Reply(self._identity(backend), (to_wire(y),))
+
+    async def _backward(self, ctx: CallContext) -> Reply:
+        backend = self._backend(ctx)
+        x, grad = self._tensors(ctx, 2)
+        try:
+            backend.check_grad_outputs(x, grad)
+        except InvalidInput as exc:
+            raise BadRequest(str(exc)) from exc
+        grad_x = await self._backward_pools[str(backend.uid)].submit(x, grad)
+        return Reply(self._identity(backend), (to_wire(grad_x),))
+
+    async def _info(self, ctx: CallContext) -> Reply:
+        backend = self._backend(ctx)
+        uid = str(backend.uid)
+        return Reply(
+            {
+                **self._identity(backend),
+                "uid": uid,
+                "spec": backend.spec.to_dict(),
+                "max_batch": self.config.max_batch_size,
+                "load": self.load(uid),
+            }
+        )

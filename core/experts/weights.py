@@ -1,0 +1,84 @@
+"""Expert weights on disk (safetensors: no pickle) and their content hash."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+class WeightsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    version: int
+    sha256: str
+
+
+def weights_hash(module: nn.Module) -> str:
+    """SHA-256 over every parameter and buffer: name, dtype, shape and bytes, sorted by
+    name, so equal weights hash equal wherever they were made."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().contiguous().cpu()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def save_weights(module: nn.Module, path: Path, *, version: int) -> WeightsInfo:
+    """Write atomically; the file's metadata carries the version and the hash."""
+    info = WeightsInfo(version, weights_hash(module))
+    tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"version": str(version), "sha256": info.sha256})
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return info
+
+
+def load_weights(
+    module: nn.Module, path: Path, *, expected_sha256: str | None = None
+) -> WeightsInfo:
+    """Load into ``module`` (same names and shapes required), checking the hash."""
+    try:
+        tensors = load_file(str(path))
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError) as exc:
+        raise WeightsError(f"cannot read weights {path}: {exc}") from exc
+    own = module.state_dict()
+    if set(tensors) != set(own):
+        missing = sorted(set(own) - set(tensors))
+        extra = sorted(set(tensors) - set(own))
+        raise WeightsError(
+            f"{path}: tensors do not match the expert (missing {missing[:3]}, extra {extra[:3]})"
+        )
+    for name, t in tensors.items():
+        if t.shape != own[name].shape or t.dtype != own[name].dtype:
+            raise WeightsError(
+                f"{path}: {name} is {t.dtype}{list(t.shape)}, "
+                f"expected {own[name].dtype}{list(own[name].shape)}"
+            )
+    module.load_state_dict(tensors, strict=True)
+    sha = weights_hash(module)
+    for claimed in (metadata.get("sha256"), expected_sha256):
+        if claimed is not None and claimed != sha:
+            raise WeightsError(f"{path}: weights hash {sha[:12]} does not match {claimed[:12]}")
+    try:
+        version = int(metadata.get("version", "0"))
+    except ValueError as exc:
+        raise WeightsError(f"{path}: version metadata is not an integer") from exc
+    return WeightsInfo(version, sha)

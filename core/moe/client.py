@@ -1,0 +1,210 @@
+"""Calling remote experts from torch code: the portal into the trio loop, calls with
+failover between servers of one expert, and ``RemoteExpert``, a module whose forward and
+backward are RPCs.
+
+torch's autograd is synchronous and the network is trio: torch code runs in a worker
+thread (``trio.to_thread.run_sync``) and reaches the loop through a :class:`Portal`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+import trio
+from torch import nn
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from core.experts.wire import from_wire, to_wire
+from net import (
+    Overloaded,
+    PeerUnreachable,
+    RemoteError,
+    RpcError,
+    RpcService,
+    RpcTimeout,
+    Unavailable,
+)
+from net._libp2p import PeerID
+
+log = logging.getLogger(__name__)
+
+FORWARD = "moe.forward"
+BACKWARD = "moe.backward"
+T = TypeVar("T")
+
+#: Makes autograd call backward even when no input requires grad (the expert's own
+#: parameters live remotely and still need their gradients).
+DUMMY = torch.empty(0, requires_grad=True)
+
+
+class ExpertCallError(RuntimeError):
+    """No server of an expert gave a usable answer."""
+
+
+class Portal:
+    """Runs async functions on a trio loop from another (non-trio) thread."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self.token = token
+
+    @classmethod
+    def current(cls) -> Portal:
+        """A portal into the trio loop of the calling task."""
+        return cls(trio.lowlevel.current_trio_token())
+
+    def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return trio.from_thread.run(fn, *args, trio_token=self.token)
+
+
+@dataclass(frozen=True)
+class ExpertServerRef:
+    """One volunteer serving one expert, as its declaration says."""
+
+    peer_id: PeerID
+    sha256: str = ""
+    version: int = 0
+    load: float = 0.0
+
+
+@dataclass
+class CallStatistics:
+    forward_calls: int = 0
+    backward_calls: int = 0
+    failovers: int = 0
+    failures: int = 0
+    anomalies: int = 0
+
+
+#: Errors after which another server of the same expert is worth trying.
+_RETRYABLE = (PeerUnreachable, RpcTimeout, Overloaded, Unavailable)
+
+
+@dataclass
+class ExpertCaller:
+    """Forward and backward calls to one expert, with failover between its servers."""
+
+    rpc: RpcService
+    forward_timeout: float = 10.0
+    backward_timeout: float = 20.0
+    stats: CallStatistics = field(default_factory=CallStatistics)
+    on_failure: Callable[[ExpertServerRef], None] | None = None
+
+    async def forward(
+        self, uid: str, servers: Sequence[ExpertServerRef], x: torch.Tensor
+    ) -> tuple[ExpertServerRef, torch.Tensor]:
+        """Outputs of ``uid`` for ``x`` from the first server that answers."""
+        self.stats.forward_calls += 1
+        wire = to_wire(x)
+        return await self._try_servers(uid, servers, FORWARD, [wire], self.forward_timeout)
+
+    async def backward(
+        self,
+        uid: str,
+        servers: Sequence[ExpertServerRef],
+        x: torch.Tensor,
+        grad_outputs: torch.Tensor,
+    ) -> torch.Tensor:
+        """Input gradients. Only servers with the weights that did the forward pass may
+        answer (the backward pass is recomputed from the inputs on their weights)."""
+        self.stats.backward_calls += 1
+        wires = [to_wire(x), to_wire(grad_outputs)]
+        _, grad = await self._try_servers(uid, servers, BACKWARD, wires, self.backward_timeout)
+        return grad
+
+    async def _try_servers(
+        self,
+        uid: str,
+        servers: Sequence[ExpertServerRef],
+        method: str,
+        wires: list[Any],
+        timeout: float,
+    ) -> tuple[ExpertServerRef, torch.Tensor]:
+        if not servers:
+            raise ExpertCallError(f"no server of {uid} is known")
+        errors: list[str] = []
+        with trio.move_on_after(timeout):
+            for i, server in enumerate(servers):
+                if i:
+                    self.stats.failovers += 1
+                try:
+                    reply = await self.rpc.call(
+                        server.peer_id, method, {"uid": uid}, wires, timeout=timeout
+                    )
+                except _RETRYABLE as exc:
+                    errors.append(f"{server.peer_id}: {exc}")
+                    if self.on_failure is not None:
+                        self.on_failure(server)
+                    continue
+                except (RemoteError, RpcError) as exc:
+                    self.stats.failures += 1
+                    raise ExpertCallError(f"{method} {uid} on {server.peer_id}: {exc}") from exc
+                if len(reply.tensors) != 1:
+                    errors.append(f"{server.peer_id}: answered {len(reply.tensors)} tensors")
+                    continue
+                return server, from_wire(reply.tensors[0])
+        self.stats.failures += 1
+        raise ExpertCallError(
+            f"{method} {uid}: every server failed ({'; '.join(errors[:3]) or 'timed out'})"
+        )
+
+
+class _RemoteExpertFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, dummy: torch.Tensor, expert: RemoteExpert, x: torch.Tensor
+    ) -> torch.Tensor:
+        server, y = expert.portal.run(expert.caller.forward, expert.uid, expert.servers, x)
+        ctx.expert = expert  # type: ignore[attr-defined]
+        ctx.server = server  # type: ignore[attr-defined]
+        ctx.save_for_backward(x)
+        return y.to(x.device)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[None, None, torch.Tensor]:
+        (x,) = ctx.saved_tensors
+        expert: RemoteExpert = ctx.expert
+        same_weights = expert.servers_like(ctx.server)
+        grad_x = expert.portal.run(
+            expert.caller.backward, expert.uid, same_weights, x, grad_y.contiguous()
+        )
+        return None, None, grad_x.to(x.device)
+
+
+class RemoteExpert(nn.Module):
+    """An expert served elsewhere, used like a local module: autograd works through it.
+
+    ``servers``: the volunteers serving ``uid``, tried in order (failover on errors that
+    another server may not have: unreachable, timed out, overloaded, paused).
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        servers: Sequence[ExpertServerRef],
+        caller: ExpertCaller,
+        portal: Portal,
+    ) -> None:
+        super().__init__()
+        self.uid = uid
+        self.servers = list(servers)
+        self.caller = caller
+        self.portal = portal
+
+    def servers_like(self, used: ExpertServerRef) -> list[ExpertServerRef]:
+        """``used`` first, then other servers with the same weights."""
+        return [used] + [
+            s for s in self.servers if s != used and s.sha256 == used.sha256 and s.sha256
+        ]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = _RemoteExpertFunction.apply(DUMMY, self, x)  # type: ignore[no-untyped-call]
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"uid={self.uid!r}, servers={len(self.servers)}"

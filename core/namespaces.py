@@ -1,0 +1,12 @@
+"""Every DHT namespace the program uses, with its rules: each peer built by core/ gets
+this validator, so a record of any kind is checked the same way everywhere."""
+
+from __future__ import annotations
+
+from net import NamespacedValidator
+
+
+def moehome_validator() -> NamespacedValidator:
+    from core.experts import records as expert_records
+
+    return NamespacedValidator().with_rules({expert_records.NAMESPACE: expert_records.RULE})

@@ -1,0 +1,110 @@
+"""A remote expert behaves like the same module run locally."""
+
+from __future__ import annotations
+
+import copy
+from contextlib import asynccontextmanager
+
+import pytest
+import torch
+import trio
+
+from core.experts.backend import ExpertBackend
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.server import ExpertServer, ServerConfig
+from core.experts.uid import ExpertUID
+from core.moe.client import ExpertCaller, ExpertCallError, ExpertServerRef, Portal, RemoteExpert
+from core.namespaces import moehome_validator
+from net import Identity, Peer
+from net.testing import open_swarm
+
+FFN = ExpertSpec("ffn", hidden=16, inner=32)
+
+
+@asynccontextmanager
+async def served(
+    specs: dict[str, ExpertSpec], peer: Peer, config: ServerConfig | None = None, seed: int = 0
+):
+    backends = {
+        uid: ExpertBackend(ExpertUID.parse(uid), spec, build_expert(spec, seed=seed + i))
+        for i, (uid, spec) in enumerate(specs.items())
+    }
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(ExpertServer(peer, backends, config or ServerConfig()).run)
+        yield server
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape"),
+    [(FFN, (5, 16)), (ExpertSpec("transformer", hidden=16, inner=32, heads=4), (3, 7, 16))],
+)
+async def test_remote_expert_matches_the_local_module(spec, shape):
+    async with (
+        open_swarm(2, validator=moehome_validator()) as swarm,
+        served({"ffn.0.1": spec}, swarm.node(0)) as server,
+    ):
+        backend = server.backends["ffn.0.1"]
+        local = copy.deepcopy(backend.module)
+        remote = RemoteExpert(
+            "ffn.0.1",
+            [ExpertServerRef(swarm.node(0).peer_id, backend.sha256)],
+            ExpertCaller(swarm.node(1).rpc),
+            Portal.current(),
+        )
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+
+        def run(module) -> tuple[torch.Tensor, torch.Tensor | None]:
+            xi = x.clone().requires_grad_(True)
+            y = module(xi)
+            (y * torch.arange(y.numel()).reshape(y.shape).float().sin()).sum().backward()
+            return y.detach(), xi.grad
+
+        y_remote, gx_remote = await trio.to_thread.run_sync(run, remote)
+        y_local, gx_local = run(local)
+        torch.testing.assert_close(y_remote, y_local)
+        torch.testing.assert_close(gx_remote, gx_local)
+        sums, samples = backend.accumulator.take()
+        assert samples == shape[0]
+        for name, p in local.named_parameters():
+            torch.testing.assert_close(sums[name], p.grad, msg=name)
+
+
+async def test_failover_to_another_server_of_the_same_expert():
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        served({"ffn.0.0": FFN}, swarm.node(0)) as s0,
+        served({"ffn.0.0": FFN}, swarm.node(1)) as s1,
+    ):
+        dead = ExpertServerRef(Identity.generate().peer_id, s0.backends["ffn.0.0"].sha256)
+        live = ExpertServerRef(swarm.node(1).peer_id, s1.backends["ffn.0.0"].sha256)
+        caller = ExpertCaller(swarm.node(2).rpc)
+        remote = RemoteExpert("ffn.0.0", [dead, live], caller, Portal.current())
+        y = await trio.to_thread.run_sync(remote, torch.randn(2, 16))
+        assert y.shape == (2, 16)
+        assert caller.stats.failovers == 1
+
+
+async def test_bad_inputs_get_clear_errors_and_the_server_goes_on():
+    async with (
+        open_swarm(2, validator=moehome_validator()) as swarm,
+        served({"ffn.0.0": FFN}, swarm.node(0)) as server,
+    ):
+        ref = ExpertServerRef(swarm.node(0).peer_id, server.backends["ffn.0.0"].sha256)
+        caller = ExpertCaller(swarm.node(1).rpc)
+        bad = [
+            (torch.randn(2, 15), "hidden=16"),
+            (torch.randn(2, 16, dtype=torch.float64), "float32"),
+            (torch.randn(2, 3, 16), r"\[batch, hidden\]"),
+            (torch.full((2, 16), float("nan")), "NaN"),
+            (torch.randn(5000, 16), "outside"),
+        ]
+        for x, words in bad:
+            with pytest.raises(ExpertCallError, match=words):
+                await caller.forward("ffn.0.0", [ref], x)
+        with pytest.raises(ExpertCallError, match="not served here"):
+            await caller.forward("ffn.9.9", [ref], torch.randn(2, 16))
+        with pytest.raises(ExpertCallError, match="must match"):
+            await caller.backward("ffn.0.0", [ref], torch.randn(2, 16), torch.randn(3, 16))
+        _, y = await caller.forward("ffn.0.0", [ref], torch.randn(2, 16))
+        assert torch.isfinite(y).all()
