@@ -3,7 +3,15 @@
 Never imports torch, Qt, core or app (checked by tests/test_architecture.py).
 """
 
-from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator, NamespaceRule, SignedRecord
+from net.dht import (
+    DhtConfig,
+    DhtError,
+    DhtNode,
+    NamespacedValidator,
+    NamespaceRule,
+    RecordRejected,
+    SignedRecord,
+)
 from net.host import AddressError, DialError, SwarmHost, parse_peer_addr
 from net.identity import Identity, IdentityError, load_or_create
 from net.peer import Peer, PeerConfig
@@ -47,6 +55,7 @@ __all__ = [
     "PeerUnreachable",
     "ProtocolViolation",
     "RateLimited",
+    "RecordRejected",
     "RemoteError",
     "Reply",
     "RpcConfig",

@@ -1,0 +1,170 @@
+"""Finding live experts: DHT lookups with a cache, and beam search over the grid.
+
+The beam search is Learning@home's: gating scores are split per grid dimension, and the
+best ``k`` uids are built left to right, keeping at each level only prefixes that some
+live server announced. It costs one DHT lookup per (level, prefix in the beam), and the
+answers are cached for ``cache_ttl`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from core.experts.records import SERVING, ExpertAnnouncement, PrefixAnnouncement, expert_key
+from core.experts.uid import Grid
+from core.moe.client import ExpertServerRef
+from net import DhtNode, RecordRejected
+from net._libp2p import PeerID
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- pure beam search
+
+Beam = tuple[str, float]  # (prefix or uid, score)
+
+
+def advance_beams(
+    beams: Sequence[Beam],
+    scores: Sequence[float],
+    alive: Mapping[str, frozenset[int]],
+    k: int,
+    *,
+    last: bool,
+) -> list[Beam]:
+    """One level of beam search for one sample: extend every beam by each live next
+    coordinate, keep the ``k`` best (ties broken by name, so results are reproducible)."""
+    candidates: list[Beam] = []
+    for prefix, score in beams:
+        for coord in alive.get(prefix, frozenset()):
+            if 0 <= coord < len(scores):
+                name = f"{prefix}{coord}" if last else f"{prefix}{coord}."
+                candidates.append((name, score + scores[coord]))
+    candidates.sort(key=lambda b: (-b[1], b[0]))
+    return candidates[:k]
+
+
+# ---------------------------------------------------------------- DHT-backed finder
+
+
+@dataclass
+class _Cached:
+    value: list[tuple[bytes, PeerID]]
+    expires: float
+
+
+@dataclass
+class FinderStatistics:
+    lookups: int = 0
+    cache_hits: int = 0
+
+
+@dataclass
+class ExpertFinder:
+    """Which experts of ``grid`` are alive, and who serves them."""
+
+    dht: DhtNode
+    project: str
+    grid: Grid
+    cache_ttl: float = 5.0
+    #: A server that failed a call is skipped for this long (doubling on repeat failures).
+    failure_backoff: float = 5.0
+    stats: FinderStatistics = field(default_factory=FinderStatistics)
+    _cache: dict[str, _Cached] = field(default_factory=dict)
+    _banned: dict[PeerID, tuple[float, float]] = field(default_factory=dict)
+
+    def report_failure(self, server: ExpertServerRef) -> None:
+        """Called when a server failed a call: skip it for a while."""
+        now = trio.current_time()
+        _, backoff = self._banned.get(server.peer_id, (0.0, self.failure_backoff / 2))
+        backoff = min(backoff * 2, 300.0)
+        self._banned[server.peer_id] = (now + backoff, backoff)
+
+    def _is_banned(self, peer_id: PeerID) -> bool:
+        until = self._banned.get(peer_id)
+        return until is not None and until[0] > trio.current_time()
+
+    def forget(self) -> None:
+        """Drop cached lookups (e.g. after many failures)."""
+        self._cache.clear()
+
+    async def _records(self, name: str) -> list[tuple[bytes, PeerID]]:
+        """(value, author) of the live records under ``name``, cached for cache_ttl."""
+        now = trio.current_time()
+        hit = self._cache.get(name)
+        if hit is not None and hit.expires > now:
+            self.stats.cache_hits += 1
+            return hit.value
+        self.stats.lookups += 1
+        records = await self.dht.get(expert_key(self.project, name))
+        values = [(r.value, r.author_peer_id) for r in records]
+        self._cache[name] = _Cached(values, now + self.cache_ttl)
+        return values
+
+    async def alive_next(self, prefix: str) -> frozenset[int]:
+        """Coordinates that follow ``prefix`` in some live server's declaration."""
+        coords: set[int] = set()
+        for value, _author in await self._records(prefix):
+            try:
+                coords.update(PrefixAnnouncement.decode(value).next_coords)
+            except RecordRejected:
+                continue  # validated on the way in; a newer schema is skipped
+        return frozenset(coords)
+
+    async def servers(self, uid: str) -> list[ExpertServerRef]:
+        """Live servers of ``uid``, least loaded first."""
+        out = []
+        for value, author in await self._records(uid):
+            try:
+                ann = ExpertAnnouncement.decode(value)
+            except RecordRejected:
+                continue
+            if ann.state == SERVING and ann.uid == uid and not self._is_banned(author):
+                out.append(ExpertServerRef(author, ann.sha256, ann.version, ann.load))
+        out.sort(key=lambda s: (s.load, str(s.peer_id)))
+        return out
+
+    async def beam_search(
+        self, scores: Sequence[Sequence[Sequence[float]]], k: int
+    ) -> list[list[str]]:
+        """The best ``k`` live uids for every sample.
+
+        ``scores[d][b]`` holds sample b's gating scores over grid dimension d.
+        """
+        batch = len(scores[0])
+        beams: list[list[Beam]] = [[(self.grid.root_prefix, 0.0)] for _ in range(batch)]
+        dims = len(self.grid.shape)
+        for d in range(dims):
+            prefixes = sorted({prefix for sample in beams for prefix, _ in sample})
+            alive = await self._alive_many(prefixes)
+            beams = [
+                advance_beams(beams[b], scores[d][b], alive, k, last=d == dims - 1)
+                for b in range(batch)
+            ]
+        return [[uid for uid, _ in sample] for sample in beams]
+
+    async def _alive_many(self, prefixes: Sequence[str]) -> dict[str, frozenset[int]]:
+        out: dict[str, frozenset[int]] = {}
+
+        async def one(prefix: str) -> None:
+            out[prefix] = await self.alive_next(prefix)
+
+        async with trio.open_nursery() as nursery:
+            for prefix in prefixes:
+                nursery.start_soon(one, prefix)
+        return out
+
+    async def servers_many(self, uids: Sequence[str]) -> dict[str, list[ExpertServerRef]]:
+        out: dict[str, list[ExpertServerRef]] = {}
+
+        async def one(uid: str) -> None:
+            out[uid] = await self.servers(uid)
+
+        async with trio.open_nursery() as nursery:
+            for uid in set(uids):
+                nursery.start_soon(one, uid)
+        return out

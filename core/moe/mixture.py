@@ -1,0 +1,265 @@
+"""``RemoteMixtureOfExperts``: a layer whose experts are volunteers' servers.
+
+Per batch: gating scores over the grid, beam search for the top-k *live* experts of every
+sample, forward calls to all chosen experts at once, continuing once every sample has
+``k_min`` answers plus at most ``timeout_after_k_min`` for stragglers; failed, late and
+NaN/inf answers are masked out of the softmax. Backward goes only to experts that answered
+the forward pass, to the same server (or one with the same weights).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import trio
+from torch import nn
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from core.experts.uid import ExpertUID, Grid
+from core.moe.client import DUMMY, ExpertCaller, ExpertCallError, ExpertServerRef, Portal
+from core.moe.finder import ExpertFinder
+
+log = logging.getLogger(__name__)
+
+
+class MoEError(RuntimeError):
+    """Too few experts answered for some sample."""
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    k_best: int = 4
+    k_min: int = 1
+    forward_timeout: float = 10.0
+    timeout_after_k_min: float = 1.0
+    backward_k_min: int = 1
+    backward_timeout: float = 20.0
+    #: Treat answers with NaN or infinity as failures.
+    detect_anomalies: bool = True
+    #: When fewer than k_min experts answer for a sample, give it a zero output instead of
+    #: raising MoEError.
+    allow_zero_outputs: bool = False
+
+
+@dataclass
+class MoEStatistics:
+    batches: int = 0
+    expert_calls: int = 0
+    failed_calls: int = 0
+    anomalies: int = 0
+    late_calls: int = 0
+    called: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+@dataclass
+class _Plan:
+    """One forward pass's routing, kept for its backward pass."""
+
+    uids: list[list[str]]  # per sample, the chosen experts (at most k)
+    servers: dict[str, list[ExpertServerRef]]
+    # filled by the forward calls: uid -> (server that answered, sample rows)
+    answered: dict[str, tuple[ExpertServerRef, list[int]]] = field(default_factory=dict)
+
+
+class RemoteMixtureOfExperts(nn.Module):
+    def __init__(
+        self,
+        *,
+        in_features: int,
+        grid: Grid,
+        finder: ExpertFinder,
+        caller: ExpertCaller,
+        portal: Portal,
+        config: MoEConfig | None = None,
+    ) -> None:
+        super().__init__()
+        self.grid = grid
+        self.finder = finder
+        self.caller = caller
+        self.portal = portal
+        self.config = config or MoEConfig()
+        if not 1 <= self.config.k_min <= self.config.k_best:
+            raise ValueError("need 1 <= k_min <= k_best")
+        self.proj = nn.Linear(in_features, sum(grid.shape))
+        self.stats = MoEStatistics()
+        caller.on_failure = finder.report_failure
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [batch, hidden] or [batch, seq, hidden]; each sample is routed as a whole."""
+        batch, k = x.shape[0], self.config.k_best
+        logits = self.proj(x if x.dim() == 2 else x.mean(dim=1))
+        per_dim = logits.split(list(self.grid.shape), dim=-1)
+        scores = [p.detach().float().tolist() for p in per_dim]
+        plan = self.portal.run(self._plan, scores)
+        outputs, alive = _RemoteCallMany.apply(DUMMY, self, plan, x)  # type: ignore[no-untyped-call]
+
+        # gating scores of the chosen experts: the sum of their per-dimension scores
+        coords = torch.zeros(batch, k, len(self.grid.shape), dtype=torch.long)
+        for b, uids in enumerate(plan.uids):
+            for j, uid in enumerate(uids):
+                coords[b, j] = torch.tensor(ExpertUID.parse(uid).coords)
+        chosen = sum(p.gather(1, coords[:, :, d]) for d, p in enumerate(per_dim))
+        assert isinstance(chosen, torch.Tensor)
+        chosen = chosen.masked_fill(alive == 0, float("-inf"))
+        weights = torch.softmax(chosen, dim=1).nan_to_num(0.0)  # rows with no expert: zeros
+        weights = weights.view(batch, k, *([1] * (x.dim() - 1))).to(outputs.dtype)
+        mixed: torch.Tensor = (weights * outputs).sum(dim=1)
+        return mixed
+
+    async def _plan(self, scores: Sequence[Sequence[Sequence[float]]]) -> _Plan:
+        uids = await self.finder.beam_search(scores, self.config.k_best)
+        servers = await self.finder.servers_many([u for sample in uids for u in sample])
+        return _Plan(uids, servers)
+
+    # ---- the calls (trio side)
+
+    async def _forward_calls(self, plan: _Plan, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        rows_of: dict[str, list[int]] = defaultdict(list)
+        for b, uids in enumerate(plan.uids):
+            for uid in uids:
+                if plan.servers.get(uid):
+                    rows_of[uid].append(b)
+        answers: dict[str, torch.Tensor] = {}
+        counts = [0] * x.shape[0]
+        pending = len(rows_of)
+        enough = trio.Event()
+        finished = trio.Event()
+
+        def check() -> None:
+            if pending == 0:
+                finished.set()
+                enough.set()
+            elif min(counts) >= cfg.k_min:
+                enough.set()
+
+        async def call(uid: str, rows: list[int]) -> None:
+            nonlocal pending
+            try:
+                server, y = await self.caller.forward(uid, plan.servers[uid], x[rows])
+                if cfg.detect_anomalies and not torch.isfinite(y).all():
+                    self.stats.anomalies += 1
+                    self.finder.report_failure(server)
+                    log.warning("%s answered NaN or infinity; masked out", uid)
+                else:
+                    answers[uid] = y
+                    plan.answered[uid] = (server, rows)
+                    for b in rows:
+                        counts[b] += 1
+            except ExpertCallError as exc:
+                self.stats.failed_calls += 1
+                log.info("expert %s failed: %s", uid, exc)
+            finally:
+                pending -= 1
+                check()
+
+        self.stats.batches += 1
+        self.stats.expert_calls += len(rows_of)
+        for uid in rows_of:
+            self.stats.called[uid] += 1
+        check()
+        with trio.move_on_after(cfg.forward_timeout):
+            async with trio.open_nursery() as nursery:
+                for uid, rows in rows_of.items():
+                    nursery.start_soon(call, uid, rows)
+                await enough.wait()
+                with trio.move_on_after(cfg.timeout_after_k_min):
+                    await finished.wait()
+                self.stats.late_calls += pending
+                nursery.cancel_scope.cancel()
+        if min(counts, default=cfg.k_min) < cfg.k_min and not cfg.allow_zero_outputs:
+            short = sum(c < cfg.k_min for c in counts)
+            raise MoEError(
+                f"{short} of {len(counts)} samples got fewer than k_min={cfg.k_min} answers"
+            )
+        return answers
+
+    async def _backward_calls(
+        self, plan: _Plan, x: torch.Tensor, grads: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        out: dict[str, torch.Tensor] = {}
+
+        async def call(uid: str) -> None:
+            server, rows = plan.answered[uid]
+            same = [server] + [
+                s for s in plan.servers[uid] if s != server and s.sha256 == server.sha256
+            ]
+            try:
+                out[uid] = await self.caller.backward(uid, same, x[rows], grads[uid])
+            except ExpertCallError as exc:
+                self.stats.failed_calls += 1
+                log.info("backward of %s failed: %s", uid, exc)
+
+        with trio.move_on_after(cfg.backward_timeout):
+            async with trio.open_nursery() as nursery:
+                for uid in grads:
+                    nursery.start_soon(call, uid)
+        counts = [0] * x.shape[0]
+        for uid in out:
+            for b in plan.answered[uid][1]:
+                counts[b] += 1
+        needed = [b for uid in grads for b in plan.answered[uid][1]]
+        if (
+            needed
+            and min(counts[b] for b in needed) < cfg.backward_k_min
+            and not cfg.allow_zero_outputs
+        ):
+            raise MoEError(
+                f"fewer than backward_k_min={cfg.backward_k_min} experts answered the backward pass"
+            )
+        return out
+
+
+class _RemoteCallMany(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        dummy: torch.Tensor,
+        layer: RemoteMixtureOfExperts,
+        plan: _Plan,
+        x: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k = layer.config.k_best
+        x_cpu = x.detach().cpu()
+        answers = layer.portal.run(layer._forward_calls, plan, x_cpu)
+        outputs = torch.zeros(x.shape[0], k, *x.shape[1:], dtype=x.dtype)
+        alive = torch.zeros(x.shape[0], k)
+        for uid, y in answers.items():
+            rows = plan.answered[uid][1]
+            slots = [plan.uids[b].index(uid) for b in rows]
+            outputs[rows, slots] = y.to(x.dtype)
+            alive[rows, slots] = 1.0
+        ctx.layer = layer  # type: ignore[attr-defined]
+        ctx.device = x.device  # type: ignore[attr-defined]
+        ctx.plan = plan  # type: ignore[attr-defined]
+        ctx.save_for_backward(x_cpu)
+        ctx.mark_non_differentiable(alive)
+        return outputs.to(x.device), alive.to(x.device)
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, grad_outputs: torch.Tensor, _grad_alive: torch.Tensor
+    ) -> tuple[None, None, None, torch.Tensor]:
+        (x,) = ctx.saved_tensors
+        layer: RemoteMixtureOfExperts = ctx.layer
+        plan: _Plan = ctx.plan
+        grad_outputs = grad_outputs.cpu()
+        grads: dict[str, torch.Tensor] = {}
+        for uid, (_, rows) in plan.answered.items():
+            slots = [plan.uids[b].index(uid) for b in rows]
+            g = grad_outputs[rows, slots].contiguous()
+            if g.any():  # experts whose outputs did not matter need no call
+                grads[uid] = g
+        answers = layer.portal.run(layer._backward_calls, plan, x, grads)
+        grad_x = torch.zeros_like(x)
+        for uid, gx in answers.items():
+            rows = plan.answered[uid][1]
+            grad_x.index_add_(0, torch.tensor(rows), gx.to(grad_x.dtype))
+        return None, None, None, grad_x.to(ctx.device)
