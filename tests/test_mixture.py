@@ -11,8 +11,9 @@ import trio
 from torch import nn
 
 from core.experts.backend import ExpertBackend
+from core.experts.protocol import FORWARD
 from core.experts.registry import ExpertSpec, build_expert
-from core.experts.server import FORWARD, ExpertServer, ServerConfig
+from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID, Grid
 from core.moe.client import ExpertCaller, Portal
 from core.moe.finder import ExpertFinder, advance_beams
@@ -233,8 +234,8 @@ async def test_k_min_not_reached_raises_unless_zero_outputs_are_allowed():
 
 async def test_withdrawn_experts_are_not_chosen():
     async with moe_swarm([["ffn.0.0", "ffn.0.1"], ["ffn.1.0", "ffn.1.1"]], k_best=4) as h:
-        h.servers[1].pause()
-        await trio.sleep(0.8)  # the withdrawal replaces the declarations; the cache expires
+        await h.servers[1].pause()
+        h.layer.finder.forget()  # the withdrawal is stored; drop what the trainer cached
         await trio.to_thread.run_sync(h.layer, torch.randn(8, HIDDEN))
         assert h.layer.stats.called["ffn.1.0"] == 0
         assert h.layer.stats.called["ffn.1.1"] == 0

@@ -106,5 +106,59 @@ async def test_bad_inputs_get_clear_errors_and_the_server_goes_on():
             await caller.forward("ffn.9.9", [ref], torch.randn(2, 16))
         with pytest.raises(ExpertCallError, match="must match"):
             await caller.backward("ffn.0.0", [ref], torch.randn(2, 16), torch.randn(3, 16))
-        _, y = await caller.forward("ffn.0.0", [ref], torch.randn(2, 16))
+        y = (await caller.forward("ffn.0.0", [ref], torch.randn(2, 16))).outputs
         assert torch.isfinite(y).all()
+
+
+async def test_kept_forward_graphs_serve_the_backward_pass_once_and_only_for_their_owner():
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        served({"ffn.0.0": FFN}, swarm.node(0)) as server,
+    ):
+        backend = server.backends["ffn.0.0"]
+        ref = ExpertServerRef(swarm.node(0).peer_id, backend.sha256)
+        caller = ExpertCaller(swarm.node(1).rpc)
+        x, g = torch.randn(4, 16), torch.randn(4, 16)
+
+        kept = await caller.forward("ffn.0.0", [ref], x, keep=True)
+        assert kept.handle is not None
+        grad_kept = await caller.backward("ffn.0.0", [ref], x, g, kept=kept)
+        assert backend.graphs.hits == 1
+        assert caller.stats.graph_misses == 0
+        grad_recomputed = await caller.backward("ffn.0.0", [ref], x, g)
+        torch.testing.assert_close(grad_kept, grad_recomputed)
+
+        # a handle is used once: the second time the caller falls back to recomputing
+        again = await caller.backward("ffn.0.0", [ref], x, g, kept=kept)
+        torch.testing.assert_close(again, grad_recomputed)
+        assert caller.stats.graph_misses == 1
+
+        # another peer cannot use someone else's graph
+        kept = await caller.forward("ffn.0.0", [ref], x, keep=True)
+        thief = ExpertCaller(swarm.node(2).rpc)
+        await thief.backward("ffn.0.0", [ref], x, g, kept=kept)
+        assert thief.stats.graph_misses == 1
+        assert len(backend.graphs) == 1  # still there for its owner
+        _, samples = backend.accumulator.take()
+        assert samples == 4 * 4
+
+
+async def test_forward_without_grad_keeps_nothing():
+    async with (
+        open_swarm(2, validator=moehome_validator()) as swarm,
+        served({"ffn.0.0": FFN}, swarm.node(0)) as server,
+    ):
+        backend = server.backends["ffn.0.0"]
+        remote = RemoteExpert(
+            "ffn.0.0",
+            [ExpertServerRef(swarm.node(0).peer_id, backend.sha256)],
+            ExpertCaller(swarm.node(1).rpc),
+            Portal.current(),
+        )
+
+        def infer():
+            with torch.no_grad():
+                return remote(torch.randn(2, 16))
+
+        await trio.to_thread.run_sync(infer)
+        assert len(backend.graphs) == 0

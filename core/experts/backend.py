@@ -3,8 +3,11 @@ accumulator. Synchronous torch code: the server runs it in its compute thread.""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +22,69 @@ log = logging.getLogger(__name__)
 
 class InvalidInput(ValueError):
     """A request's tensors do not fit the expert; the message says how."""
+
+
+class CacheMiss(KeyError):
+    """The kept forward graph of a backward request is gone (expired or evicted)."""
+
+
+@dataclass
+class _Graph:
+    owner: object  # who may use it: the peer that asked for the forward pass
+    inputs: torch.Tensor
+    outputs: torch.Tensor
+    nbytes: int
+    created: float
+
+
+class GraphCache:
+    """Autograd graphs of recent forward passes, so that a backward pass need not
+    recompute them (a remote forward+backward then costs what a local one does).
+    Bounded in bytes and entries, oldest dropped first, each kept at most ``ttl`` s."""
+
+    def __init__(self, max_bytes: int, max_entries: int = 256, ttl: float = 60.0) -> None:
+        self.max_bytes, self.max_entries, self.ttl = max_bytes, max_entries, ttl
+        self._graphs: OrderedDict[int, _Graph] = OrderedDict()
+        self._bytes = 0
+        self._next = itertools.count(1)
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def put(
+        self, owner: object, inputs: torch.Tensor, outputs: torch.Tensor, nbytes: int
+    ) -> int | None:
+        if nbytes > self.max_bytes:
+            return None
+        with self._lock:
+            now = time.monotonic()
+            while self._graphs and (
+                self._bytes + nbytes > self.max_bytes
+                or len(self._graphs) >= self.max_entries
+                or next(iter(self._graphs.values())).created < now - self.ttl
+            ):
+                _, old = self._graphs.popitem(last=False)
+                self._bytes -= old.nbytes
+            handle = next(self._next)
+            self._graphs[handle] = _Graph(owner, inputs, outputs, nbytes, now)
+            self._bytes += nbytes
+            return handle
+
+    def pop(self, owner: object, handle: int) -> _Graph:
+        with self._lock:
+            graph = self._graphs.get(handle)
+            if graph is None or graph.owner != owner:
+                self.misses += 1
+                raise CacheMiss(handle)
+            del self._graphs[handle]
+            if graph.created < time.monotonic() - self.ttl:
+                self.misses += 1
+                raise CacheMiss(handle)
+            self._bytes -= graph.nbytes
+            self.hits += 1
+            return graph
+
+    def __len__(self) -> int:
+        return len(self._graphs)
 
 
 @dataclass
@@ -63,6 +129,7 @@ class ExpertBackend:
         version: int = 0,
         device: torch.device | str = "cpu",
         max_batch_size: int = 4096,
+        graph_cache_bytes: int = 512 * 1024 * 1024,
     ) -> None:
         self.uid = uid
         self.spec = spec
@@ -73,6 +140,7 @@ class ExpertBackend:
         self.sha256 = weights_hash(module)
         self.max_batch_size = max_batch_size
         self.accumulator = GradientAccumulator()
+        self.graphs = GraphCache(max_bytes=graph_cache_bytes)
 
     # ---- checks (called on the network side, before anything is queued)
 
@@ -104,10 +172,28 @@ class ExpertBackend:
 
     # ---- compute (compute thread)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            out: torch.Tensor = self.module(x.to(self.device))
-        return out.cpu()
+    def forward(
+        self, x: torch.Tensor, keep: bool = False, owner: object = None
+    ) -> tuple[torch.Tensor, int | None]:
+        """Outputs; with ``keep``, the autograd graph is kept for a backward pass by
+        ``owner`` and its handle returned (None when it does not fit the cache)."""
+        x = x.to(self.device)
+        if not keep:
+            with torch.no_grad():
+                out: torch.Tensor = self.module(x)
+            return out.cpu(), None
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = self.module(x)
+        handle = self.graphs.put(owner, x, out, self._graph_bytes(x))
+        return out.detach().cpu(), handle
+
+    def _graph_bytes(self, x: torch.Tensor) -> int:
+        """What a kept graph holds, roughly: the activations of every layer."""
+        width = 4 + 3 * self.spec.inner_dim / self.spec.hidden
+        if self.spec.kind == "transformer":
+            width += 6 + 2 * x.shape[1] * self.spec.heads / self.spec.hidden
+        return int(x.numel() * x.element_size() * width)
 
     def backward(self, x: torch.Tensor, grad_outputs: torch.Tensor) -> torch.Tensor:
         """Input gradients for the caller; parameter gradients go to the accumulator.
@@ -119,3 +205,16 @@ class ExpertBackend:
         self.accumulator.add(self.module, samples=int(x.shape[0]))
         assert x.grad is not None
         return x.grad.cpu()
+
+    def backward_kept(self, owner: object, handle: int, grad_outputs: torch.Tensor) -> torch.Tensor:
+        """Like backward, through the graph a forward pass kept (raises CacheMiss)."""
+        graph = self.graphs.pop(owner, handle)
+        if grad_outputs.shape != graph.outputs.shape or grad_outputs.dtype != graph.outputs.dtype:
+            raise InvalidInput(
+                f"grad_outputs {grad_outputs.dtype}{list(grad_outputs.shape)} must match "
+                f"outputs {graph.outputs.dtype}{list(graph.outputs.shape)}"
+            )
+        torch.autograd.backward(graph.outputs, grad_outputs.to(self.device))
+        self.accumulator.add(self.module, samples=int(graph.inputs.shape[0]))
+        assert graph.inputs.grad is not None
+        return graph.inputs.grad.cpu()

@@ -20,15 +20,21 @@ import trio
 
 log = logging.getLogger(__name__)
 
-Process = Callable[..., torch.Tensor]
+#: Runs one batch: (batched input tensors, keep, owner) -> (outputs, handle of a kept
+#: autograd graph or None). ``keep`` is only ever True for a batch of a single request,
+#: whose caller is ``owner``.
+Process = Callable[[list[torch.Tensor], bool, object], tuple[torch.Tensor, int | None]]
 
 
 @dataclass(eq=False)
 class _Task:
     tensors: tuple[torch.Tensor, ...]
     size: int
+    keep: bool = False
+    owner: object = None
     done: trio.Event = field(default_factory=trio.Event)
     result: torch.Tensor | None = None
+    handle: int | None = None
     error: BaseException | None = None
     abandoned: bool = False
 
@@ -64,9 +70,12 @@ class TaskPool:
     def queued_samples(self) -> int:
         return self._queued_samples
 
-    async def submit(self, *tensors: torch.Tensor) -> torch.Tensor:
-        """Run ``process`` on these tensors (batched with others); returns its output rows."""
-        task = _Task(tensors, int(tensors[0].shape[0]))
+    async def submit(
+        self, *tensors: torch.Tensor, keep: bool = False, owner: object = None
+    ) -> tuple[torch.Tensor, int | None]:
+        """Run ``process`` on these tensors (batched with others); returns its output rows
+        and, when ``keep`` was asked and the request ran alone, the kept graph's handle."""
+        task = _Task(tensors, int(tensors[0].shape[0]), keep, owner)
         self._queued_samples += task.size
         self._send.send_nowait(task)
         try:
@@ -77,7 +86,7 @@ class TaskPool:
         if task.error is not None:
             raise task.error
         assert task.result is not None
-        return task.result
+        return task.result, task.handle
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -123,7 +132,10 @@ class TaskPool:
         ]
         started = trio.current_time()
         try:
-            output = await trio.to_thread.run_sync(self._process, *inputs, limiter=self._limiter)
+            keep = len(live) == 1 and live[0].keep
+            output, handle = await trio.to_thread.run_sync(
+                self._process, inputs, keep, live[0].owner, limiter=self._limiter
+            )
         except Exception as exc:
             log.exception("%s failed on a batch of %d", self.name, sum(t.size for t in live))
             for t in live:
@@ -137,6 +149,7 @@ class TaskPool:
         self.stats.compute_seconds += trio.current_time() - started
         offset = 0
         for t in live:
+            t.handle = handle
             t.result = output[offset : offset + t.size]
             offset += t.size
             t.done.set()

@@ -6,13 +6,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from functools import partial
+from typing import Any
 
 import torch
 import trio
 
-from core.experts.backend import ExpertBackend, InvalidInput
+from core.experts.backend import CacheMiss, ExpertBackend, InvalidInput
 from core.experts.batching import TaskPool
+from core.experts.protocol import BACKWARD, FORWARD, GRAPH_GONE, INFO
 from core.experts.records import (
     SERVING,
     WITHDRAWN,
@@ -23,13 +25,9 @@ from core.experts.records import (
     prefix_children,
 )
 from core.experts.wire import from_wire, to_wire
-from net import BadRequest, CallContext, DhtError, Peer, Reply, Unavailable
+from net import BadRequest, CallContext, DhtError, Peer, RemoteError, Reply, Unavailable
 
 log = logging.getLogger(__name__)
-
-FORWARD: Final = "moe.forward"
-BACKWARD: Final = "moe.backward"
-INFO: Final = "moe.info"
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ class ExpertServer:
         self._forward_pools = {
             uid: TaskPool(
                 f"{uid}.forward",
-                b.forward,
+                partial(_run_forward, b),
                 self._device,
                 max_batch_size=self.config.max_batch_size,
                 max_wait=self.config.max_wait,
@@ -69,7 +67,7 @@ class ExpertServer:
         self._backward_pools = {
             uid: TaskPool(
                 f"{uid}.backward",
-                b.backward,
+                partial(_run_backward, b),
                 self._device,
                 max_batch_size=self.config.max_batch_size,
                 max_wait=self.config.max_wait,
@@ -77,7 +75,7 @@ class ExpertServer:
             for uid, b in self.backends.items()
         }
         self._paused = False
-        self._announce_now = trio.Event()
+        self._announcing = trio.Lock()
         peer.rpc.register(FORWARD, self._forward)
         peer.rpc.register(BACKWARD, self._backward)
         peer.rpc.register(INFO, self._info)
@@ -98,14 +96,15 @@ class ExpertServer:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self._announce(withdraw=True)
 
-    def pause(self) -> None:
-        """Stop taking work (requests get Unavailable) and withdraw the declarations."""
+    async def pause(self) -> None:
+        """Stop taking work at once (requests get Unavailable), then withdraw the
+        declarations; returns when the withdrawal is stored."""
         self._paused = True
-        self._announce_now.set()
+        await self._announce_current()
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
         self._paused = False
-        self._announce_now.set()
+        await self._announce_current()
 
     @property
     def paused(self) -> bool:
@@ -119,10 +118,14 @@ class ExpertServer:
 
     async def _announce_loop(self) -> None:
         while True:
+            await self._announce_current()
+            await trio.sleep(self.config.announce_interval)
+
+    async def _announce_current(self) -> None:
+        # One announcement at a time: a withdrawal must not be overtaken by the records
+        # of an announcement that started before it (newest record wins in the DHT).
+        async with self._announcing:
             await self._announce(withdraw=self._paused)
-            self._announce_now = trio.Event()
-            with trio.move_on_after(self.config.announce_interval):
-                await self._announce_now.wait()
 
     async def _announce(self, *, withdraw: bool) -> None:
         """Put (or withdraw) every declaration: one record per expert, one per prefix.
@@ -183,17 +186,44 @@ class ExpertServer:
             backend.check_inputs(x)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        y = await self._forward_pools[str(backend.uid)].submit(x)
-        return Reply(self._identity(backend), (to_wire(y),))
+        keep = ctx.request.meta.get("keep") is True
+        pool = self._forward_pools[str(backend.uid)]
+        y, handle = await pool.submit(x, keep=keep, owner=ctx.peer_id)
+        meta = self._identity(backend)
+        if handle is not None:
+            meta["handle"] = handle
+        return Reply(meta, (to_wire(y),))
 
     async def _backward(self, ctx: CallContext) -> Reply:
         backend = self._backend(ctx)
+        handle = ctx.request.meta.get("handle")
+        if handle is not None:
+            return await self._backward_kept(ctx, backend, handle)
         x, grad = self._tensors(ctx, 2)
         try:
             backend.check_grad_outputs(x, grad)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        grad_x = await self._backward_pools[str(backend.uid)].submit(x, grad)
+        grad_x, _ = await self._backward_pools[str(backend.uid)].submit(x, grad)
+        return Reply(self._identity(backend), (to_wire(grad_x),))
+
+    async def _backward_kept(
+        self, ctx: CallContext, backend: ExpertBackend, handle: object
+    ) -> Reply:
+        """Backward through the graph a forward pass kept: only grad_outputs travel."""
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            raise BadRequest("handle must be an integer")
+        (grad,) = self._tensors(ctx, 1)
+        if grad.dtype != backend.spec.torch_dtype or not torch.isfinite(grad).all():
+            raise BadRequest(f"grad_outputs must be finite {backend.spec.dtype}")
+        try:
+            grad_x = await trio.to_thread.run_sync(
+                backend.backward_kept, ctx.peer_id, handle, grad, limiter=self._device
+            )
+        except CacheMiss:
+            raise GraphGone(f"forward graph {handle} is gone; send the inputs again") from None
+        except InvalidInput as exc:
+            raise BadRequest(str(exc)) from exc
         return Reply(self._identity(backend), (to_wire(grad_x),))
 
     async def _info(self, ctx: CallContext) -> Reply:
@@ -208,3 +238,19 @@ class ExpertServer:
                 "load": self.load(uid),
             }
         )
+
+
+class GraphGone(RemoteError):
+    code = GRAPH_GONE
+
+
+def _run_forward(
+    backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object
+) -> tuple[torch.Tensor, int | None]:
+    return backend.forward(inputs[0], keep=keep, owner=owner)
+
+
+def _run_backward(
+    backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object
+) -> tuple[torch.Tensor, int | None]:
+    return backend.backward(inputs[0], inputs[1]), None

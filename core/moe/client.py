@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import torch
@@ -18,11 +19,13 @@ import trio
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from core.experts.protocol import BACKWARD, FORWARD, GRAPH_GONE
 from core.experts.wire import from_wire, to_wire
 from net import (
     Overloaded,
     PeerUnreachable,
     RemoteError,
+    Reply,
     RpcError,
     RpcService,
     RpcTimeout,
@@ -32,8 +35,6 @@ from net._libp2p import PeerID
 
 log = logging.getLogger(__name__)
 
-FORWARD = "moe.forward"
-BACKWARD = "moe.backward"
 T = TypeVar("T")
 
 #: Makes autograd call backward even when no input requires grad (the expert's own
@@ -70,10 +71,18 @@ class ExpertServerRef:
     load: float = 0.0
 
 
+@dataclass(frozen=True)
+class ForwardResult:
+    server: ExpertServerRef  # who answered: the backward pass goes there first
+    outputs: torch.Tensor
+    handle: int | None  # the server's kept autograd graph, if it kept one
+
+
 @dataclass
 class CallStatistics:
     forward_calls: int = 0
     backward_calls: int = 0
+    graph_misses: int = 0
     failovers: int = 0
     failures: int = 0
     anomalies: int = 0
@@ -94,12 +103,19 @@ class ExpertCaller:
     on_failure: Callable[[ExpertServerRef], None] | None = None
 
     async def forward(
-        self, uid: str, servers: Sequence[ExpertServerRef], x: torch.Tensor
-    ) -> tuple[ExpertServerRef, torch.Tensor]:
-        """Outputs of ``uid`` for ``x`` from the first server that answers."""
+        self, uid: str, servers: Sequence[ExpertServerRef], x: torch.Tensor, *, keep: bool = False
+    ) -> ForwardResult:
+        """Outputs of ``uid`` for ``x`` from the first server that answers. With ``keep``
+        the server keeps the autograd graph for the backward pass (see ``backward``)."""
         self.stats.forward_calls += 1
-        wire = to_wire(x)
-        return await self._try_servers(uid, servers, FORWARD, [wire], self.forward_timeout)
+        meta = {"uid": uid, "keep": True} if keep else {"uid": uid}
+        server, reply = await self._try_servers(
+            uid, servers, FORWARD, meta, [to_wire(x)], self.forward_timeout
+        )
+        handle = reply.meta.get("handle")
+        return ForwardResult(
+            server, from_wire(reply.tensors[0]), handle if isinstance(handle, int) else None
+        )
 
     async def backward(
         self,
@@ -107,22 +123,47 @@ class ExpertCaller:
         servers: Sequence[ExpertServerRef],
         x: torch.Tensor,
         grad_outputs: torch.Tensor,
+        *,
+        kept: ForwardResult | None = None,
     ) -> torch.Tensor:
-        """Input gradients. Only servers with the weights that did the forward pass may
-        answer (the backward pass is recomputed from the inputs on their weights)."""
+        """Input gradients. Through the graph ``kept`` by the forward pass when it is still
+        there (only grad_outputs travel); otherwise recomputed by a server with the same
+        weights as the one that did the forward pass."""
         self.stats.backward_calls += 1
-        wires = [to_wire(x), to_wire(grad_outputs)]
-        _, grad = await self._try_servers(uid, servers, BACKWARD, wires, self.backward_timeout)
-        return grad
+        grad_wire = to_wire(grad_outputs)
+        if kept is not None and kept.handle is not None:
+            try:
+                reply = await self.rpc.call(
+                    kept.server.peer_id,
+                    BACKWARD,
+                    {"uid": uid, "handle": kept.handle},
+                    [grad_wire],
+                    timeout=self.backward_timeout,
+                )
+                if len(reply.tensors) == 1:
+                    return from_wire(reply.tensors[0])
+            except RemoteError as exc:
+                if exc.code != GRAPH_GONE:
+                    raise ExpertCallError(
+                        f"backward {uid} on {kept.server.peer_id}: {exc}"
+                    ) from exc
+                self.stats.graph_misses += 1
+            except RpcError as exc:
+                log.info("kept-graph backward of %s failed (%s); recomputing elsewhere", uid, exc)
+        _, reply = await self._try_servers(
+            uid, servers, BACKWARD, {"uid": uid}, [to_wire(x), grad_wire], self.backward_timeout
+        )
+        return from_wire(reply.tensors[0])
 
     async def _try_servers(
         self,
         uid: str,
         servers: Sequence[ExpertServerRef],
         method: str,
+        meta: dict[str, Any],
         wires: list[Any],
         timeout: float,
-    ) -> tuple[ExpertServerRef, torch.Tensor]:
+    ) -> tuple[ExpertServerRef, Reply]:
         if not servers:
             raise ExpertCallError(f"no server of {uid} is known")
         errors: list[str] = []
@@ -132,7 +173,7 @@ class ExpertCaller:
                     self.stats.failovers += 1
                 try:
                     reply = await self.rpc.call(
-                        server.peer_id, method, {"uid": uid}, wires, timeout=timeout
+                        server.peer_id, method, meta, wires, timeout=timeout
                     )
                 except _RETRYABLE as exc:
                     errors.append(f"{server.peer_id}: {exc}")
@@ -145,34 +186,48 @@ class ExpertCaller:
                 if len(reply.tensors) != 1:
                     errors.append(f"{server.peer_id}: answered {len(reply.tensors)} tensors")
                     continue
-                return server, from_wire(reply.tensors[0])
+                return server, reply
         self.stats.failures += 1
         raise ExpertCallError(
             f"{method} {uid}: every server failed ({'; '.join(errors[:3]) or 'timed out'})"
         )
 
 
+def same_weights(
+    used: ExpertServerRef, servers: Sequence[ExpertServerRef]
+) -> list[ExpertServerRef]:
+    """``used`` first, then other servers with the same weights: a backward pass must be
+    computed on the weights that did the forward pass."""
+    return [used] + [s for s in servers if s != used and s.sha256 and s.sha256 == used.sha256]
+
+
 class _RemoteExpertFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: FunctionCtx, dummy: torch.Tensor, expert: RemoteExpert, x: torch.Tensor
+        ctx: FunctionCtx, dummy: torch.Tensor, expert: RemoteExpert, keep: bool, x: torch.Tensor
     ) -> torch.Tensor:
-        server, y = expert.portal.run(expert.caller.forward, expert.uid, expert.servers, x)
+        result = expert.portal.run(
+            partial(expert.caller.forward, keep=keep), expert.uid, expert.servers, x.detach().cpu()
+        )
         ctx.expert = expert  # type: ignore[attr-defined]
-        ctx.server = server  # type: ignore[attr-defined]
+        ctx.result = result  # type: ignore[attr-defined]
         ctx.save_for_backward(x)
-        return y.to(x.device)
+        return result.outputs.to(x.device)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[None, None, torch.Tensor]:
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[None, None, None, torch.Tensor]:
         (x,) = ctx.saved_tensors
         expert: RemoteExpert = ctx.expert
-        same_weights = expert.servers_like(ctx.server)
+        result: ForwardResult = ctx.result
         grad_x = expert.portal.run(
-            expert.caller.backward, expert.uid, same_weights, x, grad_y.contiguous()
+            partial(expert.caller.backward, kept=result),
+            expert.uid,
+            same_weights(result.server, expert.servers),
+            x.detach().cpu(),
+            grad_y.detach().cpu().contiguous(),
         )
-        return None, None, grad_x.to(x.device)
+        return None, None, None, grad_x.to(x.device)
 
 
 class RemoteExpert(nn.Module):
@@ -195,14 +250,10 @@ class RemoteExpert(nn.Module):
         self.caller = caller
         self.portal = portal
 
-    def servers_like(self, used: ExpertServerRef) -> list[ExpertServerRef]:
-        """``used`` first, then other servers with the same weights."""
-        return [used] + [
-            s for s in self.servers if s != used and s.sha256 == used.sha256 and s.sha256
-        ]
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = _RemoteExpertFunction.apply(DUMMY, self, x)  # type: ignore[no-untyped-call]
+        # keep the server's graph only when a backward pass may follow
+        keep = torch.is_grad_enabled()
+        out = _RemoteExpertFunction.apply(DUMMY, self, keep, x)  # type: ignore[no-untyped-call]
         assert isinstance(out, torch.Tensor)
         return out
 

@@ -21,7 +21,15 @@ from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from core.experts.uid import ExpertUID, Grid
-from core.moe.client import DUMMY, ExpertCaller, ExpertCallError, ExpertServerRef, Portal
+from core.moe.client import (
+    DUMMY,
+    ExpertCaller,
+    ExpertCallError,
+    ExpertServerRef,
+    ForwardResult,
+    Portal,
+    same_weights,
+)
 from core.moe.finder import ExpertFinder
 
 log = logging.getLogger(__name__)
@@ -62,8 +70,9 @@ class _Plan:
 
     uids: list[list[str]]  # per sample, the chosen experts (at most k)
     servers: dict[str, list[ExpertServerRef]]
-    # filled by the forward calls: uid -> (server that answered, sample rows)
-    answered: dict[str, tuple[ExpertServerRef, list[int]]] = field(default_factory=dict)
+    keep: bool = False  # ask servers to keep forward graphs (a backward pass follows)
+    # filled by the forward calls: uid -> (the answer, sample rows)
+    answered: dict[str, tuple[ForwardResult, list[int]]] = field(default_factory=dict)
 
 
 class RemoteMixtureOfExperts(nn.Module):
@@ -96,6 +105,7 @@ class RemoteMixtureOfExperts(nn.Module):
         per_dim = logits.split(list(self.grid.shape), dim=-1)
         scores = [p.detach().float().tolist() for p in per_dim]
         plan = self.portal.run(self._plan, scores)
+        plan.keep = torch.is_grad_enabled()
         outputs, alive = _RemoteCallMany.apply(DUMMY, self, plan, x)  # type: ignore[no-untyped-call]
 
         # gating scores of the chosen experts: the sum of their per-dimension scores
@@ -141,14 +151,15 @@ class RemoteMixtureOfExperts(nn.Module):
         async def call(uid: str, rows: list[int]) -> None:
             nonlocal pending
             try:
-                server, y = await self.caller.forward(uid, plan.servers[uid], x[rows])
+                result = await self.caller.forward(uid, plan.servers[uid], x[rows], keep=plan.keep)
+                y = result.outputs
                 if cfg.detect_anomalies and not torch.isfinite(y).all():
                     self.stats.anomalies += 1
-                    self.finder.report_failure(server)
+                    self.finder.report_failure(result.server)
                     log.warning("%s answered NaN or infinity; masked out", uid)
                 else:
                     answers[uid] = y
-                    plan.answered[uid] = (server, rows)
+                    plan.answered[uid] = (result, rows)
                     for b in rows:
                         counts[b] += 1
             except ExpertCallError as exc:
@@ -186,12 +197,10 @@ class RemoteMixtureOfExperts(nn.Module):
         out: dict[str, torch.Tensor] = {}
 
         async def call(uid: str) -> None:
-            server, rows = plan.answered[uid]
-            same = [server] + [
-                s for s in plan.servers[uid] if s != server and s.sha256 == server.sha256
-            ]
+            result, rows = plan.answered[uid]
+            same = same_weights(result.server, plan.servers[uid])
             try:
-                out[uid] = await self.caller.backward(uid, same, x[rows], grads[uid])
+                out[uid] = await self.caller.backward(uid, same, x[rows], grads[uid], kept=result)
             except ExpertCallError as exc:
                 self.stats.failed_calls += 1
                 log.info("backward of %s failed: %s", uid, exc)

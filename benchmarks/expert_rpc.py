@@ -1,0 +1,183 @@
+"""A remote feed-forward expert beside the same module run locally, in the same run.
+
+    python benchmarks/expert_rpc.py [--quick]
+
+The expert (hidden 1024, inner 4096, float32) is served by a second process, as a
+volunteer's node would serve it; this process times forward and forward+backward through
+``RemoteExpert`` and through a local copy of the same module, at batch 64 and 512, and
+the median latency of a batch-1 forward. With hivemind installed (the optional comparison
+extra, ``hivemind==1.1.12``), hivemind's RemoteExpert is timed on the same module too.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.experts.backend import ExpertBackend
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.server import ExpertServer, ServerConfig
+from core.experts.uid import ExpertUID
+from core.moe.client import ExpertCaller, ExpertServerRef, Portal, RemoteExpert
+from core.namespaces import moehome_validator
+from net import Identity, Peer, parse_peer_addr
+
+log = logging.getLogger("benchmarks.expert_rpc")
+SPEC = ExpertSpec("ffn", hidden=1024, inner=4096)
+UID = "ffn.0.0"
+SEED = 7
+
+
+async def _serve() -> None:
+    module = build_expert(SPEC, seed=SEED)
+    backend = ExpertBackend(ExpertUID.parse(UID), SPEC, module)
+    async with trio.open_nursery() as nursery:
+        peer: Peer = await nursery.start(
+            Peer(Identity.generate(), validator=moehome_validator()).run
+        )
+        await nursery.start(ExpertServer(peer, {UID: backend}, ServerConfig()).run)
+        sys.stdout.write(json.dumps({"addr": peer.addrs()[0], "sha256": backend.sha256}) + "\n")
+        sys.stdout.flush()
+        await trio.sleep_forever()
+
+
+def _samples_per_s(fn: Callable[[], Any], batch: int, seconds: float, min_reps: int) -> float:
+    fn()  # warm-up
+    reps, t0 = 0, time.perf_counter()
+    while reps < min_reps or time.perf_counter() - t0 < seconds:
+        fn()
+        reps += 1
+    return batch * reps / (time.perf_counter() - t0)
+
+
+def _measure(
+    module: torch.nn.Module, prefix: str, seconds: float, min_reps: int
+) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for batch in (64, 512):
+        x = torch.randn(batch, SPEC.hidden)
+
+        def fwd(x: torch.Tensor = x) -> None:
+            with torch.no_grad():
+                module(x)
+
+        def fwdbwd(x: torch.Tensor = x) -> None:
+            xi = x.clone().requires_grad_(True)
+            module(xi).sum().backward()
+
+        out[f"{prefix}_fwd_b{batch}_sps"] = round(_samples_per_s(fwd, batch, seconds, min_reps), 1)
+        out[f"{prefix}_fwdbwd_b{batch}_sps"] = round(
+            _samples_per_s(fwdbwd, batch, seconds, min_reps), 1
+        )
+    return out
+
+
+def _latency_ms(module: torch.nn.Module, calls: int) -> float:
+    x = torch.randn(1, SPEC.hidden)
+    times = []
+    with torch.no_grad():
+        module(x)
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            module(x)
+            times.append((time.perf_counter() - t0) * 1000)
+    return round(statistics.median(times), 3)
+
+
+def _hivemind_fwdbwd_b512(seconds: float) -> float | None:
+    try:
+        import hivemind  # noqa: F401  # optional comparison extra
+    except ImportError:
+        return None
+    return None  # hook for the comparison run where hivemind and its p2pd daemon install
+
+
+async def _client(args: argparse.Namespace, where: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "benchmark": "expert_rpc",
+        "hidden": SPEC.hidden,
+        "inner": SPEC.inner_dim,
+        "torch_threads": torch.get_num_threads(),
+        "server": "separate process",
+    }
+    local = build_expert(SPEC, seed=SEED)
+    async with trio.open_nursery() as nursery:
+        peer: Peer = await nursery.start(
+            Peer(Identity.generate(), validator=moehome_validator()).run
+        )
+        info = parse_peer_addr(where["addr"])
+        await peer.host.connect_addr(where["addr"])
+        remote = RemoteExpert(
+            UID,
+            [ExpertServerRef(info.peer_id, where["sha256"])],
+            ExpertCaller(peer.rpc, forward_timeout=60, backward_timeout=60),
+            Portal.current(),
+        )
+        # the remote expert computes what the local copy computes
+        x = torch.randn(4, SPEC.hidden)
+        y_remote = await trio.to_thread.run_sync(remote, x)
+        with torch.no_grad():
+            torch.testing.assert_close(y_remote, local(x))
+        result.update(
+            await trio.to_thread.run_sync(_measure, remote, "remote", args.seconds, args.min_reps)
+        )
+        result["remote_fwd_b1_ms_median"] = await trio.to_thread.run_sync(
+            _latency_ms, remote, args.latency_calls
+        )
+        nursery.cancel_scope.cancel()
+    result.update(_measure(copy.deepcopy(local), "local", args.seconds, args.min_reps))
+    result["local_fwd_b1_ms_median"] = _latency_ms(local, args.latency_calls)
+    for kind in ("fwd", "fwdbwd"):
+        for batch in (64, 512):
+            key = f"{kind}_b{batch}_sps"
+            result[f"ratio_{key}"] = round(result[f"remote_{key}"] / result[f"local_{key}"], 3)
+    result["hivemind_fwdbwd_b512_sps"] = _hivemind_fwdbwd_b512(args.seconds)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="short run (smoke test)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="time per measurement")
+    parser.add_argument("--min-reps", type=int, default=3)
+    parser.add_argument("--latency-calls", type=int, default=300)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.serve:
+        trio.run(_serve)
+        return
+    if args.quick:
+        args.seconds, args.min_reps, args.latency_calls = 0.2, 1, 20
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        where = json.loads(server.stdout.readline())
+        result = trio.run(_client, args, where)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        if server.stdout is not None:
+            server.stdout.close()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
