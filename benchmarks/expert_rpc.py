@@ -13,7 +13,6 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import statistics
@@ -65,10 +64,9 @@ def _samples_per_s(fn: Callable[[], Any], batch: int, seconds: float, min_reps: 
     return batch * reps / (time.perf_counter() - t0)
 
 
-def _measure(
-    module: torch.nn.Module, prefix: str, seconds: float, min_reps: int
-) -> dict[str, float]:
-    out: dict[str, float] = {}
+def _workloads(module: torch.nn.Module, prefix: str) -> dict[str, tuple[Callable[[], Any], int]]:
+    """name -> (one step, samples per step)."""
+    out: dict[str, tuple[Callable[[], Any], int]] = {}
     for batch in (64, 512):
         x = torch.randn(batch, SPEC.hidden)
 
@@ -80,11 +78,28 @@ def _measure(
             xi = x.clone().requires_grad_(True)
             module(xi).sum().backward()
 
-        out[f"{prefix}_fwd_b{batch}_sps"] = round(_samples_per_s(fwd, batch, seconds, min_reps), 1)
-        out[f"{prefix}_fwdbwd_b{batch}_sps"] = round(
-            _samples_per_s(fwdbwd, batch, seconds, min_reps), 1
-        )
+        out[f"{prefix}_fwd_b{batch}_sps"] = (fwd, batch)
+        out[f"{prefix}_fwdbwd_b{batch}_sps"] = (fwdbwd, batch)
     return out
+
+
+def _measure_interleaved(
+    local: dict[str, tuple[Callable[[], Any], int]],
+    remote: dict[str, tuple[Callable[[], Any], int]],
+    rounds: int,
+    seconds: float,
+    min_reps: int,
+) -> dict[str, float]:
+    """Local and remote runs of each workload alternate, ``rounds`` times; the median of
+    the rounds is reported, so a slow spell of the machine hits both sides alike."""
+    samples: dict[str, list[float]] = {name: [] for name in [*local, *remote]}
+    for _ in range(rounds):
+        for (lname, (lfn, batch)), (rname, (rfn, _)) in zip(
+            local.items(), remote.items(), strict=True
+        ):
+            samples[lname].append(_samples_per_s(lfn, batch, seconds, min_reps))
+            samples[rname].append(_samples_per_s(rfn, batch, seconds, min_reps))
+    return {name: round(statistics.median(v), 1) for name, v in samples.items()}
 
 
 def _latency_ms(module: torch.nn.Module, calls: int) -> float:
@@ -133,15 +148,20 @@ async def _client(args: argparse.Namespace, where: dict[str, Any]) -> dict[str, 
         y_remote = await trio.to_thread.run_sync(remote, x)
         with torch.no_grad():
             torch.testing.assert_close(y_remote, local(x))
-        result.update(
-            await trio.to_thread.run_sync(_measure, remote, "remote", args.seconds, args.min_reps)
+        measured = await trio.to_thread.run_sync(
+            _measure_interleaved,
+            _workloads(local, "local"),
+            _workloads(remote, "remote"),
+            args.rounds,
+            args.seconds,
+            args.min_reps,
         )
+        result.update(measured)
         result["remote_fwd_b1_ms_median"] = await trio.to_thread.run_sync(
             _latency_ms, remote, args.latency_calls
         )
+        result["local_fwd_b1_ms_median"] = _latency_ms(local, args.latency_calls)
         nursery.cancel_scope.cancel()
-    result.update(_measure(copy.deepcopy(local), "local", args.seconds, args.min_reps))
-    result["local_fwd_b1_ms_median"] = _latency_ms(local, args.latency_calls)
     for kind in ("fwd", "fwdbwd"):
         for batch in (64, 512):
             key = f"{kind}_b{batch}_sps"
@@ -154,7 +174,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="short run (smoke test)")
-    parser.add_argument("--seconds", type=float, default=3.0, help="time per measurement")
+    parser.add_argument("--seconds", type=float, default=1.5, help="time per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of local and remote")
     parser.add_argument("--min-reps", type=int, default=3)
     parser.add_argument("--latency-calls", type=int, default=300)
     args = parser.parse_args()
@@ -163,7 +184,7 @@ def main() -> None:
         trio.run(_serve)
         return
     if args.quick:
-        args.seconds, args.min_reps, args.latency_calls = 0.2, 1, 20
+        args.seconds, args.rounds, args.min_reps, args.latency_calls = 0.2, 1, 1, 20
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True
     )
