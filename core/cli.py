@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -33,6 +34,8 @@ dht_app = typer.Typer(
     help="Read and write signed records in the swarm's DHT.", no_args_is_help=True
 )
 app.add_typer(dht_app, name="dht")
+experts_app = typer.Typer(help="Serve experts (for tests and local swarms).", no_args_is_help=True)
+app.add_typer(experts_app, name="experts")
 
 _state: dict[str, Any] = {"verbosity": 0, "data_dir": None}
 
@@ -169,6 +172,55 @@ def dht_put(
 
     replicas = _run(do_put, _identity(ephemeral), bootstrap or [], key, value.encode(), ttl)
     typer.echo(f"stored on {replicas} peers")
+
+
+@experts_app.command("serve")
+def experts_serve(
+    uid: Annotated[
+        list[str],
+        typer.Option("--uid", "-u", help="Expert uid to serve, e.g. ffn.0.3 (repeatable)."),
+    ],
+    kind: Annotated[str, typer.Option(help="Expert type: ffn or transformer.")] = "ffn",
+    hidden: Annotated[int, typer.Option(help="Hidden size.")] = 64,
+    inner: Annotated[int, typer.Option(help="Feed-forward width (0: 4 x hidden).")] = 0,
+    heads: Annotated[int, typer.Option(help="Attention heads (transformer).")] = 0,
+    seed: Annotated[int, typer.Option(help="Initial weights: uid i gets seed + i.")] = 0,
+    project: Annotated[str, typer.Option(help="Project id the experts belong to.")] = "demo",
+    announce_interval: Annotated[
+        float, typer.Option(help="Seconds between DHT declarations.")
+    ] = 30.0,
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+    ephemeral: EphemeralOpt = False,
+) -> None:
+    """Serve experts (forward, backward, info) and declare them in the DHT.
+
+    Prints the peer's full addresses on standard output, then runs until Ctrl-C.
+    """
+    from core.experts.registry import ExpertSpec, SpecError
+    from core.experts.serve import serve_experts
+    from core.experts.uid import ExpertUID, UIDError
+
+    try:
+        spec = ExpertSpec(kind, hidden, inner, heads)
+        for u in uid:
+            ExpertUID.parse(u)
+    except (SpecError, UIDError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    _run(
+        partial(
+            serve_experts,
+            _identity(ephemeral),
+            uid,
+            spec,
+            seed=seed,
+            project=project,
+            listen=listen,
+            bootstrap=bootstrap or [],
+            announce_interval=announce_interval,
+        )
+    )
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from contextlib import asynccontextmanager
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 import trio
 
 from core.experts.backend import ExpertBackend
+from core.experts.protocol import INFO
+from core.experts.records import ExpertAnnouncement, expert_key
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
@@ -162,3 +165,42 @@ async def test_forward_without_grad_keeps_nothing():
 
         await trio.to_thread.run_sync(infer)
         assert len(backend.graphs) == 0
+
+
+async def test_the_network_keeps_answering_while_a_batch_computes():
+    async with (
+        open_swarm(2, validator=moehome_validator()) as swarm,
+        served({"ffn.0.0": FFN}, swarm.node(0)) as server,
+    ):
+        backend = server.backends["ffn.0.0"]
+        slow_forward = backend.forward
+        computing = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def slow(x, keep=False, owner=None):
+            trio.from_thread.run_sync(computing.set, trio_token=token)
+            time.sleep(1.0)  # a long batch on the device
+            return slow_forward(x, keep, owner)
+
+        backend.forward = slow
+        ref = ExpertServerRef(swarm.node(0).peer_id, backend.sha256)
+        caller = ExpertCaller(swarm.node(1).rpc)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller.forward, "ffn.0.0", [ref], torch.randn(2, 16))
+            await computing.wait()
+            t0 = trio.current_time()
+            info = await swarm.node(1).rpc.call(swarm.node(0).peer_id, INFO, {"uid": "ffn.0.0"})
+            assert trio.current_time() - t0 < 0.5  # answered during the 1 s computation
+        assert info.meta["spec"] == FFN.to_dict()
+        assert info.meta["sha256"] == backend.sha256
+        assert info.meta["uid"] == "ffn.0.0"
+
+
+async def test_declarations_are_withdrawn_on_shutdown():
+    async with open_swarm(3, validator=moehome_validator()) as swarm:
+        key = expert_key("demo", "ffn.0.0")
+        async with served({"ffn.0.0": FFN}, swarm.node(0)):
+            (record,) = await swarm.node(2).dht.get(key)
+            assert ExpertAnnouncement.decode(record.value).state == "serving"
+        (record,) = await swarm.node(2).dht.get(key)
+        assert ExpertAnnouncement.decode(record.value).state == "withdrawn"

@@ -62,6 +62,8 @@ class MoEStatistics:
     anomalies: int = 0
     late_calls: int = 0
     called: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: answers per serving peer (str of its PeerID)
+    answered_by: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 @dataclass
@@ -160,6 +162,7 @@ class RemoteMixtureOfExperts(nn.Module):
                 else:
                     answers[uid] = y
                     plan.answered[uid] = (result, rows)
+                    self.stats.answered_by[str(result.server.peer_id)] += 1
                     for b in rows:
                         counts[b] += 1
             except ExpertCallError as exc:

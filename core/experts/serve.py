@@ -1,0 +1,54 @@
+"""``moehome experts serve``: a peer that serves experts (what a node does, without the
+node's benchmark, throttle and project management; for owners' tests and local swarms)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from core.experts.backend import ExpertBackend
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.server import ExpertServer, ServerConfig
+from core.experts.uid import ExpertUID
+from core.namespaces import moehome_validator
+from net import Identity, Peer, PeerConfig
+from net.host import DEFAULT_LISTEN
+
+log = logging.getLogger(__name__)
+
+
+def make_backends(uids: Sequence[str], spec: ExpertSpec, seed: int) -> dict[str, ExpertBackend]:
+    """Experts with deterministic initial weights: uid i of the list gets seed + i."""
+    return {
+        uid: ExpertBackend(ExpertUID.parse(uid), spec, build_expert(spec, seed=seed + i))
+        for i, uid in enumerate(uids)
+    }
+
+
+async def serve_experts(
+    identity: Identity,
+    uids: Sequence[str],
+    spec: ExpertSpec,
+    *,
+    seed: int,
+    project: str,
+    listen: Sequence[str] | None,
+    bootstrap: Sequence[str],
+    announce_interval: float,
+) -> None:
+    backends = make_backends(uids, spec, seed)
+    config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
+    server_config = ServerConfig(
+        project=project, announce_interval=announce_interval, announce_ttl=3 * announce_interval
+    )
+    async with trio.open_nursery() as nursery:
+        peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
+        await nursery.start(ExpertServer(peer, backends, server_config).run)
+        for addr in peer.addrs():
+            sys.stdout.write(addr + "\n")
+        sys.stdout.flush()
+        log.info("serving %s", ", ".join(uids))
+        await trio.sleep_forever()

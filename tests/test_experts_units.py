@@ -1,0 +1,195 @@
+"""Experts without the network: specs, uids, weights files, batching, kept graphs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import trio
+
+from core.experts.backend import CacheMiss, ExpertBackend, GraphCache
+from core.experts.batching import TaskPool
+from core.experts.records import ExpertAnnouncement, PrefixAnnouncement, prefix_children
+from core.experts.registry import ExpertSpec, SpecError, build_expert
+from core.experts.uid import ExpertUID, Grid, UIDError
+from core.experts.weights import WeightsError, load_weights, save_weights, weights_hash
+from net import RecordRejected
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({"kind": "ffn", "hidden": 8}, None),
+        ({"kind": "transformer", "hidden": 8, "heads": 2}, None),
+        ({"kind": "lstm", "hidden": 8}, "kind"),
+        ({"kind": "ffn", "hidden": 0}, "hidden"),
+        ({"kind": "ffn", "hidden": "8"}, "hidden"),
+        ({"kind": "ffn", "hidden": 8, "activation": "eval"}, "activation"),
+        ({"kind": "ffn", "hidden": 8, "dtype": "float64"}, "dtype"),
+        ({"kind": "transformer", "hidden": 8, "heads": 3}, "heads"),
+        ({"kind": "ffn", "hidden": 8, "code": "import os"}, "code"),
+        ({"hidden": 8}, "kind"),
+    ],
+)
+def test_expert_specs_are_data_and_errors_name_the_field(data, error):
+    if error is None:
+        spec = ExpertSpec.from_dict(data)
+        assert ExpertSpec.from_dict(spec.to_dict()) == spec
+    else:
+        with pytest.raises(SpecError, match=error):
+            ExpertSpec.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("ffn.3.17", True),
+        ("ffn.0", True),
+        ("att_x-1.2.3.4", True),
+        ("ffn", False),
+        ("ffn.", False),
+        ("Ffn.1", False),
+        ("ffn.1.x", False),
+        ("ffn.1.2.3.4.5", False),
+        ("ffn.1234567", False),
+    ],
+)
+def test_uid_parsing(text, ok):
+    if ok:
+        assert str(ExpertUID.parse(text)) == text
+    else:
+        with pytest.raises(UIDError):
+            ExpertUID.parse(text)
+
+
+def test_uid_prefixes_and_grid():
+    assert ExpertUID.parse("ffn.3.17").prefixes() == ["ffn.", "ffn.3."]
+    grid = Grid("ffn", (2, 3))
+    assert len(grid) == 6
+    assert ExpertUID.parse("ffn.1.2") in grid
+    assert ExpertUID.parse("ffn.2.0") not in grid
+    assert [str(u) for u in grid][:2] == ["ffn.0.0", "ffn.0.1"]
+    assert prefix_children(["ffn.1.2", "ffn.1.0", "ffn.0.5"]) == {
+        "ffn.": {0, 1},
+        "ffn.1.": {0, 2},
+        "ffn.0.": {5},
+    }
+
+
+def test_weights_round_trip_hash_and_refusals(tmp_path):
+    spec = ExpertSpec("ffn", 8, 16)
+    a, b = build_expert(spec, seed=1), build_expert(spec, seed=2)
+    assert weights_hash(a) == weights_hash(build_expert(spec, seed=1))  # deterministic
+    assert weights_hash(a) != weights_hash(b)
+    info = save_weights(a, tmp_path / "a.safetensors", version=7)
+    loaded = load_weights(b, tmp_path / "a.safetensors")
+    assert loaded == info
+    assert weights_hash(b) == info.sha256
+    with pytest.raises(WeightsError, match="does not match"):
+        load_weights(b, tmp_path / "a.safetensors", expected_sha256="0" * 64)
+    with pytest.raises(WeightsError, match="do not match the expert"):
+        load_weights(
+            build_expert(ExpertSpec("transformer", 8, 16, heads=2)), tmp_path / "a.safetensors"
+        )
+    with pytest.raises(WeightsError, match=r"fc1\.\w+ is torch.float32\[16"):
+        load_weights(build_expert(ExpertSpec("ffn", 8, 32)), tmp_path / "a.safetensors")
+    (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 20)
+    with pytest.raises(WeightsError, match="cannot read"):
+        load_weights(b, tmp_path / "bad.safetensors")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"garbage",
+        ExpertAnnouncement("ffn.0.0", "dancing", 0, "x", 0.0, 1).encode(),
+        PrefixAnnouncement((-1,)).encode(),
+    ],
+)
+def test_expert_record_schema_refuses_nonsense(value):
+    with pytest.raises(RecordRejected):
+        ExpertAnnouncement.decode(value) if b"next" not in value else PrefixAnnouncement.decode(
+            value
+        )
+
+
+def test_graph_cache_bounds():
+    cache = GraphCache(max_bytes=100, max_entries=2, ttl=60)
+    t = torch.zeros(1)
+    h1 = cache.put("me", t, t, 40)
+    h2 = cache.put("me", t, t, 40)
+    h3 = cache.put("me", t, t, 40)  # evicts h1 (bytes and entries)
+    assert h1 is not None
+    assert h2 is not None
+    assert h3 is not None
+    assert cache.put("me", t, t, 1000) is None  # never fits
+    with pytest.raises(CacheMiss):
+        cache.pop("me", h1)
+    with pytest.raises(CacheMiss):
+        cache.pop("you", h2)  # not the owner's
+    cache.pop("me", h3)
+    with pytest.raises(CacheMiss):
+        cache.pop("me", h3)  # used once
+
+
+async def test_concurrent_requests_are_batched_and_split_back():
+    calls: list[int] = []
+
+    def process(inputs, keep, owner):
+        calls.append(inputs[0].shape[0])
+        time.sleep(0.05)
+        return inputs[0] * 2, None
+
+    pool = TaskPool("t", process, trio.CapacityLimiter(1), max_batch_size=64)
+    results: dict[int, torch.Tensor] = {}
+
+    async def one(i):
+        results[i], _ = await pool.submit(torch.full((i + 1, 2), float(i)))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        async with trio.open_nursery() as inner:
+            for i in range(6):
+                inner.start_soon(one, i)
+        nursery.cancel_scope.cancel()
+    for i in range(6):
+        assert torch.equal(results[i], torch.full((i + 1, 2), 2.0 * i))
+    assert len(calls) < 6  # requests queued while a batch computed ran together
+    assert sum(calls) == sum(range(1, 7))
+    assert pool.stats.largest_batch > 1
+
+
+async def test_a_batch_never_exceeds_the_limit():
+    sizes: list[int] = []
+
+    def process(inputs, keep, owner):
+        sizes.append(inputs[0].shape[0])
+        return inputs[0], None
+
+    pool = TaskPool("t", process, trio.CapacityLimiter(1), max_batch_size=10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        async with trio.open_nursery() as inner:
+            for n in (6, 6, 3, 10):
+                inner.start_soon(pool.submit, torch.zeros(n, 1))
+        nursery.cancel_scope.cancel()
+    assert max(sizes) <= 10
+    assert sum(sizes) == 25
+
+
+def test_backend_backward_matches_kept_graph_backward():
+    spec = ExpertSpec("ffn", 8, 16)
+    backend = ExpertBackend(ExpertUID.parse("ffn.0.0"), spec, build_expert(spec, seed=3))
+    x, g = torch.randn(5, 8), torch.randn(5, 8)
+    y, handle = backend.forward(x, keep=True, owner="me")
+    assert handle is not None
+    torch.testing.assert_close(y, backend.forward(x)[0])
+    gx_kept = backend.backward_kept("me", handle, g)
+    kept_sums, _ = backend.accumulator.take()
+    gx = backend.backward(x, g)
+    sums, samples = backend.accumulator.take()
+    torch.testing.assert_close(gx_kept, gx)
+    for name in sums:
+        torch.testing.assert_close(kept_sums[name], sums[name])
+    assert samples == 5
