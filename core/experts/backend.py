@@ -24,6 +24,11 @@ class InvalidInput(ValueError):
     """A request's tensors do not fit the expert; the message says how."""
 
 
+def default_device() -> torch.device:
+    """CUDA when present, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 class CacheMiss(KeyError):
     """The kept forward graph of a backward request is gone (expired or evicted)."""
 
@@ -127,13 +132,13 @@ class ExpertBackend:
         module: nn.Module,
         *,
         version: int = 0,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
         max_batch_size: int = 4096,
         graph_cache_bytes: int = 512 * 1024 * 1024,
     ) -> None:
         self.uid = uid
         self.spec = spec
-        self.device = torch.device(device)
+        self.device = torch.device(device) if device is not None else default_device()
         self.module = module.to(self.device)
         self.module.requires_grad_(True)
         self.version = version
