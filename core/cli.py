@@ -7,6 +7,7 @@ answers at once.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
@@ -36,6 +37,222 @@ dht_app = typer.Typer(
 app.add_typer(dht_app, name="dht")
 experts_app = typer.Typer(help="Serve experts (for tests and local swarms).", no_args_is_help=True)
 app.add_typer(experts_app, name="experts")
+owner_app = typer.Typer(
+    help="For project owners: keys, manifests, publishing, status.", no_args_is_help=True
+)
+app.add_typer(owner_app, name="owner")
+
+PassphraseFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help=(
+            "File holding the owner key's passphrase "
+            "(else MOEHOME_OWNER_PASSPHRASE, else a prompt)."
+        )
+    ),
+]
+
+
+def _passphrase(file: Path | None, *, needed: bool = True, confirm: bool = False) -> str | None:
+    import os
+
+    if file is not None:
+        return file.read_text().strip("\n")
+    env = os.environ.get("MOEHOME_OWNER_PASSPHRASE")
+    if env is not None:
+        return env
+    if needed and sys.stdin.isatty():
+        return str(
+            typer.prompt("owner key passphrase", hide_input=True, confirmation_prompt=confirm)
+        )
+    return None
+
+
+def _owner_key(passphrase_file: Path | None) -> Any:
+    from core.project.keys import OwnerKey, OwnerKeyError
+    from core.project.owner import OwnerFiles
+
+    files = OwnerFiles.default()
+    try:
+        data = files.key.read_bytes() if files.key.exists() else b""
+        encrypted = b"ENCRYPTED" in data
+        return OwnerKey.load(files.key, _passphrase(passphrase_file, needed=encrypted)), files
+    except OwnerKeyError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@owner_app.command("init")
+def owner_init(
+    protect: Annotated[
+        bool,
+        typer.Option("--passphrase/--no-passphrase", help="Encrypt the key with a passphrase."),
+    ] = False,
+    passphrase_file: PassphraseFileOpt = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing owner key.")] = False,
+) -> None:
+    """Create the owner's Ed25519 key and print its fingerprint."""
+    from core.project.keys import OwnerKeyError
+    from core.project.owner import OwnerFiles, init_owner
+
+    files = OwnerFiles.default()
+    secret = _passphrase(passphrase_file, needed=protect, confirm=True) if protect else None
+    if protect and not secret:
+        typer.echo(
+            "error: --passphrase needs a passphrase (a file, the environment, or a terminal)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    try:
+        key = init_owner(files, secret, force=force)
+    except OwnerKeyError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"owner key:   {files.key}{' (passphrase-protected)' if secret else ''}")
+    typer.echo(f"fingerprint: {key.fingerprint}")
+    typer.echo(f"public key:  {key.public_key.hex()}")
+
+
+@owner_app.command("new")
+def owner_new(
+    path: Annotated[Path, typer.Argument(help="Where to write the manifest.")] = Path(
+        "project.toml"
+    ),
+    name: Annotated[
+        str, typer.Option(help="Project name (lowercase, digits, '-').")
+    ] = "my-project",
+) -> None:
+    """Write a commented project manifest to edit before publishing."""
+    from core.project.manifest import write_template
+
+    try:
+        write_template(path, name)
+    except FileExistsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"wrote {path}; edit it, then: moehome owner publish {path}")
+
+
+@owner_app.command("publish")
+def owner_publish(
+    manifest: Annotated[Path, typer.Argument(help="The project manifest (TOML).")],
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="Where weights and chunks go (default: beside the manifest)."),
+    ] = None,
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    serve: Annotated[
+        bool, typer.Option("--serve/--no-serve", help="Stay up serving the weights.")
+    ] = True,
+) -> None:
+    """Check and sign the manifest, make the weights, announce the project, serve it."""
+    from rich.progress import Progress
+
+    from core.project.manifest import ManifestError
+    from core.project.publish import prepare
+
+    key, files = _owner_key(passphrase_file)
+    workdir = workdir or manifest.parent / f"{manifest.stem}.moehome"
+    try:
+        with Progress(transient=True) as progress:
+            task = progress.add_task("making weights", total=None)
+            prepared = prepare(
+                manifest,
+                key,
+                files.load_rotations(),
+                workdir,
+                lambda done, total: progress.update(task, completed=done, total=total),
+            )
+    except ManifestError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    signed = prepared.signed
+    typer.echo(f"project id:  {signed.project_id}")
+    typer.echo(f"owner:       {key.fingerprint}")
+    typer.echo(
+        f"experts:     {len(prepared.index.files)} "
+        f"({len(list(prepared.store.root.glob('??/*')))} chunks)"
+    )
+    if not serve:
+        return
+    from core.project.serve import publish_and_serve
+
+    _run(
+        partial(
+            publish_and_serve, _identity(False), prepared, listen=listen, bootstrap=bootstrap or []
+        )
+    )
+
+
+@owner_app.command("status")
+def owner_status(
+    project_id: Annotated[str, typer.Argument(help="The project id printed by publish.")],
+    bootstrap: BootstrapOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """What the swarm looks like for a project."""
+    from core.project.serve import status_once
+
+    status = _run(partial(status_once, _identity(True), project_id, bootstrap or [], _data_dir()))
+    if as_json:
+        from core.project.owner import to_json
+
+        typer.echo(to_json(status))
+        return
+    typer.echo(f"{status['name']} ({status['project_id']}), owner {status['owner']}")
+    typer.echo(
+        f"experts covered: {status['experts_covered']}/{status['experts_total']}, "
+        f"volunteers: {len(status['volunteers'])}"
+    )
+    for uid, servers in status["experts"].items():
+        typer.echo(f"  {uid:<16} {len(servers)} server(s)")
+    typer.echo(
+        f"weight providers: {len(status['weight_providers'])}, "
+        f"aggregators: {len(status['aggregators'])}"
+    )
+
+
+@owner_app.command("rotate-key")
+def owner_rotate_key(
+    bootstrap: BootstrapOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    new_passphrase_file: Annotated[
+        Path | None, typer.Option(help="Passphrase for the new key.")
+    ] = None,
+) -> None:
+    """Replace the owner key; the old key signs the hand-over (announced if -b is given).
+    Publish again afterwards: volunteers follow the rotation."""
+    from core.project.keys import OwnerKeyError
+    from core.project.owner import OwnerFiles, rotate_owner
+
+    files = OwnerFiles.default()
+    try:
+        data = files.key.read_bytes() if files.key.exists() else b""
+        old_secret = _passphrase(passphrase_file, needed=b"ENCRYPTED" in data)
+        new_secret = (
+            new_passphrase_file.read_text().strip("\n") if new_passphrase_file else old_secret
+        )
+        rotation = rotate_owner(files, old_secret, new_secret)
+    except OwnerKeyError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    from core.project.keys import fingerprint
+
+    typer.echo(f"owner key rotated: {fingerprint(rotation.old)} -> {fingerprint(rotation.new)}")
+    if bootstrap:
+        from core.project.serve import announce_rotation_once
+
+        replicas = _run(partial(announce_rotation_once, _identity(True), rotation, bootstrap))
+        typer.echo(f"rotation announced on {replicas} peers")
+
+
+def _data_dir() -> Path:
+    from core.paths import data_dir
+
+    return _state["data_dir"] or data_dir()
+
 
 _state: dict[str, Any] = {"verbosity": 0, "data_dir": None}
 
@@ -185,7 +402,15 @@ def experts_serve(
     inner: Annotated[int, typer.Option(help="Feed-forward width (0: 4 x hidden).")] = 0,
     heads: Annotated[int, typer.Option(help="Attention heads (transformer).")] = 0,
     seed: Annotated[int, typer.Option(help="Initial weights: uid i gets seed + i.")] = 0,
-    project: Annotated[str, typer.Option(help="Project id the experts belong to.")] = "demo",
+    project: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "Project id: its manifest and weights are fetched and verified; "
+                "'demo' serves seeded local experts."
+            )
+        ),
+    ] = "demo",
     announce_interval: Annotated[
         float, typer.Option(help="Seconds between DHT declarations.")
     ] = 30.0,
@@ -219,6 +444,7 @@ def experts_serve(
             listen=listen,
             bootstrap=bootstrap or [],
             announce_interval=announce_interval,
+            data_dir=_data_dir(),
         )
     )
 
@@ -244,10 +470,11 @@ def _run(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     error and 1 (also when trio wrapped them in exception groups)."""
     import trio
 
+    from core.errors import UserFacingError
     from net import DhtError, RpcError
     from net.host import AddressError, DialError
 
-    known = (DhtError, RpcError, DialError, AddressError, ValueError)
+    known = (DhtError, RpcError, DialError, AddressError, ValueError, UserFacingError)
     try:
         return trio.run(fn, *args)
     except BaseException as exc:

@@ -8,5 +8,8 @@ from net import NamespacedValidator
 
 def moehome_validator() -> NamespacedValidator:
     from core.experts import records as expert_records
+    from core.project import records as project_records
 
-    return NamespacedValidator().with_rules({expert_records.NAMESPACE: expert_records.RULE})
+    return NamespacedValidator().with_rules(
+        {expert_records.NAMESPACE: expert_records.RULE, **project_records.RULES}
+    )

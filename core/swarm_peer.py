@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from net import DhtConfig, DhtError, Identity, Peer, PeerConfig
+from net import DhtConfig, DhtError, Identity, NamespacedValidator, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
 
 log = logging.getLogger(__name__)
@@ -31,13 +31,15 @@ async def run_peer(
 
 
 @asynccontextmanager
-async def joined_client(identity: Identity, bootstrap: Sequence[str]) -> AsyncIterator[Peer]:
+async def joined_client(
+    identity: Identity, bootstrap: Sequence[str], validator: NamespacedValidator | None = None
+) -> AsyncIterator[Peer]:
     """A short-lived peer in client mode (it asks the DHT but is never asked)."""
     if not bootstrap:
         raise DhtError("give at least one --bootstrap address of a running peer")
     config = PeerConfig(dht=DhtConfig(server_mode=False))
     async with trio.open_nursery() as nursery:
-        peer: Peer = await nursery.start(Peer(identity, config).run)
+        peer: Peer = await nursery.start(Peer(identity, config, validator=validator).run)
         await peer.dht.bootstrap(bootstrap)
         yield peer
         nursery.cancel_scope.cancel()

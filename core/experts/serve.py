@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
@@ -38,14 +39,23 @@ async def serve_experts(
     listen: Sequence[str] | None,
     bootstrap: Sequence[str],
     announce_interval: float,
+    data_dir: Path,
 ) -> None:
-    backends = make_backends(uids, spec, seed)
+    """Serve ``uids``. For project 'demo': seeded experts of ``spec``. For a real project
+    id: its manifest is fetched and verified (owner key pinned), and the weights too."""
     config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
     server_config = ServerConfig(
         project=project, announce_interval=announce_interval, announce_ttl=3 * announce_interval
     )
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
+        if project == "demo":
+            backends = make_backends(uids, spec, seed)
+        else:
+            from core.project.publish import join_project
+
+            signed, backends = await join_project(peer, project, uids, data_dir=data_dir)
+            log.info("joined %s (%s)", signed.manifest.project.name, project)
         await nursery.start(ExpertServer(peer, backends, server_config).run)
         for addr in peer.addrs():
             sys.stdout.write(addr + "\n")

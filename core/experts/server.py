@@ -89,6 +89,7 @@ class ExpertServer:
             async with trio.open_nursery() as nursery:
                 for pool in [*self._forward_pools.values(), *self._backward_pools.values()]:
                     await nursery.start(pool.run)
+                await self._announce_current()  # started means declared, too
                 nursery.start_soon(self._announce_loop)
                 task_status.started(self)
                 await trio.sleep_forever()
@@ -118,8 +119,8 @@ class ExpertServer:
 
     async def _announce_loop(self) -> None:
         while True:
-            await self._announce_current()
             await trio.sleep(self.config.announce_interval)
+            await self._announce_current()
 
     async def _announce_current(self) -> None:
         # One announcement at a time: a withdrawal must not be overtaken by the records

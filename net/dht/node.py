@@ -57,7 +57,7 @@ class DhtConfig:
     lookup_timeout: float = 8.0
     refresh_interval: float = 60.0
     sweep_interval: float = 30.0
-    max_record_bytes: int = 12 * 1024
+    max_record_bytes: int = 32 * 1024
     max_records_per_message: int = 1024
     store_limits: StoreLimits = field(default_factory=StoreLimits)
     #: False for peers that cannot be reached from outside: they query but never serve.

@@ -1,0 +1,165 @@
+"""hivemind 1.1.12's RemoteExpert on the same expert module as benchmarks/expert_rpc.py.
+
+    .venv-compare/bin/python benchmarks/hivemind_compare.py [--quick]
+
+Needs the comparison environment (``hivemind==1.1.12`` with its p2pd binary); the main
+environment has no hivemind, so hivemind is imported only inside ``measure_hivemind``.
+The module is served by hivemind's own machinery in a background process
+(``background_server`` -> ``Server.create`` -> ``ModuleBackend`` + ``Runtime`` +
+``ConnectionHandler`` processes, over its own p2pd daemon on loopback) and called through
+hivemind's ``RemoteExpert`` in this process. Prints one JSON line.
+
+hivemind and py-libp2p 0.8.1 both register protobuf package ``crypto.pb`` (different
+``crypto.proto`` files) in protobuf's default descriptor pool, so hivemind cannot be
+imported in a process that has imported ``net`` (libp2p), in either order: call
+``measure_hivemind`` from a process that has not, e.g. run this file as a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+UID = "ffn.0.0"
+_names: Iterator[int] = itertools.count()
+
+
+def _samples_per_s(fn: Callable[[], Any], batch: int, seconds: float, min_reps: int) -> float:
+    """As benchmarks/expert_rpc.py times it (that module imports libp2p, so it is copied)."""
+    fn()  # warm-up
+    reps, t0 = 0, time.perf_counter()
+    while reps < min_reps or time.perf_counter() - t0 < seconds:
+        fn()
+        reps += 1
+    return batch * reps / (time.perf_counter() - t0)
+
+
+def _latency_ms(module: Callable[[torch.Tensor], Any], hidden: int, calls: int) -> float:
+    x = torch.randn(1, hidden)
+    times = []
+    with torch.no_grad():
+        module(x)
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            module(x)
+            times.append((time.perf_counter() - t0) * 1000)
+    return round(statistics.median(times), 3)
+
+
+def _sample_input(batch: int, hidden: int) -> torch.Tensor:
+    return torch.empty(batch, hidden)
+
+
+def measure_hivemind(
+    module_factory: Callable[[], torch.nn.Module],
+    hidden: int,
+    batches: Sequence[int] = (64, 512),
+    seconds: float = 1.5,
+    min_reps: int = 3,
+    latency_calls: int = 300,
+) -> dict[str, float]:
+    """Samples/s of forward and forward+backward through hivemind's RemoteExpert at each
+    batch size, and the median batch-1 forward latency in ms.
+
+    The server builds its module with ``module_factory()`` (same architecture and weights
+    as the caller's) and steps SGD with lr=0 after each backward, as ModuleBackend does,
+    so the weights never change; outputs are checked against a local copy before and after.
+    The server process is forked (hivemind's own ``background_server``), so the factory
+    need not be picklable.
+    """
+    from hivemind import DHT
+    from hivemind.moe.client.expert import create_remote_experts
+    from hivemind.moe.expert_uid import ExpertInfo
+    from hivemind.moe.server import background_server, register_expert_class
+
+    # Server.create builds experts as name_to_block[expert_cls](hidden_dim); a fresh name
+    # per call, so that a second call with another factory gets its own entry.
+    expert_cls = f"moehome_bench_{next(_names)}"
+
+    def block(hidden_dim: int) -> torch.nn.Module:
+        assert hidden_dim == hidden
+        return module_factory()
+
+    register_expert_class(expert_cls, _sample_input)(block)
+    local = module_factory()
+    check = torch.randn(4, hidden)
+    with torch.no_grad():
+        expected = local(check)
+
+    result: dict[str, float] = {}
+    with background_server(
+        expert_uids=[UID],
+        expert_cls=expert_cls,
+        hidden_dim=hidden,
+        optim_cls=functools.partial(torch.optim.SGD, lr=0.0),
+        device="cpu",
+        max_batch_size=max(4096, *batches),
+    ) as server_info:
+        dht = DHT(initial_peers=server_info.addrs, client_mode=True, start=True)
+        try:
+            expert = create_remote_experts([ExpertInfo(UID, server_info.peer_id)], dht)[0]
+            with torch.no_grad():
+                torch.testing.assert_close(expert(check), expected)
+            for batch in batches:
+                x = torch.randn(batch, hidden)
+
+                def fwd(x: torch.Tensor = x) -> None:
+                    with torch.no_grad():
+                        expert(x)
+
+                def fwdbwd(x: torch.Tensor = x) -> None:
+                    xi = x.clone().requires_grad_(True)
+                    expert(xi).sum().backward()
+
+                for kind, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+                    sps = _samples_per_s(fn, batch, seconds, min_reps)
+                    result[f"hivemind_{kind}_b{batch}_sps"] = round(sps, 1)
+            result["hivemind_fwd_b1_ms_median"] = _latency_ms(expert, hidden, latency_calls)
+            # the lr=0 steps after every backward left the served weights as they were
+            with torch.no_grad():
+                torch.testing.assert_close(expert(check), expected)
+        finally:
+            dht.shutdown()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short run (smoke test)")
+    parser.add_argument("--seconds", type=float, default=1.5, help="time per measurement")
+    parser.add_argument("--min-reps", type=int, default=3)
+    parser.add_argument("--latency-calls", type=int, default=300)
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.min_reps, args.latency_calls = 0.2, 1, 20
+    os.environ.setdefault("HIVEMIND_LOGLEVEL", "WARNING")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from core.experts.registry import ExpertSpec, build_expert  # no libp2p behind it
+
+    spec = ExpertSpec("ffn", hidden=1024, inner=4096)
+    result: dict[str, Any] = {"benchmark": "hivemind_compare", "hivemind": "1.1.12"}
+    result.update(
+        measure_hivemind(
+            functools.partial(build_expert, spec, seed=7),
+            spec.hidden,
+            seconds=args.seconds,
+            min_reps=args.min_reps,
+            latency_calls=args.latency_calls,
+        )
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Content-addressed chunks of weight files, the index that lists them, and the on-disk
+chunk cache (bounded; least recently used chunks go first)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from core.project.signed import canonical
+from net.wire import pack, unpack_bounded
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES: Final = 1024 * 1024
+MAX_INDEX_BYTES: Final = 8 * 1024 * 1024
+_HEX = set("0123456789abcdef")
+
+
+def sha256_hex(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def is_hash(text: object) -> bool:
+    return isinstance(text, str) and len(text) == 64 and set(text) <= _HEX
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    sha256: str
+    size: int
+    chunks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WeightsIndex:
+    """uid -> the chunks of its safetensors file."""
+
+    files: dict[str, FileEntry]
+
+    def encode(self) -> bytes:
+        return pack(
+            canonical({uid: [e.sha256, e.size, list(e.chunks)] for uid, e in self.files.items()})
+        )
+
+    @property
+    def sha256(self) -> str:
+        return sha256_hex(self.encode())
+
+    @classmethod
+    def decode(cls, data: bytes) -> WeightsIndex:
+        obj = unpack_bounded(data, MAX_INDEX_BYTES)
+        if not isinstance(obj, dict) or len(obj) > 100_000:
+            raise ValueError("a weights index is a table of at most 100000 files")
+        files: dict[str, FileEntry] = {}
+        for uid, entry in obj.items():
+            if not (
+                isinstance(entry, list)
+                and len(entry) == 3
+                and is_hash(entry[0])
+                and isinstance(entry[1], int)
+                and 0 <= entry[1] <= 64 * 2**30
+                and isinstance(entry[2], list)
+                and all(is_hash(c) for c in entry[2])
+                and len(entry[2]) == -(-entry[1] // CHUNK_BYTES)
+            ):
+                raise ValueError(f"index entry of {uid!r} is malformed")
+            files[uid] = FileEntry(entry[0], entry[1], tuple(entry[2]))
+        return cls(files)
+
+
+class ChunkStore:
+    """Chunks on disk under their SHA-256. Writes are atomic; reads are verified, so a
+    corrupted file is never served or used; the total size stays under ``max_bytes``."""
+
+    def __init__(self, root: Path, max_bytes: int = 8 * 2**30) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, digest: str) -> Path:
+        if not is_hash(digest):
+            raise ValueError(f"{digest!r} is not a SHA-256 hex digest")
+        return self.root / digest[:2] / digest
+
+    def __contains__(self, digest: object) -> bool:
+        return is_hash(digest) and self._path(str(digest)).exists()
+
+    def get(self, digest: str) -> bytes | None:
+        path = self._path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if sha256_hex(data) != digest:
+            log.warning("chunk %s is corrupt on disk; dropping it", digest[:12])
+            path.unlink(missing_ok=True)
+            return None
+        os.utime(path)  # recently used
+        return data
+
+    def put(self, data: bytes, expected: str | None = None) -> str:
+        digest = sha256_hex(data)
+        if expected is not None and digest != expected:
+            raise ValueError(f"chunk hashes to {digest[:12]}, expected {expected[:12]}")
+        path = self._path(digest)
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            self.trim(keep={digest})
+        return digest
+
+    def total_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.glob("??/*") if not p.name.endswith(".tmp"))
+
+    def trim(self, keep: Iterable[str] = ()) -> None:
+        """Drop least recently used chunks until the store fits its cap."""
+        keep = set(keep)
+        files = [p for p in self.root.glob("??/*") if not p.name.endswith(".tmp")]
+        total = sum(p.stat().st_size for p in files)
+        if total <= self.max_bytes:
+            return
+        for p in sorted(files, key=lambda p: p.stat().st_mtime):
+            if total <= self.max_bytes:
+                break
+            if p.name in keep:
+                continue
+            total -= p.stat().st_size
+            p.unlink(missing_ok=True)
+
+
+def split_file(data: bytes, store: ChunkStore) -> FileEntry:
+    chunks = tuple(store.put(data[i : i + CHUNK_BYTES]) for i in range(0, len(data), CHUNK_BYTES))
+    return FileEntry(sha256_hex(data), len(data), chunks)
+
+
+def assemble(entry: FileEntry, store: ChunkStore) -> bytes | None:
+    """The file of ``entry`` from stored chunks, or None if a chunk is missing."""
+    parts = []
+    for digest in entry.chunks:
+        data = store.get(digest)
+        if data is None:
+            return None
+        parts.append(data)
+    blob = b"".join(parts)
+    if len(blob) != entry.size or sha256_hex(blob) != entry.sha256:
+        raise ValueError("chunks do not make the file the index describes")
+    return blob

@@ -1,0 +1,205 @@
+"""Serving and fetching weights: chunks over the framed RPC, checked against the hashes
+of the owner-signed index; resumable (chunks already on disk are not fetched again)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import trio
+
+from core.errors import UserFacingError
+from core.project.chunks import ChunkStore, WeightsIndex, is_hash, sha256_hex
+from core.project.pins import PinStore
+from core.project.records import ProviderAnnouncement, project_key, providers_key
+from core.project.signed import ManifestRejected, SignedManifest
+from net import BadRequest, CallContext, DhtError, Peer, Reply, RpcError, Tensor
+from net._libp2p import PeerID
+
+log = logging.getLogger(__name__)
+
+GET_CHUNK = "weights.chunk"
+
+
+class FetchError(UserFacingError):
+    pass
+
+
+class ProjectNotFound(UserFacingError, LookupError):
+    pass
+
+
+class WeightsService:
+    """Answers chunk requests from the local store, and announces what it provides.
+    One per peer: use ``WeightsService.of(peer, store)``."""
+
+    _by_peer: ClassVar[weakref.WeakKeyDictionary[Peer, WeightsService]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    @classmethod
+    def of(cls, peer: Peer, store: ChunkStore) -> WeightsService:
+        service = cls._by_peer.get(peer)
+        if service is None:
+            service = cls._by_peer[peer] = cls(peer, store)
+        elif service.store.root != store.root:
+            raise ValueError("this peer already serves chunks from another folder")
+        return service
+
+    def __init__(self, peer: Peer, store: ChunkStore) -> None:
+        self.peer = peer
+        self.store = store
+        self.served = 0
+        peer.rpc.register(GET_CHUNK, self._get_chunk)
+
+    async def _get_chunk(self, ctx: CallContext) -> Reply:
+        digest = ctx.request.meta.get("hash")
+        if not is_hash(digest):
+            raise BadRequest("hash must be a SHA-256 hex digest")
+        assert isinstance(digest, str)
+        data = await trio.to_thread.run_sync(self.store.get, digest)
+        if data is None:
+            raise BadRequest(f"chunk {digest[:12]} is not held here")
+        self.served += 1
+        return Reply({}, (Tensor("uint8", (len(data),), data),))
+
+    async def announce(
+        self, project_id: str, index: str, uids: Sequence[str] = (), ttl: float = 600
+    ) -> None:
+        await self.peer.dht.put(
+            providers_key(project_id), ProviderAnnouncement(index, tuple(uids)).encode(), ttl
+        )
+
+
+@dataclass
+class FetchStatistics:
+    fetched: int = 0
+    reused: int = 0
+    refused: int = 0  # chunks whose bytes did not match their hash
+    failed: int = 0
+    bad_providers: set[str] = field(default_factory=set)
+
+
+async def find_manifest(peer: Peer, project_id: str, pins: PinStore) -> SignedManifest:
+    """The newest manifest of the project that verifies and passes the pinned key."""
+    records = await peer.dht.get(project_key(project_id))
+    best: SignedManifest | None = None
+    problems: list[str] = []
+    for record in records:
+        try:
+            signed = SignedManifest.decode(record.value)
+            if signed.project_id != project_id:
+                raise ManifestRejected("wrong_project", signed.project_id)
+            pins.accept(signed)
+        except ManifestRejected as exc:
+            problems.append(str(exc))
+            continue
+        if best is None or signed.serial > best.serial:
+            best = signed
+    if best is None:
+        detail = "; ".join(problems[:3]) if problems else "no record in the DHT"
+        raise ProjectNotFound(f"no valid manifest for project {project_id}: {detail}")
+    return best
+
+
+class WeightsFetcher:
+    def __init__(self, peer: Peer, store: ChunkStore, *, call_timeout: float = 30.0) -> None:
+        self.peer = peer
+        self.store = store
+        self.call_timeout = call_timeout
+        self.stats = FetchStatistics()
+
+    async def providers(self, project_id: str, index: str) -> list[PeerID]:
+        out = []
+        for author, record in (await self.peer.dht.announcers(providers_key(project_id))).items():
+            try:
+                if (
+                    ProviderAnnouncement.decode(record.value).index == index
+                    and author != self.peer.peer_id
+                ):
+                    out.append(author)
+            except Exception as exc:  # noqa: BLE001 - validated on the way in; skip odd ones
+                log.debug("skipping a provider record: %s", exc)
+                continue
+        random.shuffle(out)  # spread the load
+        return out
+
+    async def fetch_chunk(self, digest: str, providers: Sequence[PeerID]) -> bytes:
+        cached = await trio.to_thread.run_sync(self.store.get, digest)
+        if cached is not None:
+            self.stats.reused += 1
+            return cached
+        for provider in providers:
+            if str(provider) in self.stats.bad_providers:
+                continue
+            try:
+                reply = await self.peer.rpc.call(
+                    provider, GET_CHUNK, {"hash": digest}, timeout=self.call_timeout
+                )
+            except RpcError as exc:
+                log.info("chunk %s from %s failed: %s", digest[:12], provider, exc)
+                continue
+            data = bytes(reply.tensors[0].data) if len(reply.tensors) == 1 else b""
+            if sha256_hex(data) != digest:
+                self.stats.refused += 1
+                self.stats.bad_providers.add(str(provider))
+                log.warning(
+                    "%s sent a chunk that does not match its hash; asking another peer", provider
+                )
+                continue
+            await trio.to_thread.run_sync(self.store.put, data, digest)
+            self.stats.fetched += 1
+            return data
+        self.stats.failed += 1
+        raise FetchError(f"no provider could send chunk {digest[:12]}")
+
+    async def fetch(
+        self,
+        signed: SignedManifest,
+        uids: Sequence[str],
+        progress: Callable[[int, int], None] | None = None,
+        *,
+        providers: Sequence[PeerID] | None = None,
+    ) -> dict[str, bytes]:
+        """The weight files of ``uids`` (safetensors bytes), verified against the index
+        whose hash the owner signed. ``providers``: whom to ask, in order (default: the
+        peers announcing this index in the DHT, shuffled)."""
+        pid = signed.project_id
+        if providers is None:
+            providers = await self.providers(pid, signed.weights_index)
+        index_bytes = await self.fetch_chunk(signed.weights_index, providers)
+        try:
+            index = WeightsIndex.decode(index_bytes)
+        except ValueError as exc:
+            raise FetchError(f"weights index of {pid} is malformed: {exc}") from exc
+        missing = [u for u in uids if u not in index.files]
+        if missing:
+            raise FetchError(f"project {pid} has no weights for {missing[:3]}")
+        total = sum(len(index.files[u].chunks) for u in uids)
+        done = 0
+        files: dict[str, bytes] = {}
+        for uid in uids:
+            entry = index.files[uid]
+            parts = []
+            for digest in entry.chunks:
+                parts.append(await self.fetch_chunk(digest, providers))
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+            blob = b"".join(parts)
+            if len(blob) != entry.size or sha256_hex(blob) != entry.sha256:
+                raise FetchError(f"weights of {uid} do not match the signed index")
+            files[uid] = blob
+        return files
+
+
+async def announce_project(peer: Peer, signed: SignedManifest, ttl: float = 3600) -> int:
+    try:
+        return await peer.dht.put(project_key(signed.project_id), signed.encode(), ttl)
+    except DhtError as exc:
+        log.warning("could not announce project %s: %s", signed.project_id, exc)
+        return 0

@@ -1,0 +1,229 @@
+"""The project manifest: what a person writes (TOML), what gets checked, and the template.
+
+Every mistake is reported with the path of the field (``model.expert.hidden: ...``),
+all at once, before anything is signed or published.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from core.experts.registry import ExpertSpec, SpecError
+from core.experts.uid import ExpertUID, Grid
+
+MAX_MANIFEST_BYTES = 64 * 1024
+NAME = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]
+
+
+class ManifestError(ValueError):
+    """The manifest has mistakes; ``problems`` lists them as 'field: message'."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("the manifest has mistakes:\n  " + "\n  ".join(problems))
+        self.problems = problems
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ProjectSection(_Strict):
+    name: NAME
+    description: Annotated[str, Field(max_length=2000)] = ""
+    min_app_version: Annotated[str, Field(pattern=r"^\d+\.\d+\.\d+$")] = "0.1.0"
+
+
+class ExpertSection(_Strict):
+    kind: Literal["ffn", "transformer"] = "ffn"
+    hidden: Annotated[int, Field(ge=1, le=65536)]
+    inner: Annotated[int, Field(ge=0, le=524288)] = 0
+    heads: Annotated[int, Field(ge=0, le=1024)] = 0
+    activation: Literal["gelu", "relu", "silu"] = "gelu"
+
+    def spec(self) -> ExpertSpec:
+        return ExpertSpec(self.kind, self.hidden, self.inner, self.heads, self.activation)
+
+
+class ModelSection(_Strict):
+    vocab_size: Annotated[int, Field(ge=2, le=1_000_000)] = 256
+    hidden: Annotated[int, Field(ge=1, le=65536)]
+    context: Annotated[int, Field(ge=1, le=65536)] = 128
+    expert_prefix: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,15}$")] = "ffn"
+    mixture_layers: Annotated[int, Field(ge=1, le=64)] = 1
+    grid: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=1, max_length=4)]
+    k_best: Annotated[int, Field(ge=1, le=64)] = 4
+    k_min: Annotated[int, Field(ge=1, le=64)] = 1
+    expert: ExpertSection
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSection:
+        if self.expert.hidden != self.hidden:
+            raise ValueError(
+                f"expert.hidden ({self.expert.hidden}) must equal model.hidden ({self.hidden})"
+            )
+        if self.k_min > self.k_best:
+            raise ValueError(f"k_min ({self.k_min}) must not exceed k_best ({self.k_best})")
+        try:
+            self.expert.spec()
+        except SpecError as exc:
+            raise ValueError(f"expert.{exc}") from exc
+        return self
+
+    def grids(self) -> list[Grid]:
+        return [
+            Grid(f"{self.expert_prefix}{layer}", tuple(self.grid))
+            for layer in range(self.mixture_layers)
+        ]
+
+    def expert_uids(self) -> Iterator[str]:
+        for grid in self.grids():
+            for uid in grid:
+                yield str(uid)
+
+
+class AggregationSection(_Strict):
+    rule: Literal["centered_clip", "median", "trimmed_mean", "mean"] = "centered_clip"
+    clip_radius: Annotated[float, Field(gt=0)] = 1.0
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    buckets: Annotated[int, Field(ge=1, le=64)] = 2
+    trim_fraction: Annotated[float, Field(ge=0, lt=0.5)] = 0.2
+
+
+class TrainingSection(_Strict):
+    optimizer: Literal["sgd", "adam", "adamw"] = "adam"
+    learning_rate: Annotated[float, Field(gt=0, le=10)] = 1e-3
+    contribution_samples: Annotated[int, Field(ge=1)] = 512
+    contribution_seconds: Annotated[float, Field(gt=0)] = 30.0
+    staleness_bound: Annotated[int, Field(ge=0, le=1000)] = 4
+    aggregation: AggregationSection = AggregationSection()
+
+
+class AggregatorEntry(_Strict):
+    key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="hex Ed25519 public key")]
+    addrs: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=8)] = []
+
+
+class WeightsSection(_Strict):
+    seed: Annotated[int, Field(ge=0, lt=2**31)] = 0
+    #: A folder of <uid>.safetensors files to publish instead of seeded initial weights.
+    folder: str | None = None
+
+
+class Manifest(_Strict):
+    project: ProjectSection
+    model: ModelSection
+    training: TrainingSection = TrainingSection()
+    aggregators: Annotated[list[AggregatorEntry], Field(max_length=64)] = []
+    weights: WeightsSection = WeightsSection()
+
+    @field_validator("aggregators")
+    @classmethod
+    def _distinct(cls, v: list[AggregatorEntry]) -> list[AggregatorEntry]:
+        keys = [a.key for a in v]
+        if len(keys) != len(set(keys)):
+            raise ValueError("the same aggregator key is listed twice")
+        return v
+
+    def to_obj(self) -> dict[str, Any]:
+        """Plain data (canonical order comes from msgpack of sorted keys at signing)."""
+        return self.model_dump(mode="python")
+
+
+def parse_manifest(data: dict[str, Any]) -> Manifest:
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError([_describe(e) for e in exc.errors()]) from None
+
+
+def load_manifest(path: Path) -> Manifest:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ManifestError([f"{path}: {exc.strerror}"]) from exc
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError([f"{path}: larger than {MAX_MANIFEST_BYTES} bytes"])
+    try:
+        data = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError([f"{path}: not valid TOML ({exc})"]) from exc
+    return parse_manifest(data)
+
+
+def _describe(error: Any) -> str:
+    loc = ".".join(str(part) for part in error["loc"]) or "manifest"
+    msg = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        msg = "unknown field (check its spelling and section)"
+    return f"{loc}: {msg}"
+
+
+def example_uid(manifest: Manifest) -> str:
+    return str(next(iter(manifest.model.grids()[0])))
+
+
+def check_uid(manifest: Manifest, uid: str) -> bool:
+    parsed = ExpertUID.parse(uid)
+    return any(parsed in grid for grid in manifest.model.grids())
+
+
+TEMPLATE = """\
+# moehome project manifest. Edit, then: moehome owner publish {filename}
+# Everything here is signed with your owner key and checked by every volunteer.
+
+[project]
+name = "{name}"                 # lowercase letters, digits and '-'
+description = "A small character-level language model trained by volunteers."
+min_app_version = "0.1.0"          # volunteers with an older app are asked to update
+
+[model]
+vocab_size = 256                   # bytes
+hidden = 64                        # width of the trainer-side layers and of every expert
+context = 64                       # tokens per training sample
+expert_prefix = "ffn"              # experts are named <prefix><layer>.<i>.<j>, e.g. ffn0.3.1
+mixture_layers = 2                 # mixture-of-experts layers in the model
+grid = [4, 4]                      # experts per layer, as a grid (beam search runs over it)
+k_best = 4                         # experts asked per token group
+k_min = 1                          # answers needed before the trainer goes on
+
+[model.expert]
+kind = "ffn"                       # ffn (feed-forward block) or transformer
+hidden = 64                        # must equal model.hidden
+inner = 256                        # feed-forward width (0: 4 x hidden)
+heads = 0                          # attention heads (transformer only)
+activation = "gelu"
+
+[training]
+optimizer = "adam"                 # sgd, adam or adamw, run by the aggregators
+learning_rate = 0.001
+contribution_samples = 512         # a volunteer sends its gradients every N samples...
+contribution_seconds = 30.0        # ...or every T seconds
+staleness_bound = 4                # contributions older than this many versions are refused
+
+[training.aggregation]
+rule = "centered_clip"             # centered_clip (robust default), median, trimmed_mean, mean
+clip_radius = 1.0
+momentum = 0.9
+buckets = 2
+trim_fraction = 0.2
+
+# One block per aggregator: its public key (hex) and where to reach it.
+# [[aggregators]]
+# key = "..."
+# addrs = ["/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."]
+
+[weights]
+seed = 0                           # initial weights are made from this seed...
+# folder = "weights/"              # ...unless a folder of <uid>.safetensors files is given
+"""
+
+
+def write_template(path: Path, name: str) -> None:
+    if path.exists():
+        raise FileExistsError(f"{path} exists; not overwriting it")
+    path.write_text(TEMPLATE.format(name=name, filename=path.name))

@@ -1,0 +1,137 @@
+"""The owner's local state (key and rotation chain) and the owner CLI's work."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from core.experts.records import SERVING, ExpertAnnouncement, expert_key
+from core.paths import config_dir
+from core.project.distribution import find_manifest
+from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError, fingerprint
+from core.project.pins import PinStore
+from core.project.records import ProviderAnnouncement, providers_key, rotation_key
+from net import Peer
+from net.wire import pack, unpack_bounded
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OwnerFiles:
+    root: Path
+
+    @classmethod
+    def default(cls) -> OwnerFiles:
+        return cls(config_dir() / "owner")
+
+    @property
+    def key(self) -> Path:
+        return self.root / "owner.key"
+
+    @property
+    def rotations(self) -> Path:
+        return self.root / "rotations.msgpack"
+
+    def load_rotations(self) -> tuple[KeyRotation, ...]:
+        if not self.rotations.exists():
+            return ()
+        try:
+            items = unpack_bounded(self.rotations.read_bytes(), 64 * 1024)
+            return tuple(KeyRotation.from_obj(r) for r in items)
+        except Exception as exc:  # a damaged file must not be silently ignored
+            raise OwnerKeyError(f"{self.rotations} is damaged: {exc}") from exc
+
+    def save_rotations(self, rotations: Sequence[KeyRotation]) -> None:
+        tmp = self.rotations.with_name(self.rotations.name + ".tmp")
+        tmp.write_bytes(pack([r.to_obj() for r in rotations]))
+        os.replace(tmp, self.rotations)
+
+
+def init_owner(files: OwnerFiles, passphrase: str | None, *, force: bool = False) -> OwnerKey:
+    if files.key.exists() and not force:
+        raise OwnerKeyError(
+            f"an owner key exists at {files.key}; use --force to replace it "
+            "(projects signed with it stay tied to it)"
+        )
+    key = OwnerKey.generate()
+    key.save(files.key, passphrase)
+    return key
+
+
+def rotate_owner(
+    files: OwnerFiles, passphrase: str | None, new_passphrase: str | None
+) -> KeyRotation:
+    """A new owner key, handed over by a rotation signed with the old one. The old key is
+    kept beside it (renamed) in case the owner needs to prove something with it."""
+    old = OwnerKey.load(files.key, passphrase)
+    new = OwnerKey.generate()
+    rotation = KeyRotation.create(old, new.public_key)
+    chain = [*files.load_rotations(), rotation]
+    files.key.rename(files.root / f"owner-{old.fingerprint}.key.old")
+    new.save(files.key, new_passphrase)
+    files.save_rotations(chain)
+    return rotation
+
+
+async def announce_rotation(peer: Peer, rotation: KeyRotation) -> int:
+    return await peer.dht.put(rotation_key(rotation.old), rotation.encode(), ttl=30 * 24 * 3600)
+
+
+async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[str, Any]:
+    """What the swarm says about a project, for ``moehome owner status``."""
+    signed = await find_manifest(peer, project_id, PinStore(data_dir / "pinned-owners.json"))
+    manifest = signed.manifest
+    uids = list(manifest.model.expert_uids())
+    experts: dict[str, list[dict[str, Any]]] = {}
+
+    async def servers_of(uid: str) -> None:
+        found = []
+        for author, record in (await peer.dht.announcers(expert_key(project_id, uid))).items():
+            try:
+                ann = ExpertAnnouncement.decode(record.value)
+            except Exception as exc:  # noqa: BLE001 - checked on the way in; skip odd ones
+                log.debug("skipping an expert record: %s", exc)
+                continue
+            if ann.state == SERVING:
+                found.append({"peer": str(author), "version": ann.version, "load": ann.load})
+        experts[uid] = found
+
+    async with trio.open_nursery() as nursery:
+        for uid in uids:
+            nursery.start_soon(servers_of, uid)
+    providers = []
+    for author, record in (await peer.dht.announcers(providers_key(project_id))).items():
+        try:
+            ann = ProviderAnnouncement.decode(record.value)
+        except Exception as exc:  # noqa: BLE001 - checked on the way in; skip odd ones
+            log.debug("skipping a provider record: %s", exc)
+            continue
+        providers.append({"peer": str(author), "index": ann.index, "uids": list(ann.uids) or "all"})
+    volunteers = sorted({s["peer"] for servers in experts.values() for s in servers})
+    return {
+        "project_id": project_id,
+        "name": manifest.project.name,
+        "owner": fingerprint(signed.owner_key),
+        "serial": signed.serial,
+        "experts_total": len(uids),
+        "experts_covered": sum(1 for u in uids if experts[u]),
+        "uncovered": [u for u in uids if not experts[u]],
+        "experts": {u: experts[u] for u in uids},
+        "volunteers": volunteers,
+        "weight_providers": providers,
+        "aggregators": [
+            {"key": a.key, "addrs": a.addrs, "version": None} for a in manifest.aggregators
+        ],
+    }
+
+
+def to_json(status: dict[str, Any]) -> str:
+    return json.dumps(status, indent=2, sort_keys=False)

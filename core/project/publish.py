@@ -1,0 +1,151 @@
+"""Publishing a project (owner side) and joining one (volunteer side)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from core.experts.backend import ExpertBackend
+from core.experts.registry import build_expert
+from core.experts.uid import ExpertUID
+from core.experts.weights import WeightsError, load_weights, save_weights
+from core.project.chunks import ChunkStore, WeightsIndex, split_file
+from core.project.distribution import (
+    WeightsFetcher,
+    WeightsService,
+    announce_project,
+    find_manifest,
+)
+from core.project.keys import KeyRotation, OwnerKey
+from core.project.manifest import Manifest, ManifestError, check_uid, load_manifest
+from core.project.pins import PinStore
+from core.project.records import MAX_RECORD_BYTES
+from core.project.signed import SignedManifest
+from net import Peer
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+
+
+def seed_for(seed: int, uid: str) -> int:
+    """The initial-weights seed of one expert: stable, and distinct per uid."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{uid}".encode()).digest()[:4], "big")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    signed: SignedManifest
+    store: ChunkStore
+    index: WeightsIndex
+
+
+def prepare(
+    manifest_path: Path,
+    owner: OwnerKey,
+    rotations: tuple[KeyRotation, ...],
+    workdir: Path,
+    progress: Progress | None = None,
+) -> Prepared:
+    """Check the manifest, make (or read) every expert's weights, split them into chunks,
+    and sign. Nothing is published yet."""
+    manifest = load_manifest(manifest_path)
+    store = ChunkStore(workdir / "chunks", max_bytes=1 << 62)  # the owner keeps everything
+    uids = list(manifest.model.expert_uids())
+    spec = manifest.model.expert.spec()
+    files = {}
+    folder = manifest.weights.folder
+    if folder is not None:
+        folder_path = (manifest_path.parent / folder).resolve()
+        if not folder_path.is_dir():
+            raise ManifestError([f"weights.folder: {folder_path} is not a folder"])
+    for i, uid in enumerate(uids):
+        module = build_expert(spec, seed=seed_for(manifest.weights.seed, uid))
+        path = workdir / "weights" / f"{uid}.safetensors"
+        if folder is not None:
+            source = folder_path / f"{uid}.safetensors"
+            try:
+                load_weights(module, source)  # right names and shapes for this expert?
+            except WeightsError as exc:
+                raise ManifestError([f"weights.folder: {exc}"]) from exc
+        save_weights(module, path, version=0)
+        files[uid] = split_file(path.read_bytes(), store)
+        if progress is not None:
+            progress(i + 1, len(uids))
+    index = WeightsIndex(files)
+    store.put(index.encode())
+    signed = SignedManifest.create(manifest, owner, rotations, index.sha256)
+    size = len(signed.encode())
+    if size > MAX_RECORD_BYTES:
+        raise ManifestError(
+            [f"manifest: {size} bytes signed; at most {MAX_RECORD_BYTES} fit the DHT"]
+        )
+    return Prepared(signed, store, index)
+
+
+async def serve_project(
+    peer: Peer,
+    prepared: Prepared,
+    *,
+    refresh: float = 600.0,
+    task_status: trio.TaskStatus[WeightsService] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Announce the project and serve its weights, re-announcing every ``refresh`` s."""
+    service = WeightsService.of(peer, prepared.store)
+    started = False
+    while True:
+        await announce_project(peer, prepared.signed, ttl=3 * refresh)
+        try:
+            await service.announce(
+                prepared.signed.project_id, prepared.index.sha256, ttl=3 * refresh
+            )
+        except Exception as exc:  # noqa: BLE001 - DHT trouble is logged, serving goes on
+            log.warning("could not announce the weights: %s", exc)
+        if not started:
+            task_status.started(service)
+            started = True
+        await trio.sleep(refresh)
+
+
+async def join_project(
+    peer: Peer,
+    project_id: str,
+    uids: Sequence[str],
+    *,
+    data_dir: Path,
+    cache_bytes: int = 8 * 2**30,
+    progress: Progress | None = None,
+) -> tuple[SignedManifest, dict[str, ExpertBackend]]:
+    """Volunteer side: find the project, verify its manifest (pinning the owner key),
+    fetch and verify the weights of ``uids``, and build their experts."""
+    pins = PinStore(data_dir / "pinned-owners.json")
+    signed = await find_manifest(peer, project_id, pins)
+    manifest = signed.manifest
+    bad = [u for u in uids if not check_uid(manifest, u)]
+    if bad:
+        raise ManifestError([f"uid {bad[0]!r} is not on this project's grids"])
+    store = ChunkStore(data_dir / "chunks", max_bytes=cache_bytes)
+    fetcher = WeightsFetcher(peer, store)
+    files = await fetcher.fetch(signed, uids, progress)
+    # a volunteer that holds weights can pass them on
+    await WeightsService.of(peer, store).announce(project_id, signed.weights_index, uids)
+    return signed, await trio.to_thread.run_sync(_backends, manifest, files)
+
+
+def _backends(manifest: Manifest, files: dict[str, bytes]) -> dict[str, ExpertBackend]:
+    spec = manifest.model.expert.spec()
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for uid, blob in files.items():
+            path = Path(tmp) / f"{uid}.safetensors"
+            path.write_bytes(blob)
+            module = build_expert(spec)
+            info = load_weights(module, path)
+            out[uid] = ExpertBackend(ExpertUID.parse(uid), spec, module, version=info.version)
+    return out
