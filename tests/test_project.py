@@ -222,3 +222,32 @@ def _now() -> int:
     import time
 
     return int(time.time() * 1000)
+
+
+async def test_owner_status_shows_coverage_and_resumes_from_the_cache(tmp_path):
+    from core.experts.server import ExpertServer, ServerConfig
+    from core.project.owner import project_status
+
+    prepared = prepare(small_manifest(tmp_path), OwnerKey.generate(), (), tmp_path / "owner")
+    pid = prepared.signed.project_id
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(serve_project, swarm.node(0), prepared)
+        _, backends = await join_project(
+            swarm.node(1), pid, ["ffn0.0.0", "ffn0.1.1"], data_dir=tmp_path / "v"
+        )
+        await nursery.start(ExpertServer(swarm.node(1), backends, ServerConfig(project=pid)).run)
+        status = await project_status(swarm.node(2), pid, tmp_path / "o")
+        assert status["experts_total"] == 4
+        assert status["experts_covered"] == 2
+        assert sorted(status["uncovered"]) == ["ffn0.0.1", "ffn0.1.0"]
+        assert status["volunteers"] == [str(swarm.node(1).peer_id)]
+        assert len(status["weight_providers"]) == 2  # the owner, and the volunteer that joined
+
+        fetcher = WeightsFetcher(swarm.node(2), ChunkStore(tmp_path / "v" / "chunks"))
+        await fetcher.fetch(prepared.signed, ["ffn0.0.0"])
+        assert fetcher.stats.fetched == 0  # everything came from the volunteer's cache
+        assert fetcher.stats.reused > 0
+        nursery.cancel_scope.cancel()
