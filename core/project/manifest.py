@@ -207,10 +207,10 @@ staleness_bound = 4                # contributions older than this many versions
 
 [training.aggregation]
 rule = "centered_clip"             # centered_clip (robust default), median, trimmed_mean, mean
-clip_radius = 1.0
-momentum = 0.9
-buckets = 2
-trim_fraction = 0.2
+clip_radius = 1.0                  # clipping radius, as a multiple of the median distance
+momentum = 0.9                     # per-volunteer momentum kept by the aggregator
+buckets = 2                        # contributions are averaged in random groups of this size
+trim_fraction = 0.2                # for trimmed_mean
 
 # One block per aggregator: its public key (hex) and where to reach it.
 # [[aggregators]]

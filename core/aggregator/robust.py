@@ -1,0 +1,161 @@
+"""Robust aggregation rules. Pure functions of flat gradient vectors (no I/O, no state
+beyond what is passed in), so they are tested with tables and simulated attacks.
+
+The default is centered clipping (Karimireddy, He, Jaggi, ICML 2021) around the previous
+round's aggregate (its "history", which is what makes it resist attacks spread over
+time), after bucketing (Karimireddy et al., ICLR 2022): inputs are shuffled into buckets
+of ``bucket_size`` and averaged, which shrinks honest variance and so the room an attacker
+has to hide in. Coordinate-wise median and trimmed mean are options; the plain mean is for
+comparison only (one attacker can move it anywhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+Rule = Callable[[torch.Tensor, "RoundContext"], torch.Tensor]
+
+
+@dataclass
+class RoundContext:
+    """What a rule may know besides this round's inputs."""
+
+    previous: torch.Tensor | None = None  # last round's aggregate (the CC center)
+    clip_radius: float = 1.0
+    #: When True, the radius is clip_radius x the median distance to the center.
+    adaptive_radius: bool = True
+    clip_iterations: int = 3
+    trim_fraction: float = 0.2
+    bucket_size: int = 2
+    generator: torch.Generator | None = None
+
+
+def mean(x: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+    return x.mean(dim=0)
+
+
+def coordinate_median(x: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+    # torch.median picks the lower middle value for an even count; average the two
+    # middle values instead, so that two inputs give their mean
+    n = x.shape[0]
+    ordered = x.sort(dim=0).values
+    if n % 2:
+        return ordered[n // 2]
+    return 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
+def trimmed_mean(x: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+    n = x.shape[0]
+    k = min(int(ctx.trim_fraction * n), (n - 1) // 2)
+    ordered = x.sort(dim=0).values
+    return ordered[k : n - k].mean(dim=0)
+
+
+def centered_clip(x: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+    """v <- v + mean_i clip(x_i - v, radius), a few times, from the previous aggregate
+    (or the coordinate median on the first round, which is safer than zero or the mean)."""
+    v = ctx.previous.clone() if ctx.previous is not None else coordinate_median(x, ctx)
+    for _ in range(ctx.clip_iterations):
+        diff = x - v
+        norms = diff.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        radius = ctx.clip_radius
+        if ctx.adaptive_radius:
+            # a multiple of the median distance: with fewer than half attackers, that
+            # median is an honest input's, so the radius follows the gradients' scale
+            radius = ctx.clip_radius * float(norms.median())
+        scale = (radius / norms).clamp(max=1.0)
+        v = v + (diff * scale).mean(dim=0)
+    return v
+
+
+RULES: dict[str, Rule] = {
+    "centered_clip": centered_clip,
+    "median": coordinate_median,
+    "trimmed_mean": trimmed_mean,
+    "mean": mean,
+}
+
+
+def bucket(x: torch.Tensor, size: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Shuffle the rows into groups of ``size`` and average each group."""
+    if size <= 1 or x.shape[0] < 2:
+        return x
+    order = torch.randperm(x.shape[0], generator=generator)
+    groups = [order[i : i + size] for i in range(0, x.shape[0], size)]
+    return torch.stack([x[g].mean(dim=0) for g in groups])
+
+
+def aggregate(rule: str, inputs: Sequence[torch.Tensor], ctx: RoundContext) -> torch.Tensor:
+    """The robust aggregate of flat vectors (each one contribution's per-sample gradient).
+    Bucketing applies to every rule but the plain mean."""
+    if not inputs:
+        raise ValueError("nothing to aggregate")
+    x = torch.stack([t.reshape(-1).to(torch.float32) for t in inputs])
+    if rule != "mean":
+        x = bucket(x, ctx.bucket_size, ctx.generator)
+    return RULES[rule](x, ctx)
+
+
+@dataclass(frozen=True)
+class RobustSettings:
+    rule: str = "centered_clip"
+    #: with the adaptive radius (default), a multiple of the median distance to the center
+    clip_radius: float = 1.0
+    adaptive_radius: bool = True
+    momentum: float = 0.9
+    bucket_size: int = 2
+    trim_fraction: float = 0.2
+    #: contributors not heard from for this many rounds lose their momentum state
+    forget_after_rounds: int = 50
+
+
+@dataclass
+class ExpertRoundState:
+    """What the robust aggregation of one expert remembers between rounds."""
+
+    previous: torch.Tensor | None = None
+    momenta: dict[str, torch.Tensor] | None = None
+    last_seen: dict[str, int] | None = None
+    rounds: int = 0
+
+
+def robust_round(
+    state: ExpertRoundState,
+    contributions: dict[str, torch.Tensor],
+    settings: RobustSettings,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One round: contributor -> per-sample mean gradient (flat) in, the aggregate out.
+
+    Momentum is kept per contributor (the aggregator does, for each volunteer, what
+    CC+momentum asks of workers): an attacker cannot make its inputs noisier than what it
+    sent before, and honest inputs cluster tighter, so attacks have less room to hide."""
+    if not contributions:
+        raise ValueError("nothing to aggregate")
+    momenta = state.momenta if state.momenta is not None else {}
+    last_seen = state.last_seen if state.last_seen is not None else {}
+    beta = settings.momentum if settings.rule != "mean" else 0.0
+    for who, g in contributions.items():
+        g = g.reshape(-1).to(torch.float32)
+        m = momenta.get(who)
+        momenta[who] = g.clone() if m is None or beta == 0.0 else beta * m + (1 - beta) * g
+        last_seen[who] = state.rounds
+    ctx = RoundContext(
+        previous=state.previous,
+        clip_radius=settings.clip_radius,
+        adaptive_radius=settings.adaptive_radius,
+        trim_fraction=settings.trim_fraction,
+        bucket_size=settings.bucket_size,
+        generator=generator,
+    )
+    result = aggregate(settings.rule, [momenta[w] for w in contributions], ctx)
+    state.previous = result
+    state.rounds += 1
+    for who in [w for w, r in last_seen.items() if state.rounds - r > settings.forget_after_rounds]:
+        del last_seen[who]
+        momenta.pop(who, None)
+    state.momenta, state.last_seen = momenta, last_seen
+    return result
