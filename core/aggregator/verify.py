@@ -1,0 +1,98 @@
+"""Checks a contribution must pass before the aggregator trusts it. Pure: every fact it
+needs (current version, seen nonces, allowed trainers) is passed in."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import torch
+
+from core.contrib.codecs import CodecError, codec
+from core.contrib.messages import Contribution, tensor_digest
+
+#: how far a contribution's clock may be from ours
+CLOCK_SKEW_S: Final = 600
+
+
+class Rejected(Exception):
+    """A contribution was refused; ``reason`` is one word, counted per reason."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class VerifyContext:
+    project: str
+    params: Mapping[str, Mapping[str, int]]  # uid -> parameter name -> numel, in order
+    current_version: Mapping[str, int]  # uid -> version
+    staleness_bound: int
+    trainers: Collection[bytes]  # public keys the manifest allows to sign receipts
+    seen_nonces: Collection[bytes]
+    seen_batches: Collection[bytes]
+    now: float
+    max_samples: int = 1 << 30
+
+
+def verify(
+    c: Contribution, parts: Sequence[torch.Tensor], ctx: VerifyContext
+) -> dict[str, torch.Tensor]:
+    """The decoded gradient sums (parameter name -> flat float32), or Rejected."""
+    if not c.verify_signature():
+        raise Rejected("bad_signature", "contribution not signed by its contributor")
+    if c.project != ctx.project:
+        raise Rejected("wrong_project", c.project)
+    expected = ctx.params.get(c.uid)
+    if expected is None:
+        raise Rejected("unknown_expert", c.uid)
+    if c.nonce in ctx.seen_nonces:
+        raise Rejected("replay", "this contribution was received before")
+    if abs(c.timestamp - ctx.now) > CLOCK_SKEW_S:
+        raise Rejected("clock", f"timestamp {c.timestamp - ctx.now:+.0f} s from ours")
+    current = ctx.current_version[c.uid]
+    if c.base_version > current:
+        raise Rejected("future_version", f"base {c.base_version} > current {current}")
+    if current - c.base_version > ctx.staleness_bound:
+        raise Rejected(
+            "stale", f"base {c.base_version}, current {current}, bound {ctx.staleness_bound}"
+        )
+    if not c.receipts:
+        raise Rejected("no_receipts")
+    batches = set()
+    for r in c.receipts:
+        if r.trainer not in ctx.trainers or not r.verify():
+            raise Rejected("foreign_receipt", "a receipt not signed by a trainer of this project")
+        if r.project != c.project or r.uid != c.uid or r.version != c.base_version:
+            raise Rejected("foreign_receipt", "a receipt for another expert or version")
+        if r.batch_id in ctx.seen_batches or r.batch_id in batches:
+            raise Rejected("receipt_reused", "a receipt counted before")
+        batches.add(r.batch_id)
+    if c.samples != sum(r.samples for r in c.receipts) or not 0 < c.samples <= ctx.max_samples:
+        raise Rejected(
+            "inflated_samples",
+            f"claims {c.samples}, receipts sum to {sum(r.samples for r in c.receipts)}",
+        )
+    if [(p.name, p.numel) for p in c.params] != list(expected.items()):
+        raise Rejected("shape", "parameters do not match the expert's")
+    if tensor_digest(parts) != c.payload_sha256:
+        raise Rejected("payload_mismatch", "tensors do not match the signed digest")
+    try:
+        chosen = codec(c.codec)
+    except CodecError as exc:
+        raise Rejected("codec", str(exc)) from exc
+    per_param = len(parts) // len(c.params) if c.params else 0
+    if per_param * len(c.params) != len(parts) or per_param == 0:
+        raise Rejected("shape", "wrong number of tensor parts")
+    grads: dict[str, torch.Tensor] = {}
+    for i, p in enumerate(c.params):
+        try:
+            g = chosen.decode(parts[i * per_param : (i + 1) * per_param], p.numel)
+        except CodecError as exc:
+            raise Rejected("shape", f"{p.name}: {exc}") from exc
+        if not torch.isfinite(g).all():
+            raise Rejected("non_finite", f"{p.name} holds NaN or infinity")
+        grads[p.name] = g
+    return grads

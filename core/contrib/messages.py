@@ -1,0 +1,277 @@
+"""Receipts and contributions: the signed messages behind every gradient an aggregator
+accepts. Canonical msgpack, bounded decoding, signatures over exact bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+import torch
+
+from net.identity import Identity, verify_signature
+from net.wire import pack, unpack_bounded
+
+_RECEIPT_DOMAIN: Final = "moehome-receipt/1"
+_CONTRIBUTION_DOMAIN: Final = "moehome-contribution/1"
+MAX_RECEIPTS: Final = 4096
+MAX_PARAMS: Final = 256
+MAX_HEADER_BYTES: Final = 4 * 1024 * 1024
+
+
+class MessageError(ValueError):
+    """A message is malformed (not: a valid message with a bad claim)."""
+
+
+def tensor_digest(tensors: Iterable[torch.Tensor]) -> bytes:
+    """SHA-256 over the raw bytes of tensors, in order (what receipts and contributions
+    commit to)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().contiguous().cpu()
+        h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.digest()
+
+
+def _bytes(x: Any, n: int, what: str) -> bytes:
+    if not isinstance(x, bytes) or len(x) != n:
+        raise MessageError(f"{what} must be {n} bytes")
+    return x
+
+
+def _int(x: Any, what: str, high: int = 2**62) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < high:
+        raise MessageError(f"{what} must be an integer in 0..{high}")
+    return x
+
+
+def _str(x: Any, what: str, limit: int = 64) -> str:
+    if not isinstance(x, str) or not 0 < len(x) <= limit:
+        raise MessageError(f"{what} must be a string of 1..{limit} characters")
+    return x
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A trainer's signed statement: "I sent this backward request to this expert"."""
+
+    project: str
+    uid: str
+    version: int
+    batch_id: bytes  # 16 random bytes, unique per request
+    samples: int
+    inputs_sha256: bytes
+    grads_sha256: bytes
+    trainer: bytes  # the trainer's Ed25519 public key
+    signature: bytes = b""
+
+    def payload(self) -> bytes:
+        return pack(
+            [
+                _RECEIPT_DOMAIN,
+                self.project,
+                self.uid,
+                self.version,
+                self.batch_id,
+                self.samples,
+                self.inputs_sha256,
+                self.grads_sha256,
+                self.trainer,
+            ]
+        )
+
+    @classmethod
+    def sign(
+        cls,
+        trainer: Identity,
+        project: str,
+        uid: str,
+        version: int,
+        inputs: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        samples: int,
+    ) -> Receipt:
+        unsigned = cls(
+            project,
+            uid,
+            version,
+            os.urandom(16),
+            samples,
+            tensor_digest(inputs),
+            tensor_digest(grads),
+            trainer.public_key,
+        )
+        return replace(unsigned, signature=trainer.sign(unsigned.payload()))
+
+    def verify(self) -> bool:
+        return verify_signature(self.trainer, self.payload(), self.signature)
+
+    def to_obj(self) -> list[Any]:
+        return [
+            self.project,
+            self.uid,
+            self.version,
+            self.batch_id,
+            self.samples,
+            self.inputs_sha256,
+            self.grads_sha256,
+            self.trainer,
+            self.signature,
+        ]
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> Receipt:
+        if not isinstance(obj, list) or len(obj) != 9:
+            raise MessageError("a receipt is a list of 9 fields")
+        return cls(
+            _str(obj[0], "project"),
+            _str(obj[1], "uid"),
+            _int(obj[2], "version"),
+            _bytes(obj[3], 16, "batch_id"),
+            _int(obj[4], "samples", 2**31),
+            _bytes(obj[5], 32, "inputs_sha256"),
+            _bytes(obj[6], 32, "grads_sha256"),
+            _bytes(obj[7], 32, "trainer"),
+            _bytes(obj[8], 64, "signature"),
+        )
+
+    def encode(self) -> bytes:
+        return pack(self.to_obj())
+
+    @classmethod
+    def decode(cls, data: bytes) -> Receipt:
+        try:
+            return cls.from_obj(unpack_bounded(data, 1024))
+        except MessageError:
+            raise
+        except Exception as exc:  # msgpack's errors on garbage
+            raise MessageError(f"not a receipt: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    numel: int
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """A volunteer's parameter gradient for one expert, with the receipts behind it."""
+
+    project: str
+    uid: str
+    base_version: int
+    samples: int
+    codec: str
+    params: tuple[ParamSpec, ...]
+    receipts: tuple[Receipt, ...]
+    nonce: bytes  # 16 random bytes; the same on every retry of this contribution
+    timestamp: int  # unix seconds
+    contributor: bytes  # the volunteer's peer key
+    payload_sha256: bytes  # tensor_digest of the encoded parts, in order
+    signature: bytes = b""
+
+    def signed_fields(self) -> list[Any]:
+        return [
+            _CONTRIBUTION_DOMAIN,
+            self.project,
+            self.uid,
+            self.base_version,
+            self.samples,
+            self.codec,
+            [[p.name, p.numel] for p in self.params],
+            [r.to_obj() for r in self.receipts],
+            self.nonce,
+            self.timestamp,
+            self.contributor,
+            self.payload_sha256,
+        ]
+
+    @classmethod
+    def create(
+        cls,
+        identity: Identity,
+        *,
+        project: str,
+        uid: str,
+        base_version: int,
+        codec: str,
+        params: Sequence[ParamSpec],
+        receipts: Sequence[Receipt],
+        parts: Sequence[torch.Tensor],
+        nonce: bytes | None = None,
+        timestamp: int | None = None,
+    ) -> Contribution:
+        unsigned = cls(
+            project,
+            uid,
+            base_version,
+            sum(r.samples for r in receipts),
+            codec,
+            tuple(params),
+            tuple(receipts),
+            nonce or os.urandom(16),
+            timestamp or int(time.time()),
+            identity.public_key,
+            tensor_digest(parts),
+        )
+        return replace(unsigned, signature=identity.sign(pack(unsigned.signed_fields())))
+
+    def verify_signature(self) -> bool:
+        return verify_signature(self.contributor, pack(self.signed_fields()), self.signature)
+
+    def encode(self) -> bytes:
+        return pack([*self.signed_fields()[1:], self.signature])
+
+    @classmethod
+    def decode(cls, data: bytes) -> Contribution:
+        if len(data) > MAX_HEADER_BYTES:
+            raise MessageError("contribution header too large")
+        try:
+            obj = unpack_bounded(data, MAX_HEADER_BYTES)
+        except Exception as exc:
+            raise MessageError(f"not msgpack: {exc}") from exc
+        if not isinstance(obj, list) or len(obj) != 12:
+            raise MessageError("a contribution header is a list of 12 fields")
+        (
+            project,
+            uid,
+            base_version,
+            samples,
+            codec,
+            params,
+            receipts,
+            nonce,
+            ts,
+            contributor,
+            digest,
+            sig,
+        ) = obj
+        if not isinstance(params, list) or not 0 < len(params) <= MAX_PARAMS:
+            raise MessageError(f"params must list 1..{MAX_PARAMS} tensors")
+        if not isinstance(receipts, list) or len(receipts) > MAX_RECEIPTS:
+            raise MessageError(f"at most {MAX_RECEIPTS} receipts")
+        specs = []
+        for p in params:
+            if not (isinstance(p, list) and len(p) == 2):
+                raise MessageError("a param spec is [name, numel]")
+            specs.append(ParamSpec(_str(p[0], "param name", 128), _int(p[1], "numel", 2**31)))
+        return cls(
+            _str(project, "project"),
+            _str(uid, "uid"),
+            _int(base_version, "base_version"),
+            _int(samples, "samples", 2**40),
+            _str(codec, "codec", 16),
+            tuple(specs),
+            tuple(Receipt.from_obj(r) for r in receipts),
+            _bytes(nonce, 16, "nonce"),
+            _int(ts, "timestamp"),
+            _bytes(contributor, 32, "contributor"),
+            _bytes(digest, 32, "payload_sha256"),
+            _bytes(sig, 64, "signature"),
+        )

@@ -1,0 +1,188 @@
+"""Codecs, receipts, contributions, and every reason an aggregator refuses one."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from core.aggregator.verify import Rejected, VerifyContext, verify
+from core.contrib.codecs import CODECS, CodecError, ErrorFeedback, codec
+from core.contrib.messages import Contribution, MessageError, ParamSpec, Receipt
+from net import Identity
+
+TRAINER = Identity.from_seed(b"t" * 32)
+VOLUNTEER = Identity.from_seed(b"v" * 32)
+PARAMS = {"w": 6, "b": 3}
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_codecs_round_trip_and_check_sizes(name):
+    c = codec(name)
+    x = torch.randn(2500)
+    y = c.decode(c.encode(x), x.numel())
+    tolerance = {"fp32": 0, "fp16": 1e-3, "int8_block": 3e-2}[name]
+    assert (x - y).norm() / x.norm() <= tolerance
+    with pytest.raises(CodecError):
+        c.decode(c.encode(x), x.numel() + 1)
+
+
+def test_error_feedback_sends_what_compression_dropped_later():
+    fb, c = ErrorFeedback(), codec("int8_block")
+    g = torch.randn(3000) * torch.logspace(-4, 0, 3000)  # small values the codec rounds away
+    sent = sum(c.decode(fb.compress("w", g, c), g.numel()) for _ in range(50))
+    assert ((sent - 50 * g).norm() / (50 * g).norm()) < 0.01  # the sum is kept, not the error
+
+
+def make(
+    receipts: list[Receipt] | None = None,
+    parts: list[torch.Tensor] | None = None,
+    **changes: object,
+) -> tuple[Contribution, list[torch.Tensor]]:
+    if receipts is None:
+        receipts = [Receipt.sign(TRAINER, "p1", "ffn0.0.0", 3, [torch.ones(2)], [torch.ones(2)], 8)]
+    grads = {"w": torch.randn(6), "b": torch.randn(3)}
+    c = codec("fp16")
+    if parts is None:
+        parts = [part for name in PARAMS for part in c.encode(grads[name])]
+    contribution = Contribution.create(
+        VOLUNTEER,
+        project="p1",
+        uid="ffn0.0.0",
+        base_version=3,
+        codec="fp16",
+        params=[ParamSpec(n, k) for n, k in PARAMS.items()],
+        receipts=receipts,
+        parts=parts,
+    )
+    if changes:
+        contribution = replace(contribution, **changes)  # type: ignore[arg-type]
+    return contribution, parts
+
+
+def ctx(**changes: object) -> VerifyContext:
+    base = VerifyContext(
+        project="p1",
+        params={"ffn0.0.0": PARAMS},
+        current_version={"ffn0.0.0": 4},
+        staleness_bound=2,
+        trainers={TRAINER.public_key},
+        seen_nonces=set(),
+        seen_batches=set(),
+        now=time.time(),
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_a_good_contribution_is_accepted_and_survives_the_wire():
+    contribution, parts = make()
+    again = Contribution.decode(contribution.encode())
+    assert again == contribution
+    grads = verify(again, parts, ctx())
+    assert set(grads) == {"w", "b"}
+
+
+MALLORY = Identity.generate()
+
+
+def edited(**changes: object) -> tuple[Contribution, list[torch.Tensor]]:
+    contribution, parts = make()
+    return replace(contribution, **changes), parts  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("build", "context", "reason"),
+    [
+        (lambda: make(signature=bytes(64)), {}, "bad_signature"),
+        (lambda: edited(samples=80), {}, "bad_signature"),  # edited after signing
+        (
+            lambda: make(receipts=[Receipt.sign(MALLORY, "p1", "ffn0.0.0", 3, [], [], 8)]),
+            {},
+            "foreign_receipt",
+        ),
+        (
+            lambda: make(receipts=[Receipt.sign(TRAINER, "p1", "ffn0.0.9", 3, [], [], 8)]),
+            {},
+            "foreign_receipt",
+        ),
+        (
+            lambda: make(
+                receipts=[
+                    replace(Receipt.sign(TRAINER, "p1", "ffn0.0.0", 3, [], [], 8), samples=800)
+                ]
+            ),
+            {},
+            "foreign_receipt",
+        ),
+        (lambda: make(), {"seen_nonces": "nonce"}, "replay"),
+        (lambda: make(), {"current_version": {"ffn0.0.0": 9}}, "stale"),
+        (lambda: make(), {"current_version": {"ffn0.0.0": 1}}, "future_version"),
+        (
+            lambda: (
+                make()[0],
+                [torch.zeros(6, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)],
+            ),
+            {},
+            "payload_mismatch",
+        ),
+        (
+            lambda: make(
+                parts=[torch.zeros(7, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)]
+            ),
+            {},
+            "shape",
+        ),
+        (lambda: make(), {"params": {"ffn0.0.0": {"w": 7, "b": 3}}}, "shape"),
+        (
+            lambda: make(
+                parts=[
+                    torch.full((6,), float("nan"), dtype=torch.float16),
+                    torch.zeros(3, dtype=torch.float16),
+                ]
+            ),
+            {},
+            "non_finite",
+        ),
+        (lambda: make(), {"trainers": set()}, "foreign_receipt"),
+        (lambda: make(), {"project": "p2"}, "wrong_project"),
+        (lambda: make(), {"now": time.time() + 7200}, "clock"),
+    ],
+)
+def test_each_bad_contribution_is_refused_with_its_reason(build, context, reason):
+    contribution, parts = build()
+    if context.get("seen_nonces") == "nonce":
+        context = {"seen_nonces": {contribution.nonce}}
+    with pytest.raises(Rejected) as info:
+        verify(contribution, parts, ctx(**context))
+    assert info.value.reason == reason
+
+
+def test_inflated_sample_count_is_refused():
+    receipts = [Receipt.sign(TRAINER, "p1", "ffn0.0.0", 3, [], [], 8)]
+    honest, parts = make(receipts=receipts)
+    # a volunteer signing its own (inflated) claim: the signature is fine, the sum is not
+    unsigned = replace(honest, samples=8000, signature=b"")
+    from net.wire import pack
+
+    inflated = replace(unsigned, signature=VOLUNTEER.sign(pack(unsigned.signed_fields())))
+    with pytest.raises(Rejected) as info:
+        verify(inflated, parts, ctx())
+    assert info.value.reason == "inflated_samples"
+
+
+def test_a_receipt_counted_before_is_refused():
+    receipt = Receipt.sign(TRAINER, "p1", "ffn0.0.0", 3, [], [], 8)
+    contribution, parts = make(receipts=[receipt])
+    with pytest.raises(Rejected, match="receipt_reused"):
+        verify(contribution, parts, ctx(seen_batches={receipt.batch_id}))
+    twice, parts = make(receipts=[receipt, receipt])
+    with pytest.raises(Rejected, match="receipt_reused"):
+        verify(twice, parts, ctx())
+
+
+@pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", b"\xc1" * 10, bytes(100)])
+def test_garbage_headers_are_malformed_not_crashes(data):
+    with pytest.raises(MessageError):
+        Contribution.decode(data)
