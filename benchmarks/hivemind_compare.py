@@ -5,9 +5,9 @@
 Needs the comparison environment (``hivemind==1.1.12`` with its p2pd binary); the main
 environment has no hivemind, so hivemind is imported only inside ``measure_hivemind``.
 The module is served by hivemind's own machinery in a background process
-(``background_server`` -> ``Server.create`` -> ``ModuleBackend`` + ``Runtime`` +
-``ConnectionHandler`` processes, over its own p2pd daemon on loopback) and called through
-hivemind's ``RemoteExpert`` in this process. Prints one JSON line.
+(``_server_runner`` as in ``background_server`` -> ``Server.create`` -> ``ModuleBackend``
++ ``Runtime`` + ``ConnectionHandler`` processes, over its own p2pd daemon on loopback) and
+called through hivemind's ``RemoteExpert`` in this process. Prints one JSON line.
 
 hivemind and py-libp2p 0.8.1 both register protobuf package ``crypto.pb`` (different
 ``crypto.proto`` files) in protobuf's default descriptor pool, so hivemind cannot be
@@ -19,20 +19,22 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import json
+import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import torch
 
 UID = "ffn.0.0"
-_names: Iterator[int] = itertools.count()
+_EXPERT_CLS = "moehome_bench"  # the name the server process registers the module under
 
 
 def _samples_per_s(fn: Callable[[], Any], batch: int, seconds: float, min_reps: int) -> float:
@@ -61,6 +63,59 @@ def _sample_input(batch: int, hidden: int) -> torch.Tensor:
     return torch.empty(batch, hidden)
 
 
+def _serve(
+    pipe: Connection,
+    module_factory: Callable[[], torch.nn.Module],
+    hidden: int,
+    server_kwargs: dict[str, Any],
+) -> None:
+    """The server process: hivemind's own ``_server_runner`` (what ``background_server``
+    runs), after registering the expert class, which ``Server.create`` builds as
+    ``name_to_block[expert_cls](hidden_dim)``."""
+    from hivemind.moe.server import register_expert_class
+    from hivemind.moe.server.server import _server_runner
+
+    def block(hidden_dim: int) -> torch.nn.Module:
+        assert hidden_dim == hidden
+        return module_factory()
+
+    register_expert_class(_EXPERT_CLS, _sample_input)(block)
+    _server_runner(pipe, expert_cls=_EXPERT_CLS, hidden_dim=hidden, **server_kwargs)
+
+
+@contextmanager
+def _background_server(
+    module_factory: Callable[[], torch.nn.Module],
+    hidden: int,
+    server_kwargs: dict[str, Any],
+    start_timeout: float = 120,
+    shutdown_timeout: float = 30,
+) -> Iterator[Any]:
+    """hivemind's ``background_server``, but the process is spawned rather than forked: a
+    forked child hangs in its first torch op (ModuleBackend's dummy forward) when the
+    parent has already run torch's intra-op thread pool. Yields hivemind's PeerInfo."""
+    ctx = mp.get_context("spawn")
+    pipe, runner_pipe = ctx.Pipe(duplex=True)
+    runner = ctx.Process(target=_serve, args=(runner_pipe, module_factory, hidden, server_kwargs))
+    runner.start()
+    try:
+        if not pipe.poll(start_timeout):
+            raise TimeoutError(f"hivemind server not ready in {start_timeout} s")
+        start_ok, data = pipe.recv()
+        if not start_ok:
+            raise RuntimeError(f"hivemind server failed to start: {data}")
+        yield data
+    finally:
+        if runner.is_alive():
+            with suppress(OSError):
+                pipe.send("SHUTDOWN")
+        runner.join(timeout=shutdown_timeout)
+        if runner.is_alive():
+            runner.kill()
+            runner.join()
+        pipe.close()
+
+
 def measure_hivemind(
     module_factory: Callable[[], torch.nn.Module],
     hidden: int,
@@ -75,38 +130,30 @@ def measure_hivemind(
     The server builds its module with ``module_factory()`` (same architecture and weights
     as the caller's) and steps SGD with lr=0 after each backward, as ModuleBackend does,
     so the weights never change; outputs are checked against a local copy before and after.
-    The server process is forked (hivemind's own ``background_server``), so the factory
-    need not be picklable.
+    The server process is spawned, so ``module_factory`` must be picklable (a module-level
+    function or a ``functools.partial`` of one) and a calling script needs the usual
+    ``if __name__ == "__main__":`` guard.
     """
     from hivemind import DHT
     from hivemind.moe.client.expert import create_remote_experts
+    from hivemind.moe.client.remote_expert_worker import RemoteExpertWorker
     from hivemind.moe.expert_uid import ExpertInfo
-    from hivemind.moe.server import background_server, register_expert_class
 
-    # Server.create builds experts as name_to_block[expert_cls](hidden_dim); a fresh name
-    # per call, so that a second call with another factory gets its own entry.
-    expert_cls = f"moehome_bench_{next(_names)}"
-
-    def block(hidden_dim: int) -> torch.nn.Module:
-        assert hidden_dim == hidden
-        return module_factory()
-
-    register_expert_class(expert_cls, _sample_input)(block)
     local = module_factory()
     check = torch.randn(4, hidden)
     with torch.no_grad():
         expected = local(check)
+    server_kwargs: dict[str, Any] = {
+        "expert_uids": [UID],
+        "optim_cls": functools.partial(torch.optim.SGD, lr=0.0),
+        "device": "cpu",
+        "max_batch_size": max(4096, *batches),
+    }
 
     result: dict[str, float] = {}
-    with background_server(
-        expert_uids=[UID],
-        expert_cls=expert_cls,
-        hidden_dim=hidden,
-        optim_cls=functools.partial(torch.optim.SGD, lr=0.0),
-        device="cpu",
-        max_batch_size=max(4096, *batches),
-    ) as server_info:
+    with _background_server(module_factory, hidden, server_kwargs) as server_info:
         dht = DHT(initial_peers=server_info.addrs, client_mode=True, start=True)
+        expert = None
         try:
             expert = create_remote_experts([ExpertInfo(UID, server_info.peer_id)], dht)[0]
             with torch.no_grad():
@@ -130,6 +177,8 @@ def measure_hivemind(
             with torch.no_grad():
                 torch.testing.assert_close(expert(check), expected)
         finally:
+            if expert is not None:  # close the client's p2pd connection on its own event loop
+                RemoteExpertWorker.run_coroutine(expert.p2p.shutdown())
             dht.shutdown()
     return result
 

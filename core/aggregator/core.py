@@ -1,0 +1,354 @@
+"""The aggregator's engine, without networking: accept (verify, journal, then ack),
+aggregate per expert per round, step the optimizer, checkpoint, recover after a crash.
+
+Nothing accepted is lost: ``submit`` returns "accepted" only after the contribution is in
+the fsynced journal. A round's result is only final once its checkpoint is complete; a
+checkpoint lists the nonces it applied, so replaying the journal after a crash applies
+each contribution exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from core.aggregator.journal import CheckpointStore, Journal
+from core.aggregator.robust import ExpertRoundState, RobustSettings, robust_round
+from core.aggregator.verify import Rejected, VerifyContext, verify
+from core.contrib.codecs import codec
+from core.contrib.messages import Contribution
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.weights import weights_hash
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AggregatorSettings:
+    project: str
+    spec: ExpertSpec
+    uids: tuple[str, ...]
+    trainers: frozenset[bytes]
+    optimizer: str = "adam"
+    learning_rate: float = 1e-3
+    staleness_bound: int = 4
+    round_samples: int = 4096
+    round_seconds: float = 60.0
+    robust: RobustSettings = field(default_factory=RobustSettings)
+    #: invalid contributions a peer may send per ``ban_window`` before it is banned
+    max_invalid: int = 5
+    ban_window: float = 300.0
+    ban_seconds: float = 600.0
+    seed: int = 0
+
+
+@dataclass
+class _Pending:
+    contributor: str
+    samples: int
+    nonce: bytes
+    grads: dict[str, torch.Tensor]
+
+
+@dataclass
+class AggregatorStatistics:
+    accepted: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    rounds: int = 0
+    banned_peers: int = 0
+
+
+class Banned(Rejected):
+    def __init__(self, seconds: float) -> None:
+        super().__init__("banned", f"too many invalid contributions; try again in {seconds:.0f} s")
+
+
+class AggregatorCore:
+    def __init__(
+        self,
+        settings: AggregatorSettings,
+        folder: Path,
+        initial: dict[str, nn.Module] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.folder = folder
+        self.modules: dict[str, nn.Module] = {}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.versions: dict[str, int] = {}
+        self.robust: dict[str, ExpertRoundState] = {}
+        self.pending: dict[str, list[_Pending]] = defaultdict(list)
+        self.round_started: dict[str, float] = {}
+        self.seen_nonces: set[bytes] = set()
+        self.seen_batches: set[bytes] = set()
+        self.applied: set[bytes] = set()
+        self.stats = AggregatorStatistics()
+        self._invalid: dict[str, list[float]] = defaultdict(list)
+        self._banned_until: dict[str, float] = {}
+        self._checkpoints = CheckpointStore(folder / "checkpoints")
+        self._checkpoint_number = 0
+        for uid in settings.uids:
+            module = (initial or {}).get(uid) or build_expert(settings.spec, seed=settings.seed)
+            self.modules[uid] = module
+            self.optimizers[uid] = _make_optimizer(
+                settings.optimizer, module, settings.learning_rate
+            )
+            self.versions[uid] = 0
+            self.robust[uid] = ExpertRoundState()
+        self._params = {
+            uid: {name: p.numel() for name, p in m.named_parameters()}
+            for uid, m in self.modules.items()
+        }
+        self._recover()
+        self._journal = Journal(folder / "journal.log")
+
+    # ------------------------------------------------------------ accepting
+
+    def submit(
+        self, contribution: Contribution, parts: Sequence[torch.Tensor], now: float | None = None
+    ) -> None:
+        """Verify and, if valid, make durable. Returns normally only once the contribution
+        is in the fsynced journal; raises Rejected (with its reason) otherwise."""
+        now = time.time() if now is None else now
+        who = contribution.contributor.hex()
+        until = self._banned_until.get(who, 0.0)
+        if until > now:
+            self.stats.rejected["banned"] += 1
+            raise Banned(until - now)
+        ctx = VerifyContext(
+            project=self.settings.project,
+            params=self._params,
+            current_version=self.versions,
+            staleness_bound=self.settings.staleness_bound,
+            trainers=self.settings.trainers,
+            seen_nonces=self.seen_nonces,
+            seen_batches=self.seen_batches,
+            now=now,
+        )
+        try:
+            grads = verify(contribution, parts, ctx)
+        except Rejected as exc:
+            self.stats.rejected[exc.reason] += 1
+            if exc.reason != "replay":  # a retry of something accepted is no offence
+                self._strike(who, now)
+            raise
+        self._journal.append(["c", contribution.encode(), [_tensor_record(p) for p in parts]])
+        self._remember(contribution, grads)
+        self.stats.accepted += 1
+
+    def _remember(self, c: Contribution, grads: dict[str, torch.Tensor]) -> None:
+        self.seen_nonces.add(c.nonce)
+        self.seen_batches.update(r.batch_id for r in c.receipts)
+        if not self.pending[c.uid]:
+            self.round_started[c.uid] = time.monotonic()
+        self.pending[c.uid].append(_Pending(c.contributor.hex(), c.samples, c.nonce, grads))
+
+    def _strike(self, who: str, now: float) -> None:
+        strikes = [t for t in self._invalid[who] if t > now - self.settings.ban_window] + [now]
+        self._invalid[who] = strikes
+        if len(strikes) >= self.settings.max_invalid:
+            self._banned_until[who] = now + self.settings.ban_seconds
+            self._invalid[who] = []
+            self.stats.banned_peers += 1
+            log.warning(
+                "banning %s for %.0f s after %d invalid contributions",
+                who[:16],
+                self.settings.ban_seconds,
+                len(strikes),
+            )
+
+    # ------------------------------------------------------------ rounds
+
+    def pending_samples(self, uid: str) -> int:
+        return sum(p.samples for p in self.pending[uid])
+
+    def due(self, uid: str) -> bool:
+        if not self.pending[uid]:
+            return False
+        if self.pending_samples(uid) >= self.settings.round_samples:
+            return True
+        return (
+            time.monotonic() - self.round_started.get(uid, time.monotonic())
+            >= self.settings.round_seconds
+        )
+
+    def run_round(self, uid: str) -> int:
+        """Aggregate the pending contributions of ``uid``, step, checkpoint. New version."""
+        pending = self.pending[uid]
+        if not pending:
+            raise ValueError(f"no contributions pending for {uid}")
+        module = self.modules[uid]
+        names = [n for n, _ in module.named_parameters()]
+        per_contributor: dict[str, tuple[torch.Tensor, int]] = {}
+        for p in pending:
+            flat = torch.cat([p.grads[n] for n in names])
+            total, samples = per_contributor.get(p.contributor, (torch.zeros_like(flat), 0))
+            per_contributor[p.contributor] = (total + flat, samples + p.samples)
+        means = {who: total / samples for who, (total, samples) in per_contributor.items()}
+        generator = torch.Generator().manual_seed(self.versions[uid])
+        aggregate = robust_round(self.robust[uid], means, self.settings.robust, generator)
+        offset = 0
+        for param in module.parameters():
+            n = param.numel()
+            param.grad = aggregate[offset : offset + n].reshape(param.shape).to(param.dtype).clone()
+            offset += n
+        self.optimizers[uid].step()
+        self.optimizers[uid].zero_grad(set_to_none=True)
+        self.versions[uid] += 1
+        self.applied.update(p.nonce for p in pending)
+        self.pending[uid] = []
+        self.stats.rounds += 1
+        self.checkpoint()
+        log.info(
+            "%s: version %d from %d contributions (%d contributors)",
+            uid,
+            self.versions[uid],
+            len(pending),
+            len(means),
+        )
+        return self.versions[uid]
+
+    # ------------------------------------------------------------ durability
+
+    def checkpoint(self) -> None:
+        tensors: dict[str, torch.Tensor] = {}
+        robust_meta: dict[str, Any] = {}
+        opt_meta: dict[str, Any] = {}
+        for uid, module in self.modules.items():
+            for name, t in module.state_dict().items():
+                tensors[f"w/{uid}/{name}"] = t.detach().cpu()
+            opt_meta[uid] = _optimizer_state(self.optimizers[uid], f"o/{uid}", tensors)
+            st = self.robust[uid]
+            if st.previous is not None:
+                tensors[f"r/{uid}/previous"] = st.previous
+            for who, m in (st.momenta or {}).items():
+                tensors[f"r/{uid}/m/{who}"] = m
+            robust_meta[uid] = {"rounds": st.rounds, "last_seen": st.last_seen or {}}
+        state = {
+            "versions": self.versions,
+            "applied": sorted(self.applied),
+            "seen_nonces": sorted(self.seen_nonces),
+            "seen_batches": sorted(self.seen_batches),
+            "robust": robust_meta,
+            "optimizers": opt_meta,
+        }
+        self._checkpoint_number += 1
+        self._checkpoints.save(self._checkpoint_number, state, tensors)
+        if not any(self.pending.values()):
+            # everything in the journal is now in the checkpoint: start it afresh
+            self._journal.close()
+            (self.folder / "journal.log").unlink(missing_ok=True)
+            self._journal = Journal(self.folder / "journal.log")
+
+    def _recover(self) -> None:
+        latest = self._checkpoints.latest()
+        if latest is not None:
+            self._checkpoint_number, state, tensors = latest
+            for uid, module in self.modules.items():
+                module.load_state_dict({n: tensors[f"w/{uid}/{n}"] for n in module.state_dict()})
+                _load_optimizer_state(
+                    self.optimizers[uid], state["optimizers"][uid], f"o/{uid}", tensors
+                )
+                meta = state["robust"][uid]
+                momenta = {
+                    k.split("/", 3)[3]: v for k, v in tensors.items() if k.startswith(f"r/{uid}/m/")
+                }
+                self.robust[uid] = ExpertRoundState(
+                    tensors.get(f"r/{uid}/previous"),
+                    momenta,
+                    dict(meta["last_seen"]),
+                    meta["rounds"],
+                )
+            self.versions = dict(state["versions"])
+            self.applied = set(state["applied"])
+            self.seen_nonces = set(state["seen_nonces"])
+            self.seen_batches = set(state["seen_batches"])
+        replayed = 0
+        for record in Journal.read(self.folder / "journal.log"):
+            c = Contribution.decode(record[1])
+            if c.nonce in self.applied:
+                continue
+            parts = [_tensor_from_record(r) for r in record[2]]
+            chosen = codec(c.codec)
+            per_param = len(parts) // len(c.params)
+            grads = {
+                p.name: chosen.decode(parts[i * per_param : (i + 1) * per_param], p.numel)
+                for i, p in enumerate(c.params)
+            }
+            self._remember(c, grads)
+            replayed += 1
+        if latest is not None or replayed:
+            log.info(
+                "recovered at versions %s with %d pending contributions", self.versions, replayed
+            )
+
+    def weights_sha256(self, uid: str) -> str:
+        return weights_hash(self.modules[uid])
+
+    def close(self) -> None:
+        """Close the journal file. Takes no checkpoint: what was accepted is durable
+        already, and a restart replays it (so this is also what kill -9 leaves)."""
+        if not self._journal._file.closed:
+            self._journal.close()
+
+
+def _make_optimizer(name: str, module: nn.Module, lr: float) -> torch.optim.Optimizer:
+    params = list(module.parameters())
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    return torch.optim.Adam(params, lr=lr)
+
+
+def _optimizer_state(
+    opt: torch.optim.Optimizer, prefix: str, tensors: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """Optimizer state as tensors (into ``tensors``) and plain values (returned)."""
+    sd = opt.state_dict()
+    scalars: dict[str, Any] = {}
+    for idx, slots in sd["state"].items():
+        for key, value in slots.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{prefix}/{idx}/{key}"] = value.detach().cpu()
+            else:
+                scalars[f"{idx}/{key}"] = value
+    return {"scalars": scalars}
+
+
+def _load_optimizer_state(
+    opt: torch.optim.Optimizer, meta: dict[str, Any], prefix: str, tensors: dict[str, torch.Tensor]
+) -> None:
+    state: dict[int, dict[str, Any]] = defaultdict(dict)
+    for tensor_name, value in tensors.items():
+        if tensor_name.startswith(prefix + "/"):
+            idx, key = tensor_name[len(prefix) + 1 :].split("/", 1)
+            state[int(idx)][key] = value
+    for name, value in meta["scalars"].items():
+        idx, key = name.split("/", 1)
+        state[int(idx)][key] = value
+    sd = opt.state_dict()
+    sd["state"] = dict(state)
+    opt.load_state_dict(sd)
+
+
+def _tensor_record(t: torch.Tensor) -> list[Any]:
+    from core.experts.wire import NAME_BY_TORCH
+
+    t = t.detach().contiguous().cpu()
+    data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return [NAME_BY_TORCH[t.dtype], list(t.shape), data]
+
+
+def _tensor_from_record(r: list[Any]) -> torch.Tensor:
+    from core.experts.wire import from_wire
+    from net import Tensor
+
+    return from_wire(Tensor(r[0], tuple(r[1]), bytearray(r[2])))

@@ -1,0 +1,124 @@
+"""Durable storage of an aggregator: an append-only journal of accepted contributions
+(fsynced before the contributor is told "accepted") and atomic checkpoints.
+
+Layout of the folder::
+
+    CURRENT                 name of the newest complete checkpoint (replaced atomically)
+    ckpt-000042/            one checkpoint: state.msgpack + tensors.safetensors
+    journal.log             records appended since that checkpoint
+
+A journal record is ``length (u32) | crc32 (u32) | msgpack bytes``. A torn last record
+(the process died mid-write) fails its length or checksum and is dropped: it was never
+acknowledged, because acknowledgement waits for fsync.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from net.wire import pack, unpack_bounded
+
+log = logging.getLogger(__name__)
+
+_RECORD = struct.Struct(">II")
+MAX_RECORD_BYTES: Final = 512 * 1024 * 1024
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "ab")  # noqa: SIM115 - held open for the journal's life
+
+    def append(self, record: Any) -> None:
+        """Write one record and fsync it: when this returns, it survives kill -9."""
+        data = pack(record)
+        if len(data) > MAX_RECORD_BYTES:
+            raise ValueError("journal record too large")
+        self._file.write(_RECORD.pack(len(data), zlib.crc32(data)) + data)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    @staticmethod
+    def read(path: Path) -> Iterator[Any]:
+        """Every complete record; stops at a torn or corrupt tail."""
+        if not path.exists():
+            return
+        with open(path, "rb") as f:
+            while True:
+                head = f.read(_RECORD.size)
+                if len(head) < _RECORD.size:
+                    return
+                length, crc = _RECORD.unpack(head)
+                if length > MAX_RECORD_BYTES:
+                    log.warning("journal %s: implausible record length; stopping there", path)
+                    return
+                data = f.read(length)
+                if len(data) < length or zlib.crc32(data) != crc:
+                    log.warning("journal %s: torn last record dropped (never acknowledged)", path)
+                    return
+                yield unpack_bounded(data, MAX_RECORD_BYTES)
+
+
+class CheckpointStore:
+    """Numbered checkpoints, each complete before CURRENT points at it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def latest(self) -> tuple[int, dict[str, Any], dict[str, torch.Tensor]] | None:
+        current = self.root / "CURRENT"
+        if not current.exists():
+            return None
+        name = current.read_text().strip()
+        folder = self.root / name
+        state = unpack_bounded((folder / "state.msgpack").read_bytes(), 1 << 30)
+        tensors = load_file(str(folder / "tensors.safetensors"))
+        return int(name.split("-")[1]), state, tensors
+
+    def save(self, number: int, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        name = f"ckpt-{number:06d}"
+        tmp = self.root / (name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        with open(tmp / "state.msgpack", "wb") as f:
+            f.write(pack(state))
+            f.flush()
+            os.fsync(f.fileno())
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
+        with open(tmp / "tensors.safetensors", "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / name)
+        _fsync_dir(self.root)
+        pointer = self.root / "CURRENT.tmp"
+        with open(pointer, "w") as f:
+            f.write(name)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(pointer, self.root / "CURRENT")
+        _fsync_dir(self.root)
+        for old in self.root.glob("ckpt-*"):
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,163 @@
+"""The aggregator engine: durable acceptance, rounds, exactly-once after a crash, bans."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.verify import Rejected
+from core.contrib.codecs import codec
+from core.contrib.messages import Contribution, ParamSpec, Receipt
+from core.experts.registry import ExpertSpec
+from net import Identity
+
+SPEC = ExpertSpec("ffn", hidden=4, inner=8)
+TRAINER = Identity.from_seed(b"t" * 32)
+UID = "ffn0.0.0"
+
+
+_open: list[AggregatorCore] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_cores():
+    yield
+    while _open:
+        _open.pop().close()
+
+
+def make_core(*args, **kwargs) -> AggregatorCore:
+    core = AggregatorCore(*args, **kwargs)
+    _open.append(core)
+    return core
+
+
+def settings(**changes: object) -> AggregatorSettings:
+    base = AggregatorSettings(
+        project="p1",
+        spec=SPEC,
+        uids=(UID,),
+        trainers=frozenset({TRAINER.public_key}),
+        optimizer="sgd",
+        learning_rate=0.1,
+        round_samples=10_000,
+        round_seconds=3600.0,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def contribution(core: AggregatorCore, who: Identity, scale: float = 1.0, version: int = 0):
+    module = core.modules[UID]
+    c = codec("fp32")
+    grads = {n: torch.full((p.numel(),), scale) for n, p in module.named_parameters()}
+    parts = [part for n in grads for part in c.encode(grads[n])]
+    receipts = [Receipt.sign(TRAINER, "p1", UID, version, [], [], 4)]
+    msg = Contribution.create(
+        who,
+        project="p1",
+        uid=UID,
+        base_version=version,
+        codec="fp32",
+        params=[ParamSpec(n, p.numel()) for n, p in module.named_parameters()],
+        receipts=receipts,
+        parts=parts,
+    )
+    return msg, parts
+
+
+def weights(core: AggregatorCore) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in core.modules[UID].state_dict().items()}
+
+
+def test_accepted_contributions_survive_a_crash_and_are_applied_once(tmp_path):
+    core = make_core(settings(), tmp_path)
+    volunteers = [Identity.generate() for _ in range(3)]
+    sent = [contribution(core, v, scale=i + 1) for i, v in enumerate(volunteers)]
+    for msg, parts in sent:
+        core.submit(msg, parts)
+    core.close()  # like kill -9: the journal file is closed, nothing else happens
+
+    core = make_core(settings(), tmp_path)
+    assert core.versions[UID] == 0
+    assert len(core.pending[UID]) == 3
+    with pytest.raises(Rejected, match="replay"):
+        core.submit(*sent[0])  # the retry of an accepted contribution is not counted twice
+    before = weights(core)
+    assert core.run_round(UID) == 1
+    after = weights(core)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    core.close()
+
+    core = make_core(settings(), tmp_path)
+    assert core.versions[UID] == 1
+    assert not core.pending[UID]
+    for k, v in weights(core).items():
+        assert torch.equal(v, after[k])
+
+
+def test_a_crash_during_a_round_reruns_it_exactly_once(tmp_path, monkeypatch):
+    volunteers = [Identity.from_seed(bytes([i]) * 32) for i in range(3)]
+
+    def fill(core: AggregatorCore) -> None:
+        for i, v in enumerate(volunteers):
+            core.submit(*contribution(core, v, scale=i + 1))
+
+    reference = make_core(settings(), tmp_path / "ref")
+    fill(reference)
+    reference.run_round(UID)
+    expected = weights(reference)
+
+    core = make_core(settings(), tmp_path / "crash")
+    fill(core)
+
+    def die():
+        raise SystemExit("killed after the optimizer step, before the checkpoint")
+
+    monkeypatch.setattr(core, "checkpoint", die)
+    with pytest.raises(SystemExit):
+        core.run_round(UID)
+    core.close()
+    monkeypatch.undo()
+
+    core = make_core(settings(), tmp_path / "crash")
+    assert core.versions[UID] == 0
+    assert len(core.pending[UID]) == 3
+    core.run_round(UID)
+    for k, v in weights(core).items():
+        torch.testing.assert_close(v, expected[k])
+
+
+def test_rounds_start_on_samples_and_peers_that_keep_failing_are_banned(tmp_path):
+    core = make_core(settings(round_samples=8, max_invalid=3), tmp_path)
+    a, b = Identity.generate(), Identity.generate()
+    core.submit(*contribution(core, a))
+    assert not core.due(UID)
+    core.submit(*contribution(core, b))
+    assert core.due(UID)
+    mallory = Identity.generate()
+    for _ in range(3):
+        msg, parts = contribution(core, mallory)
+        with pytest.raises(Rejected, match="payload_mismatch"):
+            core.submit(msg, [p * 2 for p in parts])
+    with pytest.raises(Rejected, match="banned"):
+        core.submit(*contribution(core, mallory))
+    assert core.stats.rejected["payload_mismatch"] == 3
+    assert core.stats.rejected["banned"] == 1
+    assert core.stats.banned_peers == 1
+
+
+def test_adam_state_survives_checkpoints(tmp_path):
+    core = make_core(settings(optimizer="adam"), tmp_path)
+    core.submit(*contribution(core, Identity.generate()))
+    core.run_round(UID)
+    core.submit(*contribution(core, Identity.generate(), version=1))
+    core.close()
+    core = make_core(settings(optimizer="adam"), tmp_path)
+    state = core.optimizers[UID].state_dict()["state"]
+    assert state
+    assert all(int(s["step"]) == 1 for s in state.values())
+    core.run_round(UID)
+    assert core.versions[UID] == 2
