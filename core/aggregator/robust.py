@@ -58,16 +58,17 @@ def centered_clip(x: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
     """v <- v + mean_i clip(x_i - v, radius), a few times, from the previous aggregate
     (or the coordinate median on the first round, which is safer than zero or the mean)."""
     v = ctx.previous.clone() if ctx.previous is not None else coordinate_median(x, ctx)
+    n = x.shape[0]
     for _ in range(ctx.clip_iterations):
         diff = x - v
-        norms = diff.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        norms = diff.norm(dim=1).clamp_min(1e-12)
         radius = ctx.clip_radius
         if ctx.adaptive_radius:
             # a multiple of the median distance: with fewer than half attackers, that
             # median is an honest input's, so the radius follows the gradients' scale
             radius = ctx.clip_radius * float(norms.median())
         scale = (radius / norms).clamp(max=1.0)
-        v = v + (diff * scale).mean(dim=0)
+        v = v + (scale @ diff) / n  # mean of the clipped differences, as one product
     return v
 
 
@@ -93,9 +94,14 @@ def aggregate(rule: str, inputs: Sequence[torch.Tensor], ctx: RoundContext) -> t
     Bucketing applies to every rule but the plain mean."""
     if not inputs:
         raise ValueError("nothing to aggregate")
-    x = torch.stack([t.reshape(-1).to(torch.float32) for t in inputs])
-    if rule != "mean":
-        x = bucket(x, ctx.bucket_size, ctx.generator)
+    flat = [t.reshape(-1).to(torch.float32) for t in inputs]
+    if rule != "mean" and ctx.bucket_size > 1 and len(flat) > 1:
+        # bucket straight from the list: no full copy of every input first
+        order = torch.randperm(len(flat), generator=ctx.generator).tolist()
+        groups = [order[i : i + ctx.bucket_size] for i in range(0, len(order), ctx.bucket_size)]
+        x = torch.stack([sum(flat[j] for j in g) / len(g) for g in groups])
+    else:
+        x = torch.stack(flat)
     return RULES[rule](x, ctx)
 
 
@@ -141,7 +147,10 @@ def robust_round(
     for who, g in contributions.items():
         g = g.reshape(-1).to(torch.float32)
         m = momenta.get(who)
-        momenta[who] = g.clone() if m is None or beta == 0.0 else beta * m + (1 - beta) * g
+        if m is None or beta == 0.0:
+            momenta[who] = g.clone()
+        else:
+            m.mul_(beta).add_(g, alpha=1 - beta)
         last_seen[who] = state.rounds
     ctx = RoundContext(
         previous=state.previous,

@@ -34,7 +34,7 @@ def tensor_digest(tensors: Iterable[torch.Tensor]) -> bytes:
         t = t.detach().contiguous().cpu()
         h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
         if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
     return h.digest()
 
 
