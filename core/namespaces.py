@@ -7,9 +7,14 @@ from net import NamespacedValidator
 
 
 def moehome_validator() -> NamespacedValidator:
+    from core.aggregator.service import VERSION_NAMESPACE, VERSION_RULE
     from core.experts import records as expert_records
     from core.project import records as project_records
 
     return NamespacedValidator().with_rules(
-        {expert_records.NAMESPACE: expert_records.RULE, **project_records.RULES}
+        {
+            expert_records.NAMESPACE: expert_records.RULE,
+            VERSION_NAMESPACE: VERSION_RULE,
+            **project_records.RULES,
+        }
     )

@@ -136,7 +136,7 @@ def test_graph_cache_bounds():
 async def test_concurrent_requests_are_batched_and_split_back():
     calls: list[int] = []
 
-    def process(inputs, keep, owner):
+    def process(inputs, keep, owner, extras):
         calls.append(inputs[0].shape[0])
         time.sleep(0.05)
         return inputs[0] * 2, None
@@ -163,7 +163,7 @@ async def test_concurrent_requests_are_batched_and_split_back():
 async def test_a_batch_never_exceeds_the_limit():
     sizes: list[int] = []
 
-    def process(inputs, keep, owner):
+    def process(inputs, keep, owner, extras):
         sizes.append(inputs[0].shape[0])
         return inputs[0], None
 

@@ -8,7 +8,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -100,10 +102,13 @@ class GradientAccumulator:
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
     samples: int = 0
     backward_batches: int = 0
+    #: the trainers' receipts of the backward requests behind the sums
+    receipts: list[Any] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, module: nn.Module, samples: int) -> None:
+    def add(self, module: nn.Module, samples: int, receipts: Sequence[Any] = ()) -> None:
         with self._lock:
+            self.receipts.extend(r for r in receipts if r is not None)
             for name, p in module.named_parameters():
                 if p.grad is None:
                     continue
@@ -118,10 +123,14 @@ class GradientAccumulator:
 
     def take(self) -> tuple[dict[str, torch.Tensor], int]:
         """The sums and sample count so far; the accumulator starts again from zero."""
+        sums, samples, _ = self.take_with_receipts()
+        return sums, samples
+
+    def take_with_receipts(self) -> tuple[dict[str, torch.Tensor], int, list[Any]]:
         with self._lock:
-            sums, samples = self.sums, self.samples
-            self.sums, self.samples, self.backward_batches = {}, 0, 0
-            return sums, samples
+            out = self.sums, self.samples, self.receipts
+            self.sums, self.samples, self.backward_batches, self.receipts = {}, 0, 0, []
+            return out
 
 
 class ExpertBackend:
@@ -200,18 +209,22 @@ class ExpertBackend:
             width += 6 + 2 * x.shape[1] * self.spec.heads / self.spec.hidden
         return int(x.numel() * x.element_size() * width)
 
-    def backward(self, x: torch.Tensor, grad_outputs: torch.Tensor) -> torch.Tensor:
+    def backward(
+        self, x: torch.Tensor, grad_outputs: torch.Tensor, receipts: Sequence[Any] = ()
+    ) -> torch.Tensor:
         """Input gradients for the caller; parameter gradients go to the accumulator.
         Stateless: the forward pass is recomputed from the inputs."""
         x = x.to(self.device).detach().requires_grad_(True)
         with torch.enable_grad():
             out = self.module(x)
             torch.autograd.backward(out, grad_outputs.to(self.device))
-        self.accumulator.add(self.module, samples=int(x.shape[0]))
+        self.accumulator.add(self.module, samples=int(x.shape[0]), receipts=receipts)
         assert x.grad is not None
         return x.grad.cpu()
 
-    def backward_kept(self, owner: object, handle: int, grad_outputs: torch.Tensor) -> torch.Tensor:
+    def backward_kept(
+        self, owner: object, handle: int, grad_outputs: torch.Tensor, receipts: Sequence[Any] = ()
+    ) -> torch.Tensor:
         """Like backward, through the graph a forward pass kept (raises CacheMiss)."""
         graph = self.graphs.pop(owner, handle)
         if grad_outputs.shape != graph.outputs.shape or grad_outputs.dtype != graph.outputs.dtype:
@@ -220,6 +233,6 @@ class ExpertBackend:
                 f"outputs {graph.outputs.dtype}{list(graph.outputs.shape)}"
             )
         torch.autograd.backward(graph.outputs, grad_outputs.to(self.device))
-        self.accumulator.add(self.module, samples=int(graph.inputs.shape[0]))
+        self.accumulator.add(self.module, samples=int(graph.inputs.shape[0]), receipts=receipts)
         assert graph.inputs.grad is not None
         return graph.inputs.grad.cpu()

@@ -14,16 +14,17 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import trio
 
 log = logging.getLogger(__name__)
 
-#: Runs one batch: (batched input tensors, keep, owner) -> (outputs, handle of a kept
-#: autograd graph or None). ``keep`` is only ever True for a batch of a single request,
-#: whose caller is ``owner``.
-Process = Callable[[list[torch.Tensor], bool, object], tuple[torch.Tensor, int | None]]
+#: Runs one batch: (batched input tensors, keep, owner, extras) -> (outputs, handle of a
+#: kept autograd graph or None). ``keep`` is only ever True for a batch of a single
+#: request, whose caller is ``owner``; ``extras`` holds each request's extra (receipts).
+Process = Callable[[list[torch.Tensor], bool, object, list[Any]], tuple[torch.Tensor, int | None]]
 
 
 @dataclass(eq=False)
@@ -32,6 +33,7 @@ class _Task:
     size: int
     keep: bool = False
     owner: object = None
+    extra: Any = None
     done: trio.Event = field(default_factory=trio.Event)
     result: torch.Tensor | None = None
     handle: int | None = None
@@ -71,11 +73,11 @@ class TaskPool:
         return self._queued_samples
 
     async def submit(
-        self, *tensors: torch.Tensor, keep: bool = False, owner: object = None
+        self, *tensors: torch.Tensor, keep: bool = False, owner: object = None, extra: Any = None
     ) -> tuple[torch.Tensor, int | None]:
         """Run ``process`` on these tensors (batched with others); returns its output rows
         and, when ``keep`` was asked and the request ran alone, the kept graph's handle."""
-        task = _Task(tensors, int(tensors[0].shape[0]), keep, owner)
+        task = _Task(tensors, int(tensors[0].shape[0]), keep, owner, extra)
         self._queued_samples += task.size
         self._send.send_nowait(task)
         try:
@@ -134,7 +136,12 @@ class TaskPool:
         try:
             keep = len(live) == 1 and live[0].keep
             output, handle = await trio.to_thread.run_sync(
-                self._process, inputs, keep, live[0].owner, limiter=self._limiter
+                self._process,
+                inputs,
+                keep,
+                live[0].owner,
+                [t.extra for t in live],
+                limiter=self._limiter,
             )
         except Exception as exc:
             log.exception("%s failed on a batch of %d", self.name, sum(t.size for t in live))

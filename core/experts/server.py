@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import trio
 
+from core.contrib.messages import MessageError, Receipt, tensor_digest
 from core.experts.backend import CacheMiss, ExpertBackend, InvalidInput
 from core.experts.batching import TaskPool
 from core.experts.protocol import BACKWARD, FORWARD, GRAPH_GONE, INFO
@@ -40,6 +41,9 @@ class ServerConfig:
     #: Declarations are re-put this often and live this long in the DHT.
     announce_interval: float = 30.0
     announce_ttl: float = 90.0
+    #: Refuse backward requests without a valid receipt of the trainer (needed for the
+    #: parameter gradients to become contributions; off for the demo project).
+    require_receipts: bool = False
 
 
 class ExpertServer:
@@ -76,6 +80,8 @@ class ExpertServer:
         }
         self._paused = False
         self._announcing = trio.Lock()
+        self._input_digests: dict[tuple[object, int], bytes] = {}  # oldest dropped past 4096
+        self._receipt_batches: dict[bytes, None] = {}  # an ordered set, oldest dropped
         peer.rpc.register(FORWARD, self._forward)
         peer.rpc.register(BACKWARD, self._backward)
         peer.rpc.register(INFO, self._info)
@@ -193,6 +199,10 @@ class ExpertServer:
         meta = self._identity(backend)
         if handle is not None:
             meta["handle"] = handle
+            if self.config.require_receipts:  # the receipt of the backward pass names them
+                self._input_digests[(ctx.peer_id, handle)] = tensor_digest([x])
+                while len(self._input_digests) > 4096:
+                    del self._input_digests[next(iter(self._input_digests))]
         return Reply(meta, (to_wire(y),))
 
     async def _backward(self, ctx: CallContext) -> Reply:
@@ -205,8 +215,42 @@ class ExpertServer:
             backend.check_grad_outputs(x, grad)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        grad_x, _ = await self._backward_pools[str(backend.uid)].submit(x, grad)
+        receipt = self._receipt(
+            ctx, backend, tensor_digest([x]) if self.config.require_receipts else b"", grad
+        )
+        grad_x, _ = await self._backward_pools[str(backend.uid)].submit(x, grad, extra=receipt)
         return Reply(self._identity(backend), (to_wire(grad_x),))
+
+    def _receipt(
+        self, ctx: CallContext, backend: ExpertBackend, inputs_digest: bytes, grad: torch.Tensor
+    ) -> Receipt | None:
+        """The request's receipt, checked against what the request carries."""
+        raw = ctx.request.meta.get("receipt")
+        if not self.config.require_receipts:
+            return None
+        if not isinstance(raw, bytes):
+            raise BadRequest("this server needs a signed receipt with every backward request")
+        try:
+            receipt = Receipt.decode(raw)
+        except MessageError as exc:
+            raise BadRequest(f"receipt: {exc}") from exc
+        problems = [
+            (not receipt.verify(), "signature"),
+            (receipt.project != self.config.project, "project"),
+            (receipt.uid != str(backend.uid), "uid"),
+            (receipt.version != backend.version, "version"),
+            (receipt.samples != grad.shape[0], "samples"),
+            (receipt.grads_sha256 != tensor_digest([grad]), "grad_outputs hash"),
+            (receipt.inputs_sha256 != inputs_digest, "inputs hash"),
+            (receipt.batch_id in self._receipt_batches, "batch id used before"),
+        ]
+        wrong = [what for bad, what in problems if bad]
+        if wrong:
+            raise BadRequest(f"receipt does not match the request: {', '.join(wrong)}")
+        self._receipt_batches[receipt.batch_id] = None
+        while len(self._receipt_batches) > 1_000_000:
+            del self._receipt_batches[next(iter(self._receipt_batches))]
+        return receipt
 
     async def _backward_kept(
         self, ctx: CallContext, backend: ExpertBackend, handle: object
@@ -217,9 +261,16 @@ class ExpertServer:
         (grad,) = self._tensors(ctx, 1)
         if grad.dtype != backend.spec.torch_dtype or not torch.isfinite(grad).all():
             raise BadRequest(f"grad_outputs must be finite {backend.spec.dtype}")
+        receipt = None
+        if self.config.require_receipts:
+            digest = self._input_digests.pop((ctx.peer_id, handle), None)
+            if digest is None:
+                raise GraphGone(f"forward graph {handle} is gone; send the inputs again")
+            receipt = self._receipt(ctx, backend, digest, grad)
         try:
             grad_x = await trio.to_thread.run_sync(
-                backend.backward_kept, ctx.peer_id, handle, grad, limiter=self._device
+                partial(backend.backward_kept, ctx.peer_id, handle, grad, receipts=[receipt]),
+                limiter=self._device,
             )
         except CacheMiss:
             raise GraphGone(f"forward graph {handle} is gone; send the inputs again") from None
@@ -246,12 +297,12 @@ class GraphGone(RemoteError):
 
 
 def _run_forward(
-    backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object
+    backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object, extras: list[Any]
 ) -> tuple[torch.Tensor, int | None]:
     return backend.forward(inputs[0], keep=keep, owner=owner)
 
 
 def _run_backward(
-    backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object
+    backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object, extras: list[Any]
 ) -> tuple[torch.Tensor, int | None]:
-    return backend.backward(inputs[0], inputs[1]), None
+    return backend.backward(inputs[0], inputs[1], receipts=extras), None

@@ -19,6 +19,7 @@ import trio
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from core.contrib.messages import Receipt
 from core.experts.protocol import BACKWARD, FORWARD, GRAPH_GONE
 from core.experts.wire import from_wire, to_wire
 from net import (
@@ -32,6 +33,7 @@ from net import (
     Unavailable,
 )
 from net._libp2p import PeerID
+from net.identity import Identity
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,21 @@ class ForwardResult:
     server: ExpertServerRef  # who answered: the backward pass goes there first
     outputs: torch.Tensor
     handle: int | None  # the server's kept autograd graph, if it kept one
+    version: int = 0  # the version of the weights that answered
+
+
+@dataclass(frozen=True)
+class ReceiptSigner:
+    """Signs a receipt for every backward request a trainer sends (the expert server
+    keeps them; aggregators only count gradients that receipts back)."""
+
+    identity: Identity
+    project: str
+
+    def sign(self, uid: str, version: int, x: torch.Tensor, grad: torch.Tensor) -> bytes:
+        return Receipt.sign(
+            self.identity, self.project, uid, version, [x], [grad], int(x.shape[0])
+        ).encode()
 
 
 @dataclass
@@ -101,6 +118,7 @@ class ExpertCaller:
     backward_timeout: float = 20.0
     stats: CallStatistics = field(default_factory=CallStatistics)
     on_failure: Callable[[ExpertServerRef], None] | None = None
+    receipts: ReceiptSigner | None = None
 
     async def forward(
         self, uid: str, servers: Sequence[ExpertServerRef], x: torch.Tensor, *, keep: bool = False
@@ -131,12 +149,16 @@ class ExpertCaller:
         weights as the one that did the forward pass."""
         self.stats.backward_calls += 1
         grad_wire = to_wire(grad_outputs)
+        meta: dict[str, Any] = {"uid": uid}
+        if self.receipts is not None:
+            version = kept.version if kept is not None else (servers[0].version if servers else 0)
+            meta["receipt"] = self.receipts.sign(uid, version, x, grad_outputs)
         if kept is not None and kept.handle is not None:
             try:
                 reply = await self.rpc.call(
                     kept.server.peer_id,
                     BACKWARD,
-                    {"uid": uid, "handle": kept.handle},
+                    {**meta, "handle": kept.handle},
                     [grad_wire],
                     timeout=self.backward_timeout,
                 )
@@ -151,7 +173,7 @@ class ExpertCaller:
             except RpcError as exc:
                 log.info("kept-graph backward of %s failed (%s); recomputing elsewhere", uid, exc)
         _, reply = await self._try_servers(
-            uid, servers, BACKWARD, {"uid": uid}, [to_wire(x), grad_wire], self.backward_timeout
+            uid, servers, BACKWARD, meta, [to_wire(x), grad_wire], self.backward_timeout
         )
         return from_wire(reply.tensors[0])
 

@@ -1,0 +1,151 @@
+"""The volunteer's side of contributions: every N samples or T seconds, the accumulated
+parameter gradient of each served expert goes, compressed and signed, with its receipts,
+to the aggregator responsible for the expert. Retried with backoff; a retry carries the
+same nonce, so an aggregator never counts one contribution twice."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import trio
+
+from core.contrib.codecs import ErrorFeedback, codec
+from core.contrib.messages import Contribution, ParamSpec
+from core.experts.backend import ExpertBackend
+from core.experts.wire import to_wire
+from net import Peer, RemoteError, RpcError
+from net._libp2p import PeerID
+
+log = logging.getLogger(__name__)
+
+CONTRIBUTE = "agg.contribute"
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    project: str
+    codec: str = "fp16"
+    every_samples: int = 512
+    every_seconds: float = 30.0
+    retry_initial: float = 1.0
+    retry_max: float = 60.0
+    give_up_after: float = 3600.0
+
+
+@dataclass
+class SenderStatistics:
+    sent: int = 0
+    accepted: int = 0
+    retries: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+    given_up: int = 0
+
+
+def responsible_aggregator(uid: str, aggregators: Sequence[PeerID]) -> PeerID:
+    """Each expert has one aggregator: chosen by hashing its uid, the same for everyone."""
+    index = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "big") % len(aggregators)
+    return aggregators[index]
+
+
+class ContributionSender:
+    def __init__(
+        self,
+        peer: Peer,
+        backends: Mapping[str, ExpertBackend],
+        aggregators: Sequence[PeerID],
+        config: SenderConfig,
+    ) -> None:
+        if not aggregators:
+            raise ValueError("a project needs at least one aggregator to send contributions to")
+        self.peer = peer
+        self.backends = backends
+        self.aggregators = list(aggregators)
+        self.config = config
+        self.stats = SenderStatistics()
+        self._feedback = {uid: ErrorFeedback() for uid in backends}
+        self._since = {uid: time.monotonic() for uid in backends}
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[ContributionSender] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started(self)
+            while True:
+                for uid, backend in self.backends.items():
+                    acc = backend.accumulator
+                    due = acc.samples >= self.config.every_samples or (
+                        acc.samples > 0
+                        and time.monotonic() - self._since[uid] >= self.config.every_seconds
+                    )
+                    if due:
+                        self._since[uid] = time.monotonic()
+                        contribution, parts = await trio.to_thread.run_sync(
+                            self._build, uid, backend
+                        )
+                        if contribution is not None:
+                            nursery.start_soon(self._deliver, uid, contribution, parts)
+                await trio.sleep(0.5)
+
+    def _build(
+        self, uid: str, backend: ExpertBackend
+    ) -> tuple[Contribution | None, list[torch.Tensor]]:
+        sums, _samples, receipts = backend.accumulator.take_with_receipts()
+        if not receipts or not sums:
+            return None, []
+        chosen = codec(self.config.codec)
+        names = [n for n, _ in backend.module.named_parameters()]
+        parts: list[torch.Tensor] = []
+        for name in names:
+            parts.extend(self._feedback[uid].compress(name, sums[name], chosen))
+        contribution = Contribution.create(
+            self.peer.identity,
+            project=self.config.project,
+            uid=uid,
+            base_version=backend.version,
+            codec=chosen.name,
+            params=[ParamSpec(n, sums[n].numel()) for n in names],
+            receipts=receipts,
+            parts=parts,
+        )
+        return contribution, parts
+
+    async def _deliver(
+        self, uid: str, contribution: Contribution, parts: list[torch.Tensor]
+    ) -> None:
+        target = responsible_aggregator(uid, self.aggregators)
+        wires = [to_wire(p) for p in parts]
+        delay = self.config.retry_initial
+        deadline = trio.current_time() + self.config.give_up_after
+        self.stats.sent += 1
+        while trio.current_time() < deadline:
+            try:
+                await self.peer.rpc.call(
+                    target, CONTRIBUTE, {"header": contribution.encode()}, wires, timeout=60
+                )
+                self.stats.accepted += 1
+                return
+            except RemoteError as exc:
+                if exc.code == "replay":  # an earlier try got through; its ack was lost
+                    self.stats.accepted += 1
+                    return
+                if exc.code in ("rate_limited", "overloaded", "unavailable"):
+                    pass  # worth trying again later
+                else:
+                    self.stats.refused[exc.code] += 1
+                    log.warning("aggregator refused our contribution to %s: %s", uid, exc)
+                    return
+            except RpcError as exc:
+                log.info("aggregator of %s unreachable (%s); retrying in %.0f s", uid, exc, delay)
+            self.stats.retries += 1
+            await trio.sleep(delay)
+            delay = min(delay * 2, self.config.retry_max)
+        self.stats.given_up += 1
+        log.warning(
+            "gave up sending a contribution to %s after %.0f s", uid, self.config.give_up_after
+        )

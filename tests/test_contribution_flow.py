@@ -1,0 +1,120 @@
+"""Trainer -> volunteer -> aggregator: receipts, contributions and a new version, on real
+peers; and the refusals a volunteer's server gives to requests without valid receipts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import trio
+
+from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.service import STATS, AggregatorService
+from core.contrib.sender import ContributionSender, SenderConfig
+from core.experts.backend import ExpertBackend
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.server import ExpertServer, ServerConfig
+from core.experts.uid import ExpertUID
+from core.moe.client import (
+    ExpertCaller,
+    ExpertCallError,
+    ExpertServerRef,
+    Portal,
+    ReceiptSigner,
+    RemoteExpert,
+)
+from core.namespaces import moehome_validator
+from net.testing import open_swarm
+
+SPEC = ExpertSpec("ffn", hidden=8, inner=16)
+UID = "ffn0.0.0"
+PROJECT = "0123456789abcdef0123456789abcdef"
+
+
+async def test_gradients_travel_from_trainer_through_volunteer_to_a_new_version(tmp_path):
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, volunteer, aggregator = swarm.peers
+        settings = AggregatorSettings(
+            project=PROJECT,
+            spec=SPEC,
+            uids=(UID,),
+            trainers=frozenset({trainer.identity.public_key}),
+            optimizer="sgd",
+            learning_rate=0.5,
+            round_samples=16,
+            round_seconds=3600,
+        )
+        core = AggregatorCore(settings, tmp_path / "agg", initial={UID: build_expert(SPEC, seed=1)})
+        service = await nursery.start(AggregatorService(aggregator, core).run)
+        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+        await nursery.start(
+            ExpertServer(
+                volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
+            ).run
+        )
+        sender = await nursery.start(
+            ContributionSender(
+                volunteer,
+                {UID: backend},
+                [aggregator.peer_id],
+                SenderConfig(project=PROJECT, every_samples=8, every_seconds=0.5),
+            ).run
+        )
+        caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
+        remote = RemoteExpert(
+            UID, [ExpertServerRef(volunteer.peer_id, backend.sha256)], caller, Portal.current()
+        )
+        before = {k: v.clone() for k, v in core.modules[UID].state_dict().items()}
+
+        def steps() -> None:
+            for _ in range(4):
+                x = torch.randn(4, 8, requires_grad=True)
+                remote(x).pow(2).sum().backward()
+
+        await trio.to_thread.run_sync(steps)
+        with trio.fail_after(15):
+            while core.versions[UID] < 1:
+                await trio.sleep(0.1)
+        assert sender.stats.accepted >= 1
+        stats = (await trainer.rpc.call(aggregator.peer_id, STATS)).meta
+        assert stats["accepted"] >= 1
+        assert stats["versions"] == {UID: 1}
+        after = core.modules[UID].state_dict()
+        assert any(not torch.equal(before[k], after[k]) for k in before)
+        core.close()
+        nursery.cancel_scope.cancel()
+        del service
+
+
+async def test_a_volunteer_refuses_backward_requests_without_a_matching_receipt(tmp_path):
+    async with (
+        open_swarm(2, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, volunteer = swarm.peers
+        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+        await nursery.start(
+            ExpertServer(
+                volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
+            ).run
+        )
+        ref = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
+        x, g = torch.randn(2, 8), torch.randn(2, 8)
+        with pytest.raises(ExpertCallError, match="needs a signed receipt"):
+            await ExpertCaller(trainer.rpc).backward(UID, ref, x, g)
+        wrong_project = ExpertCaller(
+            trainer.rpc, receipts=ReceiptSigner(trainer.identity, "f" * 32)
+        )
+        with pytest.raises(ExpertCallError, match="project"):
+            await wrong_project.backward(UID, ref, x, g)
+        good = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
+        await good.backward(UID, ref, x, g)
+        kept = await good.forward(UID, ref, x, keep=True)
+        await good.backward(UID, ref, x, g, kept=kept)
+        _, samples, receipts = backend.accumulator.take_with_receipts()
+        assert samples == 4
+        assert len(receipts) == 2
+        assert all(r.trainer == trainer.identity.public_key for r in receipts)
+        nursery.cancel_scope.cancel()
