@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench compare-env clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ test: lint
 
 bench:
 	$(BIN)/python benchmarks/net_rpc.py
+	$(BIN)/python benchmarks/expert_rpc.py
+	$(BIN)/python benchmarks/aggregator.py
+
+# A separate environment with hivemind 1.1.12 for benchmarks/expert_rpc.py's comparison
+# (hivemind and py-libp2p cannot be imported into one process: both define crypto.pb).
+compare-env:
+	$(PYTHON) -m venv .venv-compare
+	.venv-compare/bin/python -m pip install -c constraints.txt -e . hivemind==1.1.12
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -5,8 +5,9 @@
 The expert (hidden 1024, inner 4096, float32) is served by a second process, as a
 volunteer's node would serve it; this process times forward and forward+backward through
 ``RemoteExpert`` and through a local copy of the same module, at batch 64 and 512, and
-the median latency of a batch-1 forward. With hivemind installed (the optional comparison
-extra, ``hivemind==1.1.12``), hivemind's RemoteExpert is timed on the same module too.
+the median latency of a batch-1 forward. When the comparison environment exists
+(.venv-compare with ``hivemind==1.1.12``, see README), hivemind's RemoteExpert is timed on
+the same module too, in a separate process (the ``hivemind_*`` keys; null otherwise).
 Prints one JSON line.
 """
 
@@ -114,12 +115,34 @@ def _latency_ms(module: torch.nn.Module, calls: int) -> float:
     return round(statistics.median(times), 3)
 
 
-def _hivemind_fwdbwd_b512(seconds: float) -> float | None:
-    try:
-        import hivemind  # noqa: F401  # optional comparison extra
-    except ImportError:
-        return None
-    return None  # hook for the comparison run where hivemind and its p2pd daemon install
+def _hivemind(args: argparse.Namespace) -> dict[str, Any]:
+    """hivemind's figures from the comparison environment, run as a separate process
+    (hivemind and py-libp2p register the same protobuf package and cannot share one)."""
+    python = Path(args.hivemind_python)
+    keys = [
+        "hivemind_fwd_b64_sps",
+        "hivemind_fwdbwd_b64_sps",
+        "hivemind_fwd_b512_sps",
+        "hivemind_fwdbwd_b512_sps",
+        "hivemind_fwd_b1_ms_median",
+    ]
+    if not python.exists():
+        return dict.fromkeys(keys)
+    script = Path(__file__).with_name("hivemind_compare.py")
+    cmd = [
+        str(python),
+        str(script),
+        "--seconds",
+        str(args.seconds),
+        "--latency-calls",
+        str(args.latency_calls),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    if out.returncode != 0:
+        log.warning("the hivemind comparison failed: %s", out.stderr.strip().splitlines()[-1:])
+        return dict.fromkeys(keys)
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    return {k: figures.get(k) for k in keys}
 
 
 async def _client(args: argparse.Namespace, where: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +189,7 @@ async def _client(args: argparse.Namespace, where: dict[str, Any]) -> dict[str, 
         for batch in (64, 512):
             key = f"{kind}_b{batch}_sps"
             result[f"ratio_{key}"] = round(result[f"remote_{key}"] / result[f"local_{key}"], 3)
-    result["hivemind_fwdbwd_b512_sps"] = _hivemind_fwdbwd_b512(args.seconds)
+    result.update(_hivemind(args))
     return result
 
 
@@ -178,6 +201,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternations of local and remote")
     parser.add_argument("--min-reps", type=int, default=3)
     parser.add_argument("--latency-calls", type=int, default=300)
+    parser.add_argument(
+        "--hivemind-python",
+        default=str(Path(__file__).resolve().parent.parent / ".venv-compare" / "bin" / "python"),
+        help="python of the comparison environment with hivemind==1.1.12 (see README)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args.serve:
