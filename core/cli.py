@@ -41,6 +41,8 @@ owner_app = typer.Typer(
     help="For project owners: keys, manifests, publishing, status.", no_args_is_help=True
 )
 app.add_typer(owner_app, name="owner")
+aggregator_app = typer.Typer(help="Run an aggregator of a project.", no_args_is_help=True)
+app.add_typer(aggregator_app, name="aggregator")
 
 PassphraseFileOpt = Annotated[
     Path | None,
@@ -246,6 +248,40 @@ def owner_rotate_key(
 
         replicas = _run(partial(announce_rotation_once, _identity(True), rotation, bootstrap))
         typer.echo(f"rotation announced on {replicas} peers")
+
+
+@aggregator_app.command("key")
+def aggregator_key() -> None:
+    """Print this computer's public key, for a manifest's [[aggregators]] or [[trainers]]."""
+    identity = _identity(ephemeral=False)
+    typer.echo(identity.public_key.hex())
+
+
+@aggregator_app.command("run")
+def aggregator_run(
+    project_id: Annotated[str, typer.Option("--project", help="The project id.")],
+    workdir: Annotated[
+        Path | None, typer.Option(help="State folder (default: <data dir>/aggregator/<project>).")
+    ] = None,
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """Verify and robustly aggregate contributions for this computer's share of the
+    project's experts; publish new versions. State survives kill -9 (restart resumes)."""
+    from core.aggregator.run import run_aggregator
+
+    data = _data_dir()
+    _run(
+        partial(
+            run_aggregator,
+            _identity(False),
+            project_id,
+            workdir=workdir or data / "aggregator" / project_id,
+            data_dir=data,
+            listen=listen,
+            bootstrap=bootstrap or [],
+        )
+    )
 
 
 def _data_dir() -> Path:

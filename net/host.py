@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -154,14 +155,19 @@ class SwarmHost:
         timeout: float = 10.0,
         attempts: int = 3,
     ) -> None:
-        """Connect to a peer, retrying with backoff, within ``timeout`` seconds overall."""
+        """Connect to a peer, retrying with backoff, within ``timeout`` seconds overall.
+
+        Explicit ``addrs`` are dialled alone and replace what the peerstore knew: a peer
+        that restarted listens elsewhere, and libp2p would keep trying the old address."""
         if peer_id == self.peer_id:
             raise DialError("refusing to dial ourselves")
         if addrs:
+            with contextlib.suppress(BaseLibp2pError, PeerStoreError):
+                self._host.get_peerstore().clear_addrs(peer_id)
             self.remember(peer_id, addrs)
         if self.is_connected(peer_id):
             return
-        known = self.known_addrs(peer_id)
+        known = list(addrs) or self.known_addrs(peer_id)
         if not known:
             raise DialError(f"no known address for {peer_id}")
         info = PeerInfo(peer_id, [multiaddr.Multiaddr(a) for a in known])

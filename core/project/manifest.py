@@ -100,12 +100,18 @@ class TrainingSection(_Strict):
     contribution_samples: Annotated[int, Field(ge=1)] = 512
     contribution_seconds: Annotated[float, Field(gt=0)] = 30.0
     staleness_bound: Annotated[int, Field(ge=0, le=1000)] = 4
+    round_samples: Annotated[int, Field(ge=1)] = 4096
+    round_seconds: Annotated[float, Field(gt=0)] = 60.0
     aggregation: AggregationSection = AggregationSection()
 
 
 class AggregatorEntry(_Strict):
     key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="hex Ed25519 public key")]
     addrs: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=8)] = []
+
+
+class TrainerEntry(_Strict):
+    key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="hex Ed25519 public key")]
 
 
 class WeightsSection(_Strict):
@@ -119,6 +125,7 @@ class Manifest(_Strict):
     model: ModelSection
     training: TrainingSection = TrainingSection()
     aggregators: Annotated[list[AggregatorEntry], Field(max_length=64)] = []
+    trainers: Annotated[list[TrainerEntry], Field(max_length=256)] = []
     weights: WeightsSection = WeightsSection()
 
     @field_validator("aggregators")
@@ -204,6 +211,8 @@ learning_rate = 0.001
 contribution_samples = 512         # a volunteer sends its gradients every N samples...
 contribution_seconds = 30.0        # ...or every T seconds
 staleness_bound = 4                # contributions older than this many versions are refused
+round_samples = 4096               # an aggregator steps once this many samples arrived...
+round_seconds = 60.0               # ...or this long after a round's first contribution
 
 [training.aggregation]
 rule = "centered_clip"             # centered_clip (robust default), median, trimmed_mean, mean
@@ -212,10 +221,16 @@ momentum = 0.9                     # per-volunteer momentum kept by the aggregat
 buckets = 2                        # contributions are averaged in random groups of this size
 trim_fraction = 0.2                # for trimmed_mean
 
-# One block per aggregator: its public key (hex) and where to reach it.
+# One block per aggregator: its public key (hex, `moehome aggregator key`) and where to
+# reach it.
 # [[aggregators]]
 # key = "..."
 # addrs = ["/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."]
+
+# One block per trainer allowed to sign receipts (its public key, `moehome aggregator key`
+# on the trainer's machine prints it too).
+# [[trainers]]
+# key = "..."
 
 [weights]
 seed = 0                           # initial weights are made from this seed...

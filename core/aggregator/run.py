@@ -1,0 +1,103 @@
+"""``moehome aggregator run``: an aggregator for the experts of a project that are its
+responsibility, with its state in a folder that survives restarts."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.robust import RobustSettings
+from core.aggregator.service import AggregatorService
+from core.contrib.sender import responsible_aggregator
+from core.errors import UserFacingError
+from core.namespaces import moehome_validator
+from core.project.chunks import ChunkStore
+from core.project.distribution import WeightsFetcher, WeightsService, find_manifest
+from core.project.pins import PinStore
+from core.project.publish import _backends
+from core.project.signed import SignedManifest
+from net import Identity, Peer, PeerConfig
+from net.host import DEFAULT_LISTEN
+from net.identity import peer_id_from_public_key
+
+log = logging.getLogger(__name__)
+
+
+def settings_from(signed: SignedManifest, uids: Sequence[str]) -> AggregatorSettings:
+    m = signed.manifest
+    agg = m.training.aggregation
+    return AggregatorSettings(
+        project=signed.project_id,
+        spec=m.model.expert.spec(),
+        uids=tuple(uids),
+        trainers=frozenset(bytes.fromhex(t.key) for t in m.trainers),
+        optimizer=m.training.optimizer,
+        learning_rate=m.training.learning_rate,
+        staleness_bound=m.training.staleness_bound,
+        round_samples=m.training.round_samples,
+        round_seconds=m.training.round_seconds,
+        robust=RobustSettings(
+            rule=agg.rule,
+            clip_radius=agg.clip_radius,
+            momentum=agg.momentum,
+            bucket_size=agg.buckets,
+            trim_fraction=agg.trim_fraction,
+        ),
+        seed=m.weights.seed,
+    )
+
+
+def my_uids(signed: SignedManifest, me: bytes) -> list[str]:
+    keys = [bytes.fromhex(a.key) for a in signed.manifest.aggregators]
+    if me not in keys:
+        raise UserFacingError(
+            f"this computer's key {me.hex()} is not an aggregator of project {signed.project_id}; "
+            "add it to the manifest's [[aggregators]] and publish again"
+        )
+    peers = [peer_id_from_public_key(k) for k in keys]
+    mine = peer_id_from_public_key(me)
+    return [
+        u for u in signed.manifest.model.expert_uids() if responsible_aggregator(u, peers) == mine
+    ]
+
+
+async def run_aggregator(
+    identity: Identity,
+    project_id: str,
+    *,
+    workdir: Path,
+    data_dir: Path,
+    listen: Sequence[str] | None,
+    bootstrap: Sequence[str],
+) -> None:
+    config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
+    async with trio.open_nursery() as nursery:
+        peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
+        signed = await find_manifest(peer, project_id, PinStore(data_dir / "pinned-owners.json"))
+        uids = my_uids(signed, identity.public_key)
+        store = ChunkStore(workdir / "chunks")
+        files = await WeightsFetcher(peer, store).fetch(signed, uids)
+        initial = {
+            uid: b.module
+            for uid, b in (await trio.to_thread.run_sync(_backends, signed.manifest, files)).items()
+        }
+        core = await trio.to_thread.run_sync(
+            AggregatorCore, settings_from(signed, uids), workdir / "state", initial
+        )
+        try:
+            WeightsService.of(peer, store)
+            await nursery.start(AggregatorService(peer, core).run)
+            for addr in peer.addrs():
+                sys.stdout.write(addr + "\n")
+            sys.stdout.flush()
+            log.info(
+                "aggregating %d experts of %s at versions %s", len(uids), project_id, core.versions
+            )
+            await trio.sleep_forever()
+        finally:
+            core.close()

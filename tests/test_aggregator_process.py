@@ -1,0 +1,140 @@
+"""kill -9 of the aggregator process in the middle of a round: after a restart, nothing
+acknowledged is lost and nothing is counted twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+
+from core.aggregator.service import STATS
+from core.contrib.codecs import codec
+from core.contrib.messages import Contribution, ParamSpec, Receipt
+from core.contrib.sender import CONTRIBUTE
+from core.experts.registry import build_expert
+from core.experts.wire import to_wire
+from core.namespaces import moehome_validator
+from core.project.keys import OwnerKey
+from core.project.publish import prepare, serve_project
+from net import Identity, Peer, RemoteError, Tensor, parse_peer_addr
+from net.identity import load_or_create
+from tests.test_project import small_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def start_aggregator(
+    data_dir: Path, pid: str, bootstrap: str
+) -> tuple[subprocess.Popen[str], str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "core.cli",
+        "--quiet",
+        "--data-dir",
+        str(data_dir),
+        "aggregator",
+        "run",
+        "--project",
+        pid,
+        "-b",
+        bootstrap,
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ})
+    assert proc.stdout is not None
+    # read in a thread: this process's own peers must keep answering meanwhile
+    line = (await trio.to_thread.run_sync(proc.stdout.readline)).strip()
+    assert line.startswith("/ip4/"), line
+    return proc, line
+
+
+@pytest.mark.slow
+async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path):
+    agg_dir = tmp_path / "aggregator"
+    agg_key = load_or_create(agg_dir / "identity.key").public_key
+    trainer, volunteer_id = Identity.generate(), Identity.generate()
+    manifest = small_manifest(tmp_path, **{"round_samples = 4096": "round_samples = 40"})
+    manifest.write_text(
+        manifest.read_text()
+        + f'\n[[aggregators]]\nkey = "{agg_key.hex()}"\n'
+        + f'\n[[trainers]]\nkey = "{trainer.public_key.hex()}"\n'
+    )
+    prepared = prepare(manifest, OwnerKey.generate(), (), tmp_path / "owner")
+    pid = prepared.signed.project_id
+    spec = prepared.signed.manifest.model.expert.spec()
+    uid = "ffn0.0.0"
+    params = {n: p.numel() for n, p in build_expert(spec).named_parameters()}
+
+    def make_contribution(scale: float) -> tuple[Contribution, list[Tensor]]:
+        c = codec("fp16")
+        parts = [part for n, k in params.items() for part in c.encode(torch.full((k,), scale))]
+        receipts = [Receipt.sign(trainer, pid, uid, 0, [], [], 4) for _ in range(2)]
+        msg = Contribution.create(
+            volunteer_id,
+            project=pid,
+            uid=uid,
+            base_version=0,
+            codec="fp16",
+            params=[ParamSpec(n, k) for n, k in params.items()],
+            receipts=receipts,
+            parts=parts,
+        )
+        return msg, [to_wire(p) for p in parts]
+
+    procs = []
+    try:
+        async with trio.open_nursery() as nursery:
+            owner: Peer = await nursery.start(
+                Peer(Identity.generate(), validator=moehome_validator()).run
+            )
+            await nursery.start(serve_project, owner, prepared)
+            volunteer: Peer = await nursery.start(
+                Peer(volunteer_id, validator=moehome_validator()).run
+            )
+
+            proc, addr = await start_aggregator(agg_dir, pid, owner.addrs()[0])
+            procs.append(proc)
+            agg = parse_peer_addr(addr).peer_id
+            await volunteer.host.connect_addr(addr)
+            sent = [make_contribution(0.001 * (i + 1)) for i in range(3)]
+            for msg, wires in sent:
+                reply = await volunteer.rpc.call(agg, CONTRIBUTE, {"header": msg.encode()}, wires)
+                assert reply.meta["accepted"] is True  # acknowledged: it must survive
+
+            proc.send_signal(signal.SIGKILL)  # mid-round: 24 of 40 samples
+            proc.wait()
+
+            proc, addr = await start_aggregator(agg_dir, pid, owner.addrs()[0])
+            procs.append(proc)
+            await volunteer.host.connect_addr(addr)
+            stats = (await volunteer.rpc.call(agg, STATS)).meta
+            assert stats["versions"][uid] == 0
+            assert stats["pending_samples"][uid] == 24  # all three acknowledged ones are back
+            msg, wires = sent[0]
+            with pytest.raises(RemoteError) as info:  # a retry of one is not counted again
+                await volunteer.rpc.call(agg, CONTRIBUTE, {"header": msg.encode()}, wires)
+            assert info.value.code == "replay"
+
+            for i in range(2):  # complete the round: 40 samples
+                msg, wires = make_contribution(0.01 * (i + 1))
+                await volunteer.rpc.call(agg, CONTRIBUTE, {"header": msg.encode()}, wires)
+            with trio.fail_after(20):
+                while (await volunteer.rpc.call(agg, STATS)).meta["versions"][uid] < 1:
+                    await trio.sleep(0.2)
+            stats = (await volunteer.rpc.call(agg, STATS)).meta
+            assert stats["pending_samples"][uid] == 0
+            assert stats["rejected"] == {"replay": 1}
+            nursery.cancel_scope.cancel()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=10)
+            if p.stdout:
+                p.stdout.close()
