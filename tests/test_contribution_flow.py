@@ -9,6 +9,7 @@ import trio
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.service import STATS, AggregatorService
+from core.contrib.puller import WeightsPuller
 from core.contrib.sender import ContributionSender, SenderConfig
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
@@ -23,6 +24,8 @@ from core.moe.client import (
     RemoteExpert,
 )
 from core.namespaces import moehome_validator
+from core.project.chunks import ChunkStore
+from core.project.distribution import WeightsService
 from net.testing import open_swarm
 
 SPEC = ExpertSpec("ffn", hidden=8, inner=16)
@@ -47,9 +50,11 @@ async def test_gradients_travel_from_trainer_through_volunteer_to_a_new_version(
             round_seconds=3600,
         )
         core = AggregatorCore(settings, tmp_path / "agg", initial={UID: build_expert(SPEC, seed=1)})
-        service = await nursery.start(AggregatorService(aggregator, core).run)
+        agg_store = ChunkStore(tmp_path / "agg-chunks")
+        WeightsService.of(aggregator, agg_store)
+        service = await nursery.start(AggregatorService(aggregator, core, store=agg_store).run)
         backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
-        await nursery.start(
+        server = await nursery.start(
             ExpertServer(
                 volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
             ).run
@@ -61,6 +66,15 @@ async def test_gradients_travel_from_trainer_through_volunteer_to_a_new_version(
                 [aggregator.peer_id],
                 SenderConfig(project=PROJECT, every_samples=8, every_seconds=0.5),
             ).run
+        )
+        puller = WeightsPuller(
+            volunteer,
+            PROJECT,
+            {UID: backend},
+            [aggregator.identity.public_key],
+            ChunkStore(tmp_path / "vol-chunks"),
+            server.device,
+            before_swap=sender.flush,
         )
         caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
         remote = RemoteExpert(
@@ -83,6 +97,15 @@ async def test_gradients_travel_from_trainer_through_volunteer_to_a_new_version(
         assert stats["versions"] == {UID: 1}
         after = core.modules[UID].state_dict()
         assert any(not torch.equal(before[k], after[k]) for k in before)
+        # the volunteer pulls version 1 from the aggregator and serves it
+        with trio.fail_after(10):
+            while not await puller.check(UID):
+                await trio.sleep(0.2)
+        assert backend.version == 1
+        assert backend.sha256 == core.weights_sha256(UID)
+        newest = await puller.newest(UID)
+        assert newest is not None
+        assert newest.author == aggregator.peer_id
         core.close()
         nursery.cancel_scope.cancel()
         del service

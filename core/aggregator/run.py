@@ -91,7 +91,7 @@ async def run_aggregator(
         )
         try:
             WeightsService.of(peer, store)
-            await nursery.start(AggregatorService(peer, core).run)
+            await nursery.start(AggregatorService(peer, core, store=store).run)
             for addr in peer.addrs():
                 sys.stdout.write(addr + "\n")
             sys.stdout.flush()

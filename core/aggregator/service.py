@@ -4,6 +4,8 @@ are due, and says in the DHT which version of each expert is current."""
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 from typing import Any, Final
 
 import torch
@@ -13,7 +15,9 @@ from core.aggregator.core import AggregatorCore
 from core.aggregator.verify import Rejected
 from core.contrib.messages import Contribution, MessageError
 from core.contrib.sender import CONTRIBUTE
+from core.experts.weights import save_weights
 from core.experts.wire import from_wire
+from core.project.chunks import ChunkStore, FileEntry, split_file
 from net import (
     BadRequest,
     CallContext,
@@ -39,7 +43,7 @@ def version_key(project: str, uid: str) -> str:
 
 def _check_version(record: SignedRecord) -> None:
     try:
-        obj = unpack_bounded(record.value, 1024)
+        obj = unpack_bounded(record.value, 8192)
     except Exception as exc:  # garbage from a peer
         raise RecordRejected("schema", f"version record is not msgpack ({exc})") from exc
     if not (
@@ -54,7 +58,7 @@ def _check_version(record: SignedRecord) -> None:
 
 
 VERSION_NAMESPACE: Final = "version"
-VERSION_RULE: Final = NamespaceRule(max_ttl_s=3600.0, max_value_bytes=1024, check=_check_version)
+VERSION_RULE: Final = NamespaceRule(max_ttl_s=3600.0, max_value_bytes=8192, check=_check_version)
 
 
 class Refused(RemoteError):
@@ -66,9 +70,17 @@ class Refused(RemoteError):
 
 
 class AggregatorService:
-    def __init__(self, peer: Peer, core: AggregatorCore, *, version_ttl: float = 600.0) -> None:
+    def __init__(
+        self,
+        peer: Peer,
+        core: AggregatorCore,
+        *,
+        store: ChunkStore | None = None,
+        version_ttl: float = 600.0,
+    ) -> None:
         self.peer = peer
         self.core = core
+        self.store = store  # where new versions' chunks go, served by a WeightsService
         self.version_ttl = version_ttl
         self._engine = trio.CapacityLimiter(1)  # the core is used by one thread at a time
         peer.rpc.register(CONTRIBUTE, self._contribute)
@@ -88,19 +100,29 @@ class AggregatorService:
             await trio.sleep(0.2)
 
     async def _announce_version(self, uid: str) -> None:
-        value = pack(
-            {
-                "uid": uid,
-                "version": self.core.versions[uid],
-                "sha256": self.core.weights_sha256(uid),
-            }
-        )
+        """Say which version of ``uid`` is current, and where its weights are: the file's
+        chunks are in our store, served by our WeightsService."""
+        record: dict[str, Any] = {
+            "uid": uid,
+            "version": self.core.versions[uid],
+            "sha256": self.core.weights_sha256(uid),
+        }
+        if self.store is not None:
+            entry = await trio.to_thread.run_sync(self._export, uid, limiter=self._engine)
+            record["file"] = [entry.sha256, entry.size, list(entry.chunks)]
         try:
             await self.peer.dht.put(
-                version_key(self.core.settings.project, uid), value, self.version_ttl
+                version_key(self.core.settings.project, uid), pack(record), self.version_ttl
             )
         except DhtError as exc:
             log.info("could not announce the version of %s: %s", uid, exc)
+
+    def _export(self, uid: str) -> FileEntry:
+        assert self.store is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{uid}.safetensors"
+            save_weights(self.core.modules[uid], path, version=self.core.versions[uid])
+            return split_file(path.read_bytes(), self.store)
 
     async def _contribute(self, ctx: CallContext) -> Reply:
         raw = ctx.request.meta.get("header")

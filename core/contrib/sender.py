@@ -69,12 +69,14 @@ class ContributionSender:
         self.config = config
         self.stats = SenderStatistics()
         self._feedback = {uid: ErrorFeedback() for uid in backends}
+        self._nursery: trio.Nursery | None = None
         self._since = {uid: time.monotonic() for uid in backends}
 
     async def run(
         self, *, task_status: trio.TaskStatus[ContributionSender] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             task_status.started(self)
             while True:
                 for uid, backend in self.backends.items():
@@ -91,6 +93,17 @@ class ContributionSender:
                         if contribution is not None:
                             nursery.start_soon(self._deliver, uid, contribution, parts)
                 await trio.sleep(0.5)
+
+    async def flush(self, uid: str) -> None:
+        """Send what ``uid`` accumulated now (before its weights change: a contribution is
+        tied to the version its gradients were computed on). Delivery goes on in the
+        background; this returns once the accumulator is emptied."""
+        contribution, parts = await trio.to_thread.run_sync(self._build, uid, self.backends[uid])
+        self._since[uid] = time.monotonic()
+        if contribution is not None:
+            if self._nursery is None:
+                raise RuntimeError("the sender is not running")
+            self._nursery.start_soon(self._deliver, uid, contribution, parts)
 
     def _build(
         self, uid: str, backend: ExpertBackend

@@ -156,6 +156,18 @@ class ExpertBackend:
         self.accumulator = GradientAccumulator()
         self.graphs = GraphCache(max_bytes=graph_cache_bytes)
 
+    def sha256_of(self, module: nn.Module) -> str:
+        return weights_hash(module)
+
+    def replace_weights(self, module: nn.Module, version: int) -> None:
+        """Serve new weights from now on (the caller holds the device, so no batch runs).
+        Kept graphs belong to the old weights and are dropped."""
+        self.module = module.to(self.device)
+        self.module.requires_grad_(True)
+        self.version = version
+        self.sha256 = weights_hash(module)
+        self.graphs = GraphCache(self.graphs.max_bytes, self.graphs.max_entries, self.graphs.ttl)
+
     # ---- checks (called on the network side, before anything is queued)
 
     def check_inputs(self, x: torch.Tensor) -> None:

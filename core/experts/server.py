@@ -117,6 +117,15 @@ class ExpertServer:
     def paused(self) -> bool:
         return self._paused
 
+    @property
+    def device(self) -> trio.CapacityLimiter:
+        """Held while a batch computes: hold it to change weights between batches."""
+        return self._device
+
+    async def announce_now(self) -> None:
+        """Declare again at once (e.g. after new weights were swapped in)."""
+        await self._announce_current()
+
     def load(self, uid: str) -> float:
         queued = self._forward_pools[uid].queued_samples + self._backward_pools[uid].queued_samples
         return queued / self.config.max_batch_size

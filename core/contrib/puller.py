@@ -1,0 +1,132 @@
+"""Volunteers pull new versions: an aggregator says in the DHT which version of an
+expert is current (a record it signs, from a key the manifest lists), the weights' chunks
+are fetched from it, checked against the record, and swapped in between batches."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from core.aggregator.service import version_key
+from core.experts.backend import ExpertBackend
+from core.experts.registry import build_expert
+from core.experts.weights import load_weights
+from core.project.chunks import ChunkStore, sha256_hex
+from core.project.distribution import FetchError, WeightsFetcher
+from net import Peer
+from net._libp2p import PeerID
+from net.wire import unpack_bounded
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    uid: str
+    version: int
+    sha256: str  # weights_hash of the module
+    file_sha256: str
+    size: int
+    chunks: tuple[str, ...]
+    author: PeerID
+
+
+def parse_version(value: bytes, author: PeerID) -> VersionRecord | None:
+    try:
+        obj: Any = unpack_bounded(value, 8192)
+        sha, size, chunks = obj["file"]
+        return VersionRecord(
+            obj["uid"], int(obj["version"]), obj["sha256"], sha, int(size), tuple(chunks), author
+        )
+    except Exception:  # noqa: BLE001 - schema-checked on the way in; versions without files are skipped
+        return None
+
+
+class WeightsPuller:
+    def __init__(
+        self,
+        peer: Peer,
+        project: str,
+        backends: Mapping[str, ExpertBackend],
+        aggregator_keys: Collection[bytes],
+        store: ChunkStore,
+        device: trio.CapacityLimiter,
+        *,
+        before_swap: Callable[[str], Awaitable[None]] | None = None,
+        interval: float = 10.0,
+    ) -> None:
+        from net.identity import peer_id_from_public_key
+
+        self.peer = peer
+        self.project = project
+        self.backends = backends
+        self.allowed = {str(peer_id_from_public_key(k)) for k in aggregator_keys}
+        self.fetcher = WeightsFetcher(peer, store)
+        self.device = device
+        self.before_swap = before_swap  # e.g. send what was accumulated on the old version
+        self.interval = interval
+        self.swaps = 0
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[WeightsPuller] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started(self)
+        while True:
+            for uid in list(self.backends):
+                try:
+                    await self.check(uid)
+                except FetchError as exc:
+                    log.info("could not pull a new version of %s: %s", uid, exc)
+            await trio.sleep(self.interval)
+
+    async def newest(self, uid: str) -> VersionRecord | None:
+        best = None
+        for author, record in (
+            await self.peer.dht.announcers(version_key(self.project, uid))
+        ).items():
+            if str(author) not in self.allowed:
+                continue  # only the project's aggregators say what is current
+            parsed = parse_version(record.value, author)
+            if (
+                parsed is not None
+                and parsed.uid == uid
+                and (best is None or parsed.version > best.version)
+            ):
+                best = parsed
+        return best
+
+    async def check(self, uid: str) -> bool:
+        """Pull and swap in a newer version of ``uid`` if there is one. True if it did."""
+        backend = self.backends[uid]
+        record = await self.newest(uid)
+        if record is None or record.version <= backend.version:
+            return False
+        parts = [await self.fetcher.fetch_chunk(c, [record.author]) for c in record.chunks]
+        blob = b"".join(parts)
+        if len(blob) != record.size or sha256_hex(blob) != record.file_sha256:
+            raise FetchError(f"version {record.version} of {uid} does not match its record")
+        module = await trio.to_thread.run_sync(_load, backend, blob)
+        if backend.sha256_of(module) != record.sha256:
+            raise FetchError(f"version {record.version} of {uid} has other weights than announced")
+        if self.before_swap is not None:
+            await self.before_swap(uid)
+        async with self.device:  # between batches
+            backend.replace_weights(module, record.version)
+        self.swaps += 1
+        log.info("%s: now at version %d", uid, record.version)
+        return True
+
+
+def _load(backend: ExpertBackend, blob: bytes) -> Any:
+    module = build_expert(backend.spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w.safetensors"
+        path.write_bytes(blob)
+        load_weights(module, path)
+    return module
