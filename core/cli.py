@@ -214,6 +214,15 @@ def owner_status(
         f"weight providers: {len(status['weight_providers'])}, "
         f"aggregators: {len(status['aggregators'])}"
     )
+    for agg in status["aggregators"]:
+        if "unreachable" in agg:
+            typer.echo(f"  aggregator {agg['peer'][-12:]}: unreachable ({agg['unreachable']})")
+            continue
+        rejected = ", ".join(f"{k} {v}" for k, v in sorted(agg["rejected"].items())) or "none"
+        typer.echo(
+            f"  aggregator {agg['peer'][-12:]}: {agg['accepted']} accepted, rejected: {rejected}; "
+            f"versions {agg['versions']}"
+        )
 
 
 @owner_app.command("rotate-key")

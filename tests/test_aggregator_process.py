@@ -21,6 +21,7 @@ from core.experts.registry import build_expert
 from core.experts.wire import to_wire
 from core.namespaces import moehome_validator
 from core.project.keys import OwnerKey
+from core.project.owner import project_status
 from core.project.publish import prepare, serve_project
 from net import Identity, Peer, RemoteError, Tensor, parse_peer_addr
 from net.identity import load_or_create
@@ -130,6 +131,11 @@ async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path)
             stats = (await volunteer.rpc.call(agg, STATS)).meta
             assert stats["pending_samples"][uid] == 0
             assert stats["rejected"] == {"replay": 1}
+            # the owner sees the same, rejections by reason, in `moehome owner status`
+            status = await project_status(owner, pid, tmp_path / "owner-data")
+            (agg_status,) = status["aggregators"]
+            assert agg_status.get("rejected") == {"replay": 1}, agg_status
+            assert agg_status["versions"][uid] == 1
             nursery.cancel_scope.cancel()
     finally:
         for p in procs:

@@ -127,10 +127,29 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
         "experts": {u: experts[u] for u in uids},
         "volunteers": volunteers,
         "weight_providers": providers,
-        "aggregators": [
-            {"key": a.key, "addrs": a.addrs, "version": None} for a in manifest.aggregators
-        ],
+        "aggregators": await _aggregators(peer, manifest),
     }
+
+
+async def _aggregators(peer: Peer, manifest: Any) -> list[dict[str, Any]]:
+    """Each aggregator's own account (versions, accepted, rejections by reason), or why it
+    could not be asked."""
+    from core.aggregator.service import STATS
+    from net import RpcError
+    from net.identity import peer_id_from_public_key
+
+    out: list[dict[str, Any]] = []
+    for entry in manifest.aggregators:
+        agg = peer_id_from_public_key(bytes.fromhex(entry.key))
+        if entry.addrs:
+            peer.host.remember(agg, [a.split("/p2p/")[0] for a in entry.addrs])
+        item: dict[str, Any] = {"key": entry.key, "peer": str(agg)}
+        try:
+            item.update((await peer.rpc.call(agg, STATS, timeout=5)).meta)
+        except RpcError as exc:
+            item["unreachable"] = str(exc)
+        out.append(item)
+    return out
 
 
 def to_json(status: dict[str, Any]) -> str:
