@@ -186,3 +186,10 @@ def test_a_receipt_counted_before_is_refused():
 def test_garbage_headers_are_malformed_not_crashes(data):
     with pytest.raises(MessageError):
         Contribution.decode(data)
+
+
+def test_an_oversized_contribution_header_is_refused_before_decoding():
+    from core.contrib.messages import MAX_HEADER_BYTES
+
+    with pytest.raises(MessageError, match="too large"):
+        Contribution.decode(b"\x90" * (MAX_HEADER_BYTES + 1))

@@ -59,6 +59,7 @@ class WeightsPuller:
         device: trio.CapacityLimiter,
         *,
         before_swap: Callable[[str], Awaitable[None]] | None = None,
+        after_swap: Callable[[str], Awaitable[None]] | None = None,
         interval: float = 10.0,
     ) -> None:
         from net.identity import peer_id_from_public_key
@@ -70,6 +71,7 @@ class WeightsPuller:
         self.fetcher = WeightsFetcher(peer, store)
         self.device = device
         self.before_swap = before_swap  # e.g. send what was accumulated on the old version
+        self.after_swap = after_swap  # e.g. declare the new version at once
         self.interval = interval
         self.swaps = 0
 
@@ -120,6 +122,8 @@ class WeightsPuller:
             backend.replace_weights(module, record.version)
         self.swaps += 1
         log.info("%s: now at version %d", uid, record.version)
+        if self.after_swap is not None:
+            await self.after_swap(uid)
         return True
 
 
