@@ -58,9 +58,12 @@ class TaskPool:
         *,
         max_batch_size: int,
         max_wait: float = 0.0,
+        refuse: Callable[[], BaseException | None] | None = None,
     ) -> None:
         self.name = name
         self._process = process
+        #: asked before each batch: an error to fail it with instead of computing (pause)
+        self._refuse = refuse
         self._limiter = device_limiter
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait
@@ -127,6 +130,12 @@ class TaskPool:
             if t.abandoned:
                 t.done.set()
         if not live:
+            return
+        refusal = self._refuse() if self._refuse is not None else None
+        if refusal is not None:  # paused: no new work starts, queued requests are told why
+            for t in live:
+                t.error = refusal
+                t.done.set()
             return
         inputs = [
             torch.cat([t.tensors[i] for t in live]) if len(live) > 1 else live[0].tensors[i]

@@ -65,6 +65,7 @@ class ExpertServer:
                 self._device,
                 max_batch_size=self.config.max_batch_size,
                 max_wait=self.config.max_wait,
+                refuse=self._refusal,
             )
             for uid, b in self.backends.items()
         }
@@ -75,6 +76,7 @@ class ExpertServer:
                 self._device,
                 max_batch_size=self.config.max_batch_size,
                 max_wait=self.config.max_wait,
+                refuse=self._refusal,
             )
             for uid, b in self.backends.items()
         }
@@ -103,6 +105,9 @@ class ExpertServer:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self._announce(withdraw=True)
 
+    def _refusal(self) -> BaseException | None:
+        return Unavailable("this volunteer is paused") if self._paused else None
+
     async def pause(self) -> None:
         """Stop taking work at once (requests get Unavailable), then withdraw the
         declarations; returns when the withdrawal is stored."""
@@ -125,6 +130,11 @@ class ExpertServer:
     async def announce_now(self) -> None:
         """Declare again at once (e.g. after new weights were swapped in)."""
         await self._announce_current()
+
+    def compute_seconds(self) -> float:
+        """Seconds the device has spent on batches since the server started."""
+        pools = [*self._forward_pools.values(), *self._backward_pools.values()]
+        return sum(p.stats.compute_seconds for p in pools)
 
     def load(self, uid: str) -> float:
         queued = self._forward_pools[uid].queued_samples + self._backward_pools[uid].queued_samples

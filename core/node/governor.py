@@ -1,0 +1,118 @@
+"""Makes the node obey the throttle: polls the probes, decides, pauses and resumes the
+expert server (which at once stops starting batches and refuses requests, then withdraws
+its declarations so that trainers route around it)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from core.experts.server import ExpertServer
+from core.node.preferences import Preferences
+from core.node.probes import Probes
+from core.node.throttle import Decision, Snapshot, ThrottleState, decide
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StateChange:
+    at: float  # trio clock
+    decision: Decision
+
+
+class Governor:
+    def __init__(
+        self,
+        probes: Probes,
+        preferences: Callable[[], Preferences],
+        server: ExpertServer | None,
+        *,
+        interval: float = 0.25,
+        duty_window: float = 600.0,
+        clock: Callable[[], dt.datetime] = dt.datetime.now,
+    ) -> None:
+        self.probes = probes
+        self.preferences = preferences
+        self.server = server
+        self.interval = interval
+        self.duty_window = duty_window
+        self.clock = clock
+        self.state = ThrottleState()
+        self.decision: Decision | None = None
+        self.changes: deque[StateChange] = deque(maxlen=1000)
+        self._compute: deque[tuple[float, float]] = deque()  # (time, compute seconds so far)
+        self._wake = trio.Event()
+
+    # ---- commands (from the control API)
+
+    def pause(self) -> None:
+        self.state = ThrottleState(**{**self.state.__dict__, "paused_by_user": True})
+        self._wake.set()
+
+    def resume(self) -> None:
+        self.state = ThrottleState(
+            **{**self.state.__dict__, "paused_by_user": False, "snoozed_until": None}
+        )
+        self._wake.set()
+
+    def snooze(self, seconds: float) -> None:
+        until = self.clock() + dt.timedelta(seconds=seconds)
+        self.state = ThrottleState(**{**self.state.__dict__, "snoozed_until": until})
+        self._wake.set()
+
+    # ---- the loop
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Governor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        await self.step()
+        task_status.started(self)
+        while True:
+            with trio.move_on_after(self.interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            await self.step()
+
+    async def step(self) -> Decision:
+        reading = await trio.to_thread.run_sync(self.probes.read)
+        snapshot = Snapshot(
+            now=self.clock(),
+            idle_seconds=reading.idle_seconds,
+            gpu_temp_c=reading.gpu_temp_c,
+            cpu_temp_c=reading.cpu_temp_c,
+            on_battery=reading.on_battery,
+            processes=reading.processes,
+            work_fraction=self._work_fraction(),
+        )
+        decision = decide(snapshot, self.preferences(), self.state)
+        self.state = decision.state
+        previous = self.decision
+        self.decision = decision
+        if previous is None or (previous.run, previous.reason) != (decision.run, decision.reason):
+            self.changes.append(StateChange(trio.current_time(), decision))
+            log.info("%s", decision.describe())
+            if self.server is not None:
+                if decision.run and self.server.paused:
+                    await self.server.resume()
+                elif not decision.run and not self.server.paused:
+                    await self.server.pause()
+        return decision
+
+    def _work_fraction(self) -> float:
+        """Share of the last ``duty_window`` seconds the device spent computing."""
+        if self.server is None:
+            return 0.0
+        now = trio.current_time()
+        total = self.server.compute_seconds()
+        self._compute.append((now, total))
+        while len(self._compute) > 1 and self._compute[0][0] < now - self.duty_window:
+            self._compute.popleft()
+        start_time, start_total = self._compute[0]
+        span = now - start_time
+        return (total - start_total) / span if span > 1.0 else 0.0
