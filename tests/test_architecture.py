@@ -42,6 +42,7 @@ def loaded_after_import(module: str) -> set[str]:
         ("net", {"torch", "PySide6", "core", "app"}),
         ("net.testing", {"torch", "PySide6", "core", "app"}),
         ("core.cli", {"PySide6", "app", "torch"}),  # --help must stay fast: torch loads lazily
+        ("core.control", {"torch", "trio", "libp2p", "net", "PySide6"}),  # the tray's client
     ],
 )
 def test_modules_loaded_at_run_time(module, forbidden):

@@ -1,0 +1,172 @@
+"""The node's side of the control API: Starlette on hypercorn (trio), bound to 127.0.0.1,
+every request checked against a random token (constant-time comparison)."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from core.control.files import write_address, write_token
+from core.node.preferences import Preferences, PreferencesError, save_preferences
+
+log = logging.getLogger(__name__)
+
+
+class NodeControl:
+    """What the API can see and do; the node implements it (tests use it directly)."""
+
+    def __init__(
+        self,
+        status: Callable[[], dict[str, Any]],
+        pause: Callable[[], None],
+        resume: Callable[[], None],
+        snooze: Callable[[float], None],
+        preferences_path: Path,
+        preferences: Preferences,
+    ) -> None:
+        self.status = status
+        self.pause = pause
+        self.resume = resume
+        self.snooze = snooze
+        self.preferences_path = preferences_path
+        self.preferences = preferences
+        self._events: list[dict[str, Any]] = []
+        self._new_event = trio.Event()
+
+    def event(self, kind: str, **data: Any) -> None:
+        """Record an event for the stream (kinds: state, preferences, contribution, ...)."""
+        self._events.append({"id": len(self._events) + 1, "kind": kind, **data})
+        del self._events[:-1000]
+        self._new_event.set()
+        self._new_event = trio.Event()
+
+    async def events_after(self, since: int, wait: float) -> list[dict[str, Any]]:
+        newer = [e for e in self._events if e["id"] > since]
+        if not newer and wait > 0:
+            with trio.move_on_after(min(wait, 30.0)):
+                await self._new_event.wait()
+            newer = [e for e in self._events if e["id"] > since]
+        return newer
+
+    def set_preferences(self, changes: dict[str, Any]) -> Preferences:
+        prefs = self.preferences.updated(changes)  # PreferencesError names the field
+        save_preferences(prefs, self.preferences_path)
+        self.preferences = prefs
+        self.event("preferences")
+        return prefs
+
+
+def build_app(control: NodeControl, token: str) -> Starlette:
+    class TokenGate(BaseHTTPMiddleware):
+        async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+            given = request.headers.get("authorization", "").removeprefix("Bearer ")
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                return JSONResponse({"error": "missing or wrong token"}, status_code=401)
+            return await call_next(request)
+
+    async def status(request: Request) -> JSONResponse:
+        return JSONResponse(control.status())
+
+    async def events(request: Request) -> JSONResponse:
+        try:
+            since = int(request.query_params.get("since", "0"))
+            wait = float(request.query_params.get("wait", "0"))
+        except ValueError:
+            return JSONResponse({"error": "since and wait must be numbers"}, status_code=400)
+        return JSONResponse(await control.events_after(since, wait))
+
+    def command(action: Callable[[], None]) -> Callable[[Request], Awaitable[JSONResponse]]:
+        async def endpoint(request: Request) -> JSONResponse:
+            action()
+            return JSONResponse(control.status())
+
+        return endpoint
+
+    async def snooze(request: Request) -> JSONResponse:
+        body = await _json(request)
+        seconds = body.get("seconds") if isinstance(body, dict) else None
+        if (
+            not isinstance(seconds, (int, float))
+            or isinstance(seconds, bool)
+            or not 0 < seconds <= 7 * 86400
+        ):
+            return JSONResponse(
+                {
+                    "error": "seconds: a number of seconds up to a week",
+                    "problems": ["seconds: must be 0..604800"],
+                },
+                status_code=422,
+            )
+        control.snooze(float(seconds))
+        return JSONResponse(control.status())
+
+    async def preferences(request: Request) -> JSONResponse:
+        if request.method == "GET":
+            return JSONResponse(control.preferences.model_dump(mode="json"))
+        body = await _json(request)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": "send a JSON object of preferences"}, status_code=400)
+        try:
+            prefs = control.set_preferences(body)
+        except PreferencesError as exc:
+            return JSONResponse({"error": str(exc), "problems": exc.problems}, status_code=422)
+        return JSONResponse(prefs.model_dump(mode="json"))
+
+    routes = [
+        Route("/v1/status", status),
+        Route("/v1/events", events),
+        Route("/v1/pause", command(control.pause), methods=["POST"]),
+        Route("/v1/resume", command(control.resume), methods=["POST"]),
+        Route("/v1/snooze", snooze, methods=["POST"]),
+        Route("/v1/preferences", preferences, methods=["GET", "PUT"]),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(TokenGate)])
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        return None
+
+
+async def serve_control(
+    control: NodeControl,
+    data_dir: Path,
+    *,
+    port: int = 0,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; reports the URL. Writes the token and address files."""
+    token = write_token(data_dir)
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+
+    async def started(
+        *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        await serve(build_app(control, token), config, task_status=task_status)  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(started)
+        url = binds[0]
+        write_address(data_dir, url, os.getpid())
+        log.info("control API at %s", url)
+        task_status.started(url)
+        await trio.sleep_forever()
