@@ -495,6 +495,83 @@ def experts_serve(
 
 
 @app.command()
+def node(
+    project: Annotated[
+        str | None, typer.Option(help="Project id to serve (else: join the swarm only).")
+    ] = None,
+    experts: Annotated[int, typer.Option(min=1, max=64, help="How many experts to serve.")] = 2,
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """Run the volunteer node (what the tray starts): serves experts when allowed."""
+    from core.node.node import Node, NodeOptions
+    from core.paths import config_dir
+
+    data = _data_dir()
+
+    async def main() -> None:
+        import trio
+
+        options = NodeOptions(
+            data_dir=data,
+            config_dir=config_dir(),
+            project=project,
+            bootstrap=tuple(bootstrap or ()),
+            listen=tuple(listen or ("/ip4/127.0.0.1/tcp/0",)),
+            experts=experts,
+        )
+        async with trio.open_nursery() as nursery:
+            started = await nursery.start(Node(_identity(False), options).run)
+            for addr in started.peer.addrs():
+                sys.stdout.write(addr + "\n")
+            sys.stdout.flush()
+
+    _run(main)
+
+
+def _client() -> Any:
+    from core.control import NodeNotRunning, find_node
+
+    try:
+        return find_node(_data_dir())
+    except NodeNotRunning as exc:
+        typer.echo(f"error: {exc} (start it with `moehome node`)", err=True)
+        raise typer.Exit(1) from exc
+
+
+@app.command("status")
+def node_status(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """What the running node is doing, and why."""
+    from core.control import ControlError
+
+    try:
+        status = _client().status()
+    except ControlError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if as_json:
+        typer.echo(json.dumps(status, indent=2))
+        return
+    typer.echo(f"{status['state']}: {status['reason']}")
+    for uid, expert_version in status.get("experts", {}).items():
+        typer.echo(f"  serving {uid} (version {expert_version})")
+
+
+@app.command("pause")
+def node_pause() -> None:
+    """Pause the running node (until `moehome resume`)."""
+    typer.echo(_client().pause()["reason"])
+
+
+@app.command("resume")
+def node_resume() -> None:
+    """Resume the running node (also ends a snooze)."""
+    typer.echo(_client().resume()["reason"])
+
+
+@app.command()
 def demo(
     peers: Annotated[
         int, typer.Option(min=1, max=64, help="Peers to start, each its own process.")

@@ -1,0 +1,175 @@
+"""The volunteer's node: one process that joins the swarm (and a project), serves the
+experts the swarm covers least, sends contributions, pulls new versions, obeys the
+throttle, and answers the local control API."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from core.contrib.puller import WeightsPuller
+from core.contrib.sender import ContributionSender, SenderConfig
+from core.experts.records import SERVING, ExpertAnnouncement, expert_key
+from core.experts.server import ExpertServer, ServerConfig
+from core.namespaces import moehome_validator
+from core.node.choice import choose_experts
+from core.node.control_server import NodeControl, serve_control
+from core.node.governor import Governor
+from core.node.preferences import load_preferences
+from core.node.probes import Probes, probe_for_this_os
+from core.project.chunks import ChunkStore
+from core.project.distribution import find_manifest
+from core.project.pins import PinStore
+from core.project.publish import join_project
+from net import Identity, Peer, PeerConfig
+from net.host import DEFAULT_LISTEN
+from net.identity import peer_id_from_public_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    data_dir: Path
+    config_dir: Path
+    project: str | None = None
+    bootstrap: Sequence[str] = ()
+    listen: Sequence[str] = DEFAULT_LISTEN
+    experts: int = 2  # how many experts to serve
+    control_port: int = 0
+
+
+@dataclass
+class Node:
+    identity: Identity
+    options: NodeOptions
+    probes: Probes = field(default_factory=probe_for_this_os)
+    started: float = field(default_factory=time.time)
+    peer: Peer | None = None
+    server: ExpertServer | None = None
+    sender: ContributionSender | None = None
+    governor: Governor | None = None
+    control: NodeControl | None = None
+    control_url: str = ""
+
+    def status(self) -> dict[str, Any]:
+        decision = self.governor.decision if self.governor else None
+        serving = sorted(self.server.backends) if self.server else []
+        state = (
+            "no project"
+            if not self.options.project
+            else ("starting" if decision is None else "working" if decision.run else "paused")
+        )
+        return {
+            "state": state,
+            "reason": decision.describe() if decision else "starting",
+            "project": self.options.project,
+            "experts": {u: self.server.backends[u].version for u in serving} if self.server else {},
+            "contributions": {
+                "sent": self.sender.stats.sent,
+                "accepted": self.sender.stats.accepted,
+                "refused": dict(self.sender.stats.refused),
+            }
+            if self.sender
+            else {},
+            "peers": len(self.peer.dht.known_peers()) if self.peer else 0,
+            "peer_id": str(self.identity.peer_id),
+            "uptime_s": round(time.time() - self.started),
+        }
+
+    async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        opts = self.options
+        prefs_path = opts.config_dir / "preferences.json"
+        config = PeerConfig(listen=tuple(opts.listen), bootstrap=tuple(opts.bootstrap))
+        async with trio.open_nursery() as nursery:
+            self.peer = await nursery.start(
+                Peer(self.identity, config, validator=moehome_validator()).run
+            )
+            if opts.project:
+                await self._join(nursery, opts.project)
+            self.governor = Governor(self.probes, lambda: self._prefs(), self.server)
+            control = NodeControl(
+                self.status,
+                self.governor.pause,
+                self.governor.resume,
+                self.governor.snooze,
+                prefs_path,
+                load_preferences(prefs_path),
+            )
+            self.control = control
+            await nursery.start(self.governor.run)
+            self.control_url = await nursery.start(
+                partial(serve_control, control, opts.data_dir, port=opts.control_port)
+            )
+            log.info("node %s up; control API at %s", self.identity.peer_id, self.control_url)
+            task_status.started(self)
+            await trio.sleep_forever()
+
+    def _prefs(self) -> Any:
+        assert self.control is not None
+        return self.control.preferences
+
+    async def _join(self, nursery: trio.Nursery, project: str) -> None:
+        assert self.peer is not None
+        peer, opts = self.peer, self.options
+        signed = await find_manifest(peer, project, PinStore(opts.data_dir / "pinned-owners.json"))
+        manifest = signed.manifest
+        uids = list(manifest.model.expert_uids())
+        coverage: dict[str, int] = {}
+
+        async def count(uid: str) -> None:
+            announcers = await peer.dht.announcers(expert_key(project, uid))
+            coverage[uid] = sum(1 for r in announcers.values() if _serving(r.value))
+
+        async with trio.open_nursery() as lookups:
+            for uid in uids:
+                lookups.start_soon(count, uid)
+        order = list(uids)
+        random.Random(self.identity.public_key).shuffle(order)  # volunteers spread out
+        chosen = choose_experts(coverage, opts.experts, order)
+        _, backends = await join_project(peer, project, chosen, data_dir=opts.data_dir)
+        self.server = await nursery.start(
+            ExpertServer(peer, backends, ServerConfig(project=project, require_receipts=True)).run
+        )
+        keys = [bytes.fromhex(a.key) for a in manifest.aggregators]
+        if keys:
+            self.sender = await nursery.start(
+                ContributionSender(
+                    peer,
+                    backends,
+                    [peer_id_from_public_key(k) for k in keys],
+                    SenderConfig(
+                        project=project,
+                        every_samples=manifest.training.contribution_samples,
+                        every_seconds=manifest.training.contribution_seconds,
+                    ),
+                ).run
+            )
+            server = self.server
+            puller = WeightsPuller(
+                peer,
+                project,
+                backends,
+                keys,
+                ChunkStore(opts.data_dir / "chunks"),
+                server.device,
+                before_swap=self.sender.flush,
+                after_swap=lambda _uid: server.announce_now(),
+            )
+            await nursery.start(puller.run)
+        log.info("serving %s of project %s", ", ".join(chosen), manifest.project.name)
+
+
+def _serving(value: bytes) -> bool:
+    try:
+        return ExpertAnnouncement.decode(value).state == SERVING
+    except Exception:  # noqa: BLE001 - checked on the way in
+        return False
