@@ -37,7 +37,9 @@ class NodeControl:
         snooze: Callable[[float], None],
         preferences_path: Path,
         preferences: Preferences,
+        after_command: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
+        self.after_command = after_command  # e.g. the governor deciding at once
         self.status = status
         self.pause = pause
         self.resume = resume
@@ -92,6 +94,8 @@ def build_app(control: NodeControl, token: str) -> Starlette:
     def command(action: Callable[[], None]) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def endpoint(request: Request) -> JSONResponse:
             action()
+            if control.after_command is not None:
+                await control.after_command()  # so the answer shows the new state
             return JSONResponse(control.status())
 
         return endpoint
@@ -112,6 +116,8 @@ def build_app(control: NodeControl, token: str) -> Starlette:
                 status_code=422,
             )
         control.snooze(float(seconds))
+        if control.after_command is not None:
+            await control.after_command()
         return JSONResponse(control.status())
 
     async def preferences(request: Request) -> JSONResponse:

@@ -103,6 +103,7 @@ class Node:
                 self.governor.snooze,
                 prefs_path,
                 load_preferences(prefs_path),
+                after_command=self.governor.step,
             )
             self.control = control
             await nursery.start(self.governor.run)
