@@ -572,6 +572,31 @@ def node_resume() -> None:
 
 
 @app.command()
+def bench(
+    again: Annotated[
+        bool, typer.Option("--again", help="Measure even if cached figures exist.")
+    ] = False,
+    quick: Annotated[bool, typer.Option(help="A short run.")] = False,
+) -> None:
+    """Measure this device (cached per device, driver and torch version)."""
+    from rich.progress import Progress
+
+    from core.node.bench import cached_benchmark
+
+    with Progress(transient=True) as progress:
+        task = progress.add_task("benchmark", total=None)
+
+        def step(what: str, done: int, total: int) -> None:
+            progress.update(task, description=what, completed=done, total=total)
+
+        result = cached_benchmark(
+            _data_dir() / "device-benchmark.json", force=again, quick=quick, progress=step
+        )
+    for key, value in result.items():
+        typer.echo(f"{key:<22} {value}")
+
+
+@app.command()
 def demo(
     peers: Annotated[
         int, typer.Option(min=1, max=64, help="Peers to start, each its own process.")
