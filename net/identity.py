@@ -128,11 +128,16 @@ def save(identity: Identity, path: Path) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+    write_private_file(path, pem)
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Write ``data`` atomically (temp file, fsync, rename) readable by the user only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, pem)
+        os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

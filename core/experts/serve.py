@@ -73,42 +73,12 @@ async def _serve_project_experts(
     its aggregators and pull the new versions they publish."""
     from dataclasses import replace
 
-    from core.contrib.puller import WeightsPuller
-    from core.contrib.sender import ContributionSender, SenderConfig
-    from core.project.chunks import ChunkStore
+    from core.contrib.wiring import start_contributing
     from core.project.publish import join_project
-    from net.identity import peer_id_from_public_key
 
     signed, backends = await join_project(peer, project, uids, data_dir=data_dir)
-    manifest = signed.manifest
-    log.info("joined %s (%s)", manifest.project.name, project)
+    log.info("joined %s (%s)", signed.manifest.project.name, project)
     server = await nursery.start(
         ExpertServer(peer, backends, replace(server_config, require_receipts=True)).run
     )
-    aggregator_keys = [bytes.fromhex(a.key) for a in manifest.aggregators]
-    if not aggregator_keys:
-        log.warning("project %s lists no aggregators: gradients are not sent anywhere", project)
-        return
-    sender = await nursery.start(
-        ContributionSender(
-            peer,
-            backends,
-            [peer_id_from_public_key(k) for k in aggregator_keys],
-            SenderConfig(
-                project=project,
-                every_samples=manifest.training.contribution_samples,
-                every_seconds=manifest.training.contribution_seconds,
-            ),
-        ).run
-    )
-    puller = WeightsPuller(
-        peer,
-        project,
-        backends,
-        aggregator_keys,
-        ChunkStore(data_dir / "chunks"),
-        server.device,
-        before_swap=sender.flush,
-        after_swap=lambda _uid: server.announce_now(),
-    )
-    await nursery.start(puller.run)
+    await start_contributing(nursery, peer, project, signed.manifest, backends, server, data_dir)

@@ -15,8 +15,8 @@ from typing import Any
 
 import trio
 
-from core.contrib.puller import WeightsPuller
-from core.contrib.sender import ContributionSender, SenderConfig
+from core.contrib.sender import ContributionSender
+from core.contrib.wiring import start_contributing
 from core.experts.records import SERVING, ExpertAnnouncement, expert_key
 from core.experts.server import ExpertServer, ServerConfig
 from core.namespaces import moehome_validator
@@ -25,13 +25,11 @@ from core.node.control_server import NodeControl, serve_control
 from core.node.governor import Governor
 from core.node.preferences import load_preferences
 from core.node.probes import Probes, probe_for_this_os
-from core.project.chunks import ChunkStore
 from core.project.distribution import find_manifest
 from core.project.pins import PinStore
 from core.project.publish import join_project
 from net import Identity, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
-from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)
 
@@ -140,32 +138,9 @@ class Node:
         self.server = await nursery.start(
             ExpertServer(peer, backends, ServerConfig(project=project, require_receipts=True)).run
         )
-        keys = [bytes.fromhex(a.key) for a in manifest.aggregators]
-        if keys:
-            self.sender = await nursery.start(
-                ContributionSender(
-                    peer,
-                    backends,
-                    [peer_id_from_public_key(k) for k in keys],
-                    SenderConfig(
-                        project=project,
-                        every_samples=manifest.training.contribution_samples,
-                        every_seconds=manifest.training.contribution_seconds,
-                    ),
-                ).run
-            )
-            server = self.server
-            puller = WeightsPuller(
-                peer,
-                project,
-                backends,
-                keys,
-                ChunkStore(opts.data_dir / "chunks"),
-                server.device,
-                before_swap=self.sender.flush,
-                after_swap=lambda _uid: server.announce_now(),
-            )
-            await nursery.start(puller.run)
+        self.sender = await start_contributing(
+            nursery, peer, project, manifest, backends, self.server, opts.data_dir
+        )
         log.info("serving %s of project %s", ", ".join(chosen), manifest.project.name)
 
 

@@ -4,7 +4,6 @@ protected by a passphrase, rotated with a record signed by the old key."""
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from core.errors import UserFacingError
-from net.identity import verify_signature
+from net.identity import verify_signature, write_private_file
 from net.wire import pack, unpack_bounded
 
 _ROTATION_DOMAIN = "moehome-owner-rotation/1"
@@ -62,15 +61,7 @@ class OwnerKey:
         pem = self.private_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption
         )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, pem)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        write_private_file(path, pem)
 
     @classmethod
     def load(cls, path: Path, passphrase: str | None = None) -> OwnerKey:

@@ -1,0 +1,61 @@
+"""What a volunteer runs beside its expert server in a real project: the contribution
+sender and the weights puller, wired so that a swap of weights first sends what was
+accumulated on the old ones and then re-declares the experts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import trio
+
+from core.contrib.puller import WeightsPuller
+from core.contrib.sender import ContributionSender, SenderConfig
+from core.experts.backend import ExpertBackend
+from core.experts.server import ExpertServer
+from core.project.chunks import ChunkStore
+from core.project.manifest import Manifest
+from net import Peer
+from net.identity import peer_id_from_public_key
+
+log = logging.getLogger(__name__)
+
+
+async def start_contributing(
+    nursery: trio.Nursery,
+    peer: Peer,
+    project: str,
+    manifest: Manifest,
+    backends: Mapping[str, ExpertBackend],
+    server: ExpertServer,
+    data_dir: Path,
+) -> ContributionSender | None:
+    keys = [bytes.fromhex(a.key) for a in manifest.aggregators]
+    if not keys:
+        log.warning("project %s lists no aggregators: gradients are not sent anywhere", project)
+        return None
+    sender: ContributionSender = await nursery.start(
+        ContributionSender(
+            peer,
+            backends,
+            [peer_id_from_public_key(k) for k in keys],
+            SenderConfig(
+                project=project,
+                every_samples=manifest.training.contribution_samples,
+                every_seconds=manifest.training.contribution_seconds,
+            ),
+        ).run
+    )
+    puller = WeightsPuller(
+        peer,
+        project,
+        backends,
+        keys,
+        ChunkStore(data_dir / "chunks"),
+        server.device,
+        before_swap=sender.flush,
+        after_swap=lambda _uid: server.announce_now(),
+    )
+    await nursery.start(puller.run)
+    return sender
