@@ -37,6 +37,7 @@ def make_control(tmp_path) -> tuple[NodeControl, Governor]:
         governor.snooze,
         prefs_path,
         load_preferences(prefs_path),
+        history=lambda since: {"hours": [{"since": since}], "temperatures": []},
     )
     holder["c"] = control
     return control, governor
@@ -82,6 +83,7 @@ async def test_control_api(tmp_path):
             client.set_preferences, {"idle_minutes": 10, "exclusive_apps": ["game.exe"]}
         )
         assert changed["idle_minutes"] == 10
+        assert (await call(client.history, 5.0))["hours"] == [{"since": 5.0}]
         events = await call(client.events, 0)
         assert [e["kind"] for e in events] == ["preferences"]
         client.close()

@@ -55,6 +55,10 @@ class ControlClient:
         """Events after id ``since``; waits up to ``wait`` s for a new one (long poll)."""
         return list(self._call("GET", f"/v1/events?since={since}&wait={wait}", timeout=wait + 5))
 
+    def history(self, since: float = 0.0) -> dict[str, Any]:
+        """Work per hour and temperatures over time since ``since`` (unix time)."""
+        return dict(self._call("GET", f"/v1/history?since={since}"))
+
     def pause(self) -> dict[str, Any]:
         return dict(self._call("POST", "/v1/pause"))
 

@@ -136,6 +136,11 @@ class ExpertServer:
         pools = [*self._forward_pools.values(), *self._backward_pools.values()]
         return sum(p.stats.compute_seconds for p in pools)
 
+    def samples_done(self) -> int:
+        """Samples computed (forward and backward) since the server started."""
+        pools = [*self._forward_pools.values(), *self._backward_pools.values()]
+        return sum(p.stats.samples for p in pools)
+
     def load(self, uid: str) -> float:
         queued = self._forward_pools[uid].queued_samples + self._backward_pools[uid].queued_samples
         return queued / self.config.max_batch_size

@@ -38,7 +38,9 @@ class NodeControl:
         preferences_path: Path,
         preferences: Preferences,
         after_command: Callable[[], Awaitable[Any]] | None = None,
+        history: Callable[[float], dict[str, Any]] | None = None,
     ) -> None:
+        self.history = history  # since (unix time) -> {"hours": [...], "temperatures": [...]}
         self.after_command = after_command  # e.g. the governor deciding at once
         self.status = status
         self.pause = pause
@@ -132,7 +134,17 @@ def build_app(control: NodeControl, token: str) -> Starlette:
             return JSONResponse({"error": str(exc), "problems": exc.problems}, status_code=422)
         return JSONResponse(prefs.model_dump(mode="json"))
 
+    async def history(request: Request) -> JSONResponse:
+        if control.history is None:
+            return JSONResponse({"hours": [], "temperatures": []})
+        try:
+            since = float(request.query_params.get("since", "0"))
+        except ValueError:
+            return JSONResponse({"error": "since must be a unix time"}, status_code=400)
+        return JSONResponse(control.history(since))
+
     routes = [
+        Route("/v1/history", history),
         Route("/v1/status", status),
         Route("/v1/events", events),
         Route("/v1/pause", command(control.pause), methods=["POST"]),

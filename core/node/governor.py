@@ -14,7 +14,7 @@ import trio
 
 from core.experts.server import ExpertServer
 from core.node.preferences import Preferences
-from core.node.probes import Probes
+from core.node.probes import Probes, Reading
 from core.node.throttle import Decision, Snapshot, ThrottleState, decide
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class Governor:
         self.clock = clock
         self.state = ThrottleState()
         self.decision: Decision | None = None
+        self.last_reading: Reading | None = None
         self.changes: deque[StateChange] = deque(maxlen=1000)
         self._compute: deque[tuple[float, float]] = deque()  # (time, compute seconds so far)
         self._wake = trio.Event()
@@ -81,6 +82,7 @@ class Governor:
 
     async def step(self) -> Decision:
         reading = await trio.to_thread.run_sync(self.probes.read)
+        self.last_reading = reading
         snapshot = Snapshot(
             now=self.clock(),
             idle_seconds=reading.idle_seconds,

@@ -23,6 +23,7 @@ from core.namespaces import moehome_validator
 from core.node.choice import choose_experts
 from core.node.control_server import NodeControl, serve_control
 from core.node.governor import Governor
+from core.node.history import History
 from core.node.preferences import load_preferences
 from core.node.probes import Probes, probe_for_this_os
 from core.project.distribution import find_manifest
@@ -57,6 +58,7 @@ class Node:
     governor: Governor | None = None
     control: NodeControl | None = None
     control_url: str = ""
+    history: History | None = None
 
     def status(self) -> dict[str, Any]:
         decision = self.governor.decision if self.governor else None
@@ -102,15 +104,51 @@ class Node:
                 prefs_path,
                 load_preferences(prefs_path),
                 after_command=self.governor.step,
+                history=self._history_since,
             )
             self.control = control
             await nursery.start(self.governor.run)
             self.control_url = await nursery.start(
                 partial(serve_control, control, opts.data_dir, port=opts.control_port)
             )
+            self.history = History(opts.data_dir / "history.sqlite")
+            nursery.start_soon(self._record_history)
             log.info("node %s up; control API at %s", self.identity.peer_id, self.control_url)
             task_status.started(self)
             await trio.sleep_forever()
+
+    async def _record_history(self, every: float = 10.0) -> None:
+        """Every ``every`` seconds: allowed-to-work time, samples done, temperatures."""
+        last_samples = 0
+        try:
+            while True:
+                await trio.sleep(every)
+                samples = self._samples_done()
+                reading = self.governor.last_reading if self.governor else None
+                decision = self.governor.decision if self.governor else None
+                assert self.history is not None
+                self.history.record(
+                    time.time(),
+                    working_s=every if decision is not None and decision.run else 0.0,
+                    samples=samples - last_samples,
+                    gpu_temp_c=reading.gpu_temp_c if reading else None,
+                    cpu_temp_c=reading.cpu_temp_c if reading else None,
+                )
+                last_samples = samples
+        finally:
+            if self.history is not None:
+                self.history.close()
+
+    def _samples_done(self) -> int:
+        return self.server.samples_done() if self.server is not None else 0
+
+    def _history_since(self, since: float) -> dict[str, Any]:
+        if self.history is None:
+            return {"hours": [], "temperatures": []}
+        return {
+            "hours": self.history.per_hour(since),
+            "temperatures": self.history.temperatures(since),
+        }
 
     def _prefs(self) -> Any:
         assert self.control is not None

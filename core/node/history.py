@@ -1,0 +1,85 @@
+"""What volunteers like to look at later: work done per hour and temperatures over time,
+in a small SQLite database in the user's data folder (bounded: a year of minutes)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS minutes (
+    minute INTEGER PRIMARY KEY,   -- unix time // 60
+    working_s REAL NOT NULL,      -- seconds of the minute spent allowed to work
+    samples INTEGER NOT NULL,     -- samples computed (forward + backward)
+    gpu_temp_c REAL,              -- the hottest reading of the minute
+    cpu_temp_c REAL
+);
+"""
+_KEEP_MINUTES = 366 * 24 * 60
+
+
+class History:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False)
+        self._lock = threading.Lock()
+        with self._lock, self._db:
+            self._db.executescript(_SCHEMA)
+
+    def record(
+        self,
+        now: float,
+        *,
+        working_s: float,
+        samples: int,
+        gpu_temp_c: float | None,
+        cpu_temp_c: float | None,
+    ) -> None:
+        minute = int(now // 60)
+        with self._lock, self._db:
+            self._db.execute(
+                """INSERT INTO minutes VALUES (?, ?, ?, ?, ?)
+                   ON CONFLICT(minute) DO UPDATE SET
+                     working_s = working_s + excluded.working_s,
+                     samples = samples + excluded.samples,
+                     gpu_temp_c = max(coalesce(gpu_temp_c, excluded.gpu_temp_c),
+                                      coalesce(excluded.gpu_temp_c, gpu_temp_c)),
+                     cpu_temp_c = max(coalesce(cpu_temp_c, excluded.cpu_temp_c),
+                                      coalesce(excluded.cpu_temp_c, cpu_temp_c))""",
+                (minute, working_s, samples, gpu_temp_c, cpu_temp_c),
+            )
+            self._db.execute("DELETE FROM minutes WHERE minute < ?", (minute - _KEEP_MINUTES,))
+
+    def per_hour(self, since: float) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                """SELECT minute / 60, sum(working_s), sum(samples),
+                          max(gpu_temp_c), max(cpu_temp_c)
+                   FROM minutes WHERE minute >= ? GROUP BY minute / 60 ORDER BY 1""",
+                (int(since // 60),),
+            ).fetchall()
+        return [
+            {
+                "hour": h * 3600,
+                "working_s": w,
+                "samples": s,
+                "gpu_temp_c_max": g,
+                "cpu_temp_c_max": c,
+            }
+            for h, w, s, g, c in rows
+        ]
+
+    def temperatures(self, since: float) -> list[tuple[int, float | None, float | None]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT minute * 60, gpu_temp_c, cpu_temp_c FROM minutes "
+                "WHERE minute >= ? ORDER BY 1",
+                (int(since // 60),),
+            ).fetchall()
+        return [(int(t), g, c) for t, g, c in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from core.node.history import History
+
+T0 = 1_800_000_000.0  # a minute boundary: 30_000_000 * 60
+
+
+def test_history_per_hour_and_temperatures_survive_a_restart(tmp_path):
+    db = tmp_path / "history.sqlite"
+    history = History(db)
+    history.record(T0, working_s=30, samples=100, gpu_temp_c=60, cpu_temp_c=None)
+    history.record(T0 + 10, working_s=20, samples=50, gpu_temp_c=70, cpu_temp_c=55)
+    history.record(T0 + 3600, working_s=60, samples=10, gpu_temp_c=None, cpu_temp_c=None)
+    history.close()
+
+    history = History(db)
+    hours = history.per_hour(T0 - 1)
+    assert [h["samples"] for h in hours] == [150, 10]
+    assert hours[0]["working_s"] == 50
+    assert hours[0]["gpu_temp_c_max"] == 70
+    temps = history.temperatures(T0)
+    assert temps[0] == (int(T0), 70, 55)
+    assert temps[1] == (int(T0 + 3600), None, None)
+    history.close()
