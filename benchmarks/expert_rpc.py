@@ -19,7 +19,6 @@ import logging
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ import torch
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from timing import latency_ms_median, samples_per_s
 
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
@@ -54,15 +55,6 @@ async def _serve() -> None:
         sys.stdout.write(json.dumps({"addr": peer.addrs()[0], "sha256": backend.sha256}) + "\n")
         sys.stdout.flush()
         await trio.sleep_forever()
-
-
-def _samples_per_s(fn: Callable[[], Any], batch: int, seconds: float, min_reps: int) -> float:
-    fn()  # warm-up
-    reps, t0 = 0, time.perf_counter()
-    while reps < min_reps or time.perf_counter() - t0 < seconds:
-        fn()
-        reps += 1
-    return batch * reps / (time.perf_counter() - t0)
 
 
 def _workloads(module: torch.nn.Module, prefix: str) -> dict[str, tuple[Callable[[], Any], int]]:
@@ -98,21 +90,15 @@ def _measure_interleaved(
         for (lname, (lfn, batch)), (rname, (rfn, _)) in zip(
             local.items(), remote.items(), strict=True
         ):
-            samples[lname].append(_samples_per_s(lfn, batch, seconds, min_reps))
-            samples[rname].append(_samples_per_s(rfn, batch, seconds, min_reps))
+            samples[lname].append(samples_per_s(lfn, batch, seconds, min_reps))
+            samples[rname].append(samples_per_s(rfn, batch, seconds, min_reps))
     return {name: round(statistics.median(v), 1) for name, v in samples.items()}
 
 
 def _latency_ms(module: torch.nn.Module, calls: int) -> float:
     x = torch.randn(1, SPEC.hidden)
-    times = []
     with torch.no_grad():
-        module(x)
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            module(x)
-            times.append((time.perf_counter() - t0) * 1000)
-    return round(statistics.median(times), 3)
+        return latency_ms_median(lambda: module(x), calls)
 
 
 def _hivemind(args: argparse.Namespace) -> dict[str, Any]:

@@ -22,9 +22,7 @@ import functools
 import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
@@ -33,30 +31,17 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import latency_ms_median, samples_per_s
+
 UID = "ffn.0.0"
 _EXPERT_CLS = "moehome_bench"  # the name the server process registers the module under
 
 
-def _samples_per_s(fn: Callable[[], Any], batch: int, seconds: float, min_reps: int) -> float:
-    """As benchmarks/expert_rpc.py times it (that module imports libp2p, so it is copied)."""
-    fn()  # warm-up
-    reps, t0 = 0, time.perf_counter()
-    while reps < min_reps or time.perf_counter() - t0 < seconds:
-        fn()
-        reps += 1
-    return batch * reps / (time.perf_counter() - t0)
-
-
 def _latency_ms(module: Callable[[torch.Tensor], Any], hidden: int, calls: int) -> float:
     x = torch.randn(1, hidden)
-    times = []
     with torch.no_grad():
-        module(x)
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            module(x)
-            times.append((time.perf_counter() - t0) * 1000)
-    return round(statistics.median(times), 3)
+        return latency_ms_median(lambda: module(x), calls)
 
 
 def _sample_input(batch: int, hidden: int) -> torch.Tensor:
@@ -170,7 +155,7 @@ def measure_hivemind(
                     expert(xi).sum().backward()
 
                 for kind, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
-                    sps = _samples_per_s(fn, batch, seconds, min_reps)
+                    sps = samples_per_s(fn, batch, seconds, min_reps)
                     result[f"hivemind_{kind}_b{batch}_sps"] = round(sps, 1)
             result["hivemind_fwd_b1_ms_median"] = _latency_ms(expert, hidden, latency_calls)
             # the lr=0 steps after every backward left the served weights as they were

@@ -25,6 +25,7 @@ from core.project.owner import project_status
 from core.project.publish import prepare, serve_project
 from net import Identity, Peer, RemoteError, Tensor, parse_peer_addr
 from net.identity import load_or_create
+from tests.processes import stop_processes
 from tests.test_project import small_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,9 +139,4 @@ async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path)
             assert agg_status["versions"][uid] == 1
             nursery.cancel_scope.cancel()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(timeout=10)
-            if p.stdout:
-                p.stdout.close()
+        stop_processes(procs)

@@ -17,6 +17,7 @@ from core.moe.finder import ExpertFinder
 from core.moe.mixture import MoEConfig, RemoteMixtureOfExperts
 from core.namespaces import moehome_validator
 from net import Identity, Peer, PeerConfig, parse_peer_addr
+from tests.processes import stop_processes
 from tests.test_mixture import HIDDEN, Model, task, train_steps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,9 +100,4 @@ async def test_training_survives_a_sigkilled_server_and_uses_a_replacement():
             assert min(after) < first[0] * 0.8, (first, during, after)
             nursery.cancel_scope.cancel()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(timeout=10)
-            if p.stdout:
-                p.stdout.close()
+        stop_processes(procs)

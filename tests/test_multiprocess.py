@@ -13,6 +13,7 @@ import trio
 
 from net import Identity, Peer, PeerConfig, Tensor, parse_peer_addr
 from net.peer import PING
+from tests.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "core.cli", "--quiet"]
@@ -66,8 +67,4 @@ async def test_peers_in_separate_processes():
             ]
             nursery.cancel_scope.cancel()
     finally:
-        for p in procs:
-            p.terminate()
-            p.wait(timeout=10)
-            if p.stdout:
-                p.stdout.close()
+        stop_processes(procs)

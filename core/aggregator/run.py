@@ -19,7 +19,7 @@ from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore
 from core.project.distribution import WeightsFetcher, WeightsService, find_manifest
 from core.project.pins import PinStore
-from core.project.publish import _backends
+from core.project.publish import backends_from_files
 from core.project.signed import SignedManifest
 from net import Identity, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
@@ -84,7 +84,9 @@ async def run_aggregator(
         files = await WeightsFetcher(peer, store).fetch(signed, uids)
         initial = {
             uid: b.module
-            for uid, b in (await trio.to_thread.run_sync(_backends, signed.manifest, files)).items()
+            for uid, b in (
+                await trio.to_thread.run_sync(backends_from_files, signed.manifest, files)
+            ).items()
         }
         core = await trio.to_thread.run_sync(
             AggregatorCore, settings_from(signed, uids), workdir / "state", initial

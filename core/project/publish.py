@@ -135,10 +135,10 @@ async def join_project(
     files = await fetcher.fetch(signed, uids, progress)
     # a volunteer that holds weights can pass them on
     await WeightsService.of(peer, store).announce(project_id, signed.weights_index, uids)
-    return signed, await trio.to_thread.run_sync(_backends, manifest, files)
+    return signed, await trio.to_thread.run_sync(backends_from_files, manifest, files)
 
 
-def _backends(manifest: Manifest, files: dict[str, bytes]) -> dict[str, ExpertBackend]:
+def backends_from_files(manifest: Manifest, files: dict[str, bytes]) -> dict[str, ExpertBackend]:
     spec = manifest.model.expert.spec()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,16 @@
+"""Helpers for tests that run moehome commands as separate processes."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[str]]) -> None:
+    """Terminate what still runs, wait for it, and close the pipes (no fd leaks)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            p.wait(timeout=10)
+        if p.stdout:
+            p.stdout.close()
