@@ -17,6 +17,14 @@ from net.host import DEFAULT_LISTEN
 log = logging.getLogger(__name__)
 
 
+def print_addresses(peer: Peer) -> None:
+    """The peer's full addresses on standard output, one per line: the first line a
+    long-running command prints, for scripts and tests to read."""
+    for addr in peer.addrs():
+        sys.stdout.write(addr + "\n")
+    sys.stdout.flush()
+
+
 async def run_peer(
     identity: Identity, listen: Sequence[str] | None, bootstrap: Sequence[str]
 ) -> None:
@@ -24,9 +32,7 @@ async def run_peer(
     config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(Peer(identity, config).run)
-        for addr in peer.addrs():
-            sys.stdout.write(addr + "\n")
-        sys.stdout.flush()
+        print_addresses(peer)
         await trio.sleep_forever()
 
 

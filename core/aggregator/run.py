@@ -4,7 +4,6 @@ responsibility, with its state in a folder that survives restarts."""
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from core.project.distribution import WeightsFetcher, WeightsService, find_manif
 from core.project.pins import PinStore
 from core.project.publish import backends_from_files
 from core.project.signed import SignedManifest
+from core.swarm_peer import print_addresses
 from net import Identity, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
 from net.identity import peer_id_from_public_key
@@ -94,9 +94,7 @@ async def run_aggregator(
         try:
             WeightsService.of(peer, store)
             await nursery.start(AggregatorService(peer, core, store=store).run)
-            for addr in peer.addrs():
-                sys.stdout.write(addr + "\n")
-            sys.stdout.flush()
+            print_addresses(peer)
             log.info(
                 "aggregating %d experts of %s at versions %s", len(uids), project_id, core.versions
             )

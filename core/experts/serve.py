@@ -4,7 +4,6 @@ node's benchmark, throttle and project management; for owners' tests and local s
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.namespaces import moehome_validator
+from core.swarm_peer import print_addresses
 from net import Identity, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
 
@@ -54,9 +54,7 @@ async def serve_experts(
             await nursery.start(ExpertServer(peer, backends, server_config).run)
         else:
             await _serve_project_experts(nursery, peer, project, uids, data_dir, server_config)
-        for addr in peer.addrs():
-            sys.stdout.write(addr + "\n")
-        sys.stdout.flush()
+        print_addresses(peer)
         log.info("serving %s", ", ".join(uids))
         await trio.sleep_forever()
 

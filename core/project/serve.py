@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from core.namespaces import moehome_validator
 from core.project.keys import KeyRotation
 from core.project.owner import announce_rotation, project_status
 from core.project.publish import Prepared, serve_project
-from core.swarm_peer import joined_client
+from core.swarm_peer import joined_client, print_addresses
 from net import Identity, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
 
@@ -32,9 +31,7 @@ async def publish_and_serve(
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
         await nursery.start(serve_project, peer, prepared)
-        for addr in peer.addrs():
-            sys.stdout.write(addr + "\n")
-        sys.stdout.flush()
+        print_addresses(peer)
         log.info("serving project %s; Ctrl-C to stop", prepared.signed.project_id)
         await trio.sleep_forever()
 
