@@ -499,12 +499,23 @@ def node(
     project: Annotated[
         str | None, typer.Option(help="Project id to serve (else: join the swarm only).")
     ] = None,
-    experts: Annotated[int, typer.Option(min=1, max=64, help="How many experts to serve.")] = 2,
+    experts: Annotated[
+        int | None,
+        typer.Option(min=1, max=64, help="Most experts to serve (default: as many as fit)."),
+    ] = None,
     listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None,
+    fake_probes: Annotated[
+        Path | None,
+        typer.Option(hidden=True, help="Tests: read the machine's state from this JSON file."),
+    ] = None,
+    benchmark: Annotated[
+        bool, typer.Option(help="Measure the device at start (cached after the first time).")
+    ] = True,
 ) -> None:
     """Run the volunteer node (what the tray starts): serves experts when allowed."""
     from core.node.node import Node, NodeOptions
+    from core.node.probes import FileProbes, probe_for_this_os
     from core.paths import config_dir
 
     data = _data_dir()
@@ -519,9 +530,11 @@ def node(
             bootstrap=tuple(bootstrap or ()),
             listen=tuple(listen or ("/ip4/127.0.0.1/tcp/0",)),
             experts=experts,
+            benchmark=benchmark,
         )
+        probes = FileProbes(fake_probes) if fake_probes else probe_for_this_os()
         async with trio.open_nursery() as nursery:
-            started = await nursery.start(Node(_identity(False), options).run)
+            started = await nursery.start(Node(_identity(False), options, probes=probes).run)
             for addr in started.peer.addrs():
                 sys.stdout.write(addr + "\n")
             sys.stdout.flush()
@@ -571,14 +584,90 @@ def node_resume() -> None:
     typer.echo(_client().resume()["reason"])
 
 
+@app.command("snooze")
+def node_snooze(
+    duration: Annotated[str, typer.Argument(help="How long: 30m, 1h, 3h, 1d.")] = "1h",
+) -> None:
+    """Pause the running node for a while; it resumes by itself."""
+    typer.echo(_client().snooze(_seconds(duration))["reason"])
+
+
+def _seconds(duration: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = duration.strip().lower()
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text) * 60
+    except ValueError:
+        value = -1
+    if not 0 < value <= 7 * 86400:
+        raise typer.BadParameter(f"{duration!r}: a duration up to a week, like 30m, 2h or 1d")
+    return value
+
+
+@app.command("join")
+def node_join(project: Annotated[str, typer.Argument(help="The project id to serve.")]) -> None:
+    """Make the running node serve a project (it remembers it)."""
+    from core.control import ControlError
+
+    try:
+        status = _client().join(project)
+    except ControlError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"{status['state']}: {status['reason']}")
+
+
+@app.command("leave")
+def node_leave() -> None:
+    """Make the running node leave its project."""
+    status = _client().leave()
+    typer.echo(f"{status['state']}: {status['reason']}")
+
+
+@app.command("prefs")
+def node_prefs(
+    changes: Annotated[
+        list[str] | None,
+        typer.Argument(help='name=value pairs (values in JSON: 70, true, [0], "18:00").'),
+    ] = None,
+) -> None:
+    """Show the running node's preferences, or change some (validated by the node)."""
+    from core.control import ControlError
+
+    client = _client()
+    try:
+        if not changes:
+            prefs = client.preferences()
+        else:
+            prefs = client.set_preferences(dict(_assignment(c) for c in changes))
+    except ControlError as exc:
+        for problem in exc.problems or [str(exc)]:
+            typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(1) from exc
+    for name, value in prefs.items():
+        typer.echo(f"{name:<20} {json.dumps(value)}")
+
+
+def _assignment(text: str) -> tuple[str, Any]:
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise typer.BadParameter(f"{text!r}: write name=value")
+    try:
+        return name.strip(), json.loads(raw)
+    except ValueError:
+        return name.strip(), raw  # a bare word: a string
+
+
 @app.command()
 def bench(
     again: Annotated[
         bool, typer.Option("--again", help="Measure even if cached figures exist.")
     ] = False,
     quick: Annotated[bool, typer.Option(help="A short run.")] = False,
+    bootstrap: BootstrapOpt = None,
 ) -> None:
-    """Measure this device (cached per device, driver and torch version)."""
+    """Measure this device (cached per device, driver and torch version); with
+    --bootstrap, also the round trip to a few peers of the swarm (not cached)."""
     from rich.progress import Progress
 
     from core.node.bench import cached_benchmark
@@ -592,8 +681,19 @@ def bench(
         result = cached_benchmark(
             _data_dir() / "device-benchmark.json", force=again, quick=quick, progress=step
         )
+    if bootstrap:
+        result.update(_run(_network_rtt, bootstrap))
     for key, value in result.items():
         typer.echo(f"{key:<22} {value}")
+
+
+async def _network_rtt(bootstrap: list[str]) -> dict[str, Any]:
+    from core.node.bench import network_rtt_ms
+    from core.swarm_peer import joined_client
+    from net import Identity
+
+    async with joined_client(Identity.generate(), bootstrap) as peer:
+        return await network_rtt_ms(peer)
 
 
 @app.command()
@@ -617,7 +717,7 @@ def _run(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     error and 1 (also when trio wrapped them in exception groups)."""
     import trio
 
-    from core.errors import UserFacingError
+    from core.errors import UserFacingError, leaf_exceptions
     from net import DhtError, RpcError
     from net.host import AddressError, DialError
 
@@ -625,7 +725,7 @@ def _run(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     try:
         return trio.run(fn, *args)
     except BaseException as exc:
-        leaves = _leaf_exceptions(exc)
+        leaves = leaf_exceptions(exc)
         if any(isinstance(e, KeyboardInterrupt) for e in leaves):
             if _state["verbosity"] >= 0:
                 typer.echo("stopped", err=True)
@@ -635,12 +735,6 @@ def _run(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
                 typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
         raise
-
-
-def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaf_exceptions(sub)]
-    return [exc]
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from net.dht import (
 )
 from net.host import AddressError, DialError, SwarmHost, parse_peer_addr
 from net.identity import Identity, IdentityError, load_or_create
-from net.peer import Peer, PeerConfig
+from net.peer import Peer, PeerConfig, running_last
 from net.rpc import (
     BadRequest,
     CallContext,
@@ -70,4 +70,5 @@ __all__ = [
     "UnknownMethod",
     "load_or_create",
     "parse_peer_addr",
+    "running_last",
 ]

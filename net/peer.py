@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -85,3 +86,22 @@ class Peer:
                     await trio.sleep_forever()
             finally:
                 self.rpc.close()
+
+
+@asynccontextmanager
+async def running_last(peer: Peer) -> AsyncIterator[Peer]:
+    """Run ``peer`` around the body and stop it only after the body has finished, also
+    when the whole thing is cancelled: the services on top get to say goodbye (withdraw
+    their DHT records, flush) over a peer that still works."""
+    shield = trio.CancelScope(shield=True)
+
+    async def run(*, task_status: trio.TaskStatus[Peer]) -> None:
+        with shield:
+            await peer.run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run)
+        try:
+            yield peer
+        finally:
+            shield.cancel()

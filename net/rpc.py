@@ -245,6 +245,10 @@ class RpcService:
             raise ValueError(f"method {method!r} is already registered")
         self._handlers[method] = handler
 
+    def unregister(self, method: str) -> None:
+        """Stop answering ``method`` (calls get UnknownMethod); calls running go on."""
+        self._handlers.pop(method, None)
+
     def attach(self) -> None:
         """Start accepting RPC streams on the host."""
         self.host.set_stream_handler(RPC_PROTOCOL, self._serve_stream)

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from core.experts.registry import ExpertSpec
+from core.node.capacity import choose_device, experts_that_fit, memory_budget, parameter_count
 from core.node.choice import choose_experts, rebalance
 
 ORDER = ["a", "b", "c", "d"]
@@ -42,3 +44,48 @@ def test_two_volunteers_do_not_oscillate():
     cov = {"a": 1, "b": 1}
     assert rebalance(["a"], cov, 1, ORDER) == ["a"]
     assert rebalance(["b"], cov, 1, ORDER) == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("allowed", "cuda_count", "expected"),
+    [
+        ("all", 0, "cpu"),
+        ("all", 2, "cuda:0"),
+        ([1], 2, "cuda:1"),
+        ([3], 2, "cpu"),  # the allowed GPU is not there
+        ([], 4, "cpu"),  # the volunteer allows no GPU
+    ],
+)
+def test_choose_device(allowed, cuda_count, expected):
+    assert choose_device(allowed, cuda_count) == expected
+
+
+@pytest.mark.parametrize(
+    ("free", "cap_gb", "expected"),
+    [
+        (8_000_000_000, None, 4_000_000_000),  # half of what is free
+        (8_000_000_000, 2.0, 2_000_000_000),  # the volunteer's cap
+        (1_000_000_000, 2.0, 1_000_000_000),  # never more than is free
+    ],
+)
+def test_memory_budget(free, cap_gb, expected):
+    assert memory_budget(free, cap_gb) == expected
+
+
+@pytest.mark.parametrize(
+    ("params", "budget", "wanted", "expected"),
+    [
+        (1_000_000, 200_000_000, None, 10),  # 20 MB each (4 B x 5)
+        (1_000_000, 200_000_000, 3, 3),  # the volunteer asked for fewer
+        (1_000_000, 10_000_000, 3, 0),  # not even one fits
+        (10, 10**12, None, 16),  # tiny experts: at most MOST_EXPERTS
+    ],
+)
+def test_experts_that_fit(params, budget, wanted, expected):
+    assert experts_that_fit(params, 4, budget, wanted) == expected
+
+
+def test_parameter_count_needs_no_memory():
+    spec = ExpertSpec(kind="ffn", hidden=16, inner=32)
+    # LayerNorm (2x16) + Linear 16->32 (16*32+32) + Linear 32->16 (32*16+16)
+    assert parameter_count(spec) == 32 + 544 + 528

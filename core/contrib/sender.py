@@ -9,8 +9,9 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import trio
@@ -60,6 +61,8 @@ class ContributionSender:
         backends: Mapping[str, ExpertBackend],
         aggregators: Sequence[PeerID],
         config: SenderConfig,
+        *,
+        on_result: Callable[[str, str], None] | None = None,
     ) -> None:
         if not aggregators:
             raise ValueError("a project needs at least one aggregator to send contributions to")
@@ -68,6 +71,11 @@ class ContributionSender:
         self.aggregators = list(aggregators)
         self.config = config
         self.stats = SenderStatistics()
+        # told (uid, "accepted" | a refusal code | "given_up") when a delivery ends
+        self.on_result = on_result
+        self._in_flight = 0
+        self._all_delivered = trio.Event()
+        self._all_delivered.set()
         self._feedback = {uid: ErrorFeedback() for uid in backends}
         self._nursery: trio.Nursery | None = None
         self._since = {uid: time.monotonic() for uid in backends}
@@ -136,21 +144,44 @@ class ContributionSender:
         delay = self.config.retry_initial
         deadline = trio.current_time() + self.config.give_up_after
         self.stats.sent += 1
+        self._in_flight += 1
+        self._all_delivered = trio.Event() if self._all_delivered.is_set() else self._all_delivered
+        try:
+            await self._deliver_until(uid, contribution, wires, target, delay, deadline)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._all_delivered.set()
+
+    async def delivered(self) -> None:
+        """Returns when no contribution is on its way (each ended: accepted, refused or
+        given up)."""
+        await self._all_delivered.wait()
+
+    async def _deliver_until(
+        self,
+        uid: str,
+        contribution: Contribution,
+        wires: list[Any],
+        target: PeerID,
+        delay: float,
+        deadline: float,
+    ) -> None:
         while trio.current_time() < deadline:
             try:
                 await self.peer.rpc.call(
                     target, CONTRIBUTE, {"header": contribution.encode()}, wires, timeout=60
                 )
-                self.stats.accepted += 1
+                self._ended(uid, "accepted")
                 return
             except RemoteError as exc:
                 if exc.code == "replay":  # an earlier try got through; its ack was lost
-                    self.stats.accepted += 1
+                    self._ended(uid, "accepted")
                     return
                 if exc.code in ("rate_limited", "overloaded", "unavailable"):
                     pass  # worth trying again later
                 else:
-                    self.stats.refused[exc.code] += 1
+                    self._ended(uid, exc.code)
                     log.warning("aggregator refused our contribution to %s: %s", uid, exc)
                     return
             except RpcError as exc:
@@ -158,7 +189,17 @@ class ContributionSender:
             self.stats.retries += 1
             await trio.sleep(delay)
             delay = min(delay * 2, self.config.retry_max)
-        self.stats.given_up += 1
+        self._ended(uid, "given_up")
         log.warning(
             "gave up sending a contribution to %s after %.0f s", uid, self.config.give_up_after
         )
+
+    def _ended(self, uid: str, outcome: str) -> None:
+        if outcome == "accepted":
+            self.stats.accepted += 1
+        elif outcome == "given_up":
+            self.stats.given_up += 1
+        else:
+            self.stats.refused[outcome] += 1
+        if self.on_result is not None:
+            self.on_result(uid, outcome)

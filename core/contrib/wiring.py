@@ -5,7 +5,7 @@ accumulated on the old ones and then re-declares the experts."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import trio
@@ -30,6 +30,8 @@ async def start_contributing(
     backends: Mapping[str, ExpertBackend],
     server: ExpertServer,
     data_dir: Path,
+    *,
+    on_result: Callable[[str, str], None] | None = None,
 ) -> ContributionSender | None:
     keys = [bytes.fromhex(a.key) for a in manifest.aggregators]
     if not keys:
@@ -45,6 +47,7 @@ async def start_contributing(
                 every_samples=manifest.training.contribution_samples,
                 every_seconds=manifest.training.contribution_seconds,
             ),
+            on_result=on_result,
         ).run
     )
     puller = WeightsPuller(

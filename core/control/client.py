@@ -71,6 +71,13 @@ class ControlClient:
     def preferences(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/preferences"))
 
+    def join(self, project: str) -> dict[str, Any]:
+        """Serve ``project`` from now on (the node remembers it)."""
+        return dict(self._call("POST", "/v1/project", {"project": project}))
+
+    def leave(self) -> dict[str, Any]:
+        return dict(self._call("DELETE", "/v1/project"))
+
     def set_preferences(self, changes: dict[str, Any]) -> dict[str, Any]:
         return dict(self._call("PUT", "/v1/preferences", changes))
 

@@ -15,7 +15,7 @@ from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.namespaces import moehome_validator
 from core.swarm_peer import print_addresses
-from net import Identity, Peer, PeerConfig
+from net import Identity, Peer, PeerConfig, running_last
 from net.host import DEFAULT_LISTEN
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,11 @@ async def serve_experts(
     server_config = ServerConfig(
         project=project, announce_interval=announce_interval, announce_ttl=3 * announce_interval
     )
-    async with trio.open_nursery() as nursery:
-        peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
+    # the peer stops last, so that the servers withdraw their declarations over it
+    async with (
+        running_last(Peer(identity, config, validator=moehome_validator())) as peer,
+        trio.open_nursery() as nursery,
+    ):
         if project == "demo":
             backends = make_backends(uids, spec, seed)
             await nursery.start(ExpertServer(peer, backends, server_config).run)

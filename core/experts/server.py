@@ -52,7 +52,10 @@ class ExpertServer:
         peer: Peer,
         backends: Mapping[str, ExpertBackend],
         config: ServerConfig | None = None,
+        *,
+        paused: bool = False,
     ) -> None:
+        """``paused``: start without taking work (declared as withdrawn until resumed)."""
         self.peer = peer
         self.backends = dict(backends)
         self.config = config or ServerConfig()
@@ -80,19 +83,19 @@ class ExpertServer:
             )
             for uid, b in self.backends.items()
         }
-        self._paused = False
+        self._paused = paused
         self._announcing = trio.Lock()
         self._input_digests: dict[tuple[object, int], bytes] = {}  # oldest dropped past 4096
         self._receipt_batches: dict[bytes, None] = {}  # an ordered set, oldest dropped
-        peer.rpc.register(FORWARD, self._forward)
-        peer.rpc.register(BACKWARD, self._backward)
-        peer.rpc.register(INFO, self._info)
 
     # ------------------------------------------------------------ lifecycle
 
     async def run(
         self, *, task_status: trio.TaskStatus[ExpertServer] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        handlers = {FORWARD: self._forward, BACKWARD: self._backward, INFO: self._info}
+        for method, handler in handlers.items():
+            self.peer.rpc.register(method, handler)
         try:
             async with trio.open_nursery() as nursery:
                 for pool in [*self._forward_pools.values(), *self._backward_pools.values()]:
@@ -104,6 +107,8 @@ class ExpertServer:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self._announce(withdraw=True)
+            for method in handlers:  # another server may take over this peer's methods
+                self.peer.rpc.unregister(method)
 
     def _refusal(self) -> BaseException | None:
         return Unavailable("this volunteer is paused") if self._paused else None

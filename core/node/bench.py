@@ -110,3 +110,38 @@ def cached_benchmark(
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(result, indent=1))
     return result
+
+
+async def network_rtt_ms(peer: Any, *, peers: int = 5, rounds: int = 5) -> dict[str, Any]:
+    """Round trips to up to ``peers`` known peers (``rounds`` pings each): median and
+    worst peer's median, in ms. ``peer`` is a running net.Peer that joined the swarm."""
+    import statistics
+
+    import trio
+
+    from net import RpcError
+    from net.peer import PING
+
+    targets = list(peer.dht.known_peers())[:peers]
+    medians: list[float] = []
+
+    async def ping(target: Any) -> None:
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            try:
+                await peer.rpc.call(target, PING, {}, timeout=5)
+            except RpcError:
+                continue
+            times.append((time.perf_counter() - t0) * 1000)
+        if times:
+            medians.append(statistics.median(times))
+
+    async with trio.open_nursery() as nursery:
+        for target in targets:
+            nursery.start_soon(ping, target)
+    return {
+        "network_peers": len(medians),
+        "network_rtt_ms_median": round(statistics.median(medians), 2) if medians else None,
+        "network_rtt_ms_worst": round(max(medians), 2) if medians else None,
+    }

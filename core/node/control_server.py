@@ -39,7 +39,11 @@ class NodeControl:
         preferences: Preferences,
         after_command: Callable[[], Awaitable[Any]] | None = None,
         history: Callable[[float], dict[str, Any]] | None = None,
+        join: Callable[[str], None] | None = None,
+        leave: Callable[[], None] | None = None,
     ) -> None:
+        self.join = join  # raises ValueError for a malformed project id
+        self.leave = leave
         self.history = history  # since (unix time) -> {"hours": [...], "temperatures": [...]}
         self.after_command = after_command  # e.g. the governor deciding at once
         self.status = status
@@ -132,7 +136,30 @@ def build_app(control: NodeControl, token: str) -> Starlette:
             prefs = control.set_preferences(body)
         except PreferencesError as exc:
             return JSONResponse({"error": str(exc), "problems": exc.problems}, status_code=422)
+        if control.after_command is not None:
+            await control.after_command()  # new limits apply at once
         return JSONResponse(prefs.model_dump(mode="json"))
+
+    async def project(request: Request) -> JSONResponse:
+        if control.join is None or control.leave is None:
+            return JSONResponse({"error": "this node cannot change projects"}, status_code=404)
+        if request.method == "DELETE":
+            control.leave()
+            return JSONResponse(control.status())
+        body = await _json(request)
+        project_id = body.get("project") if isinstance(body, dict) else None
+        if not isinstance(project_id, str):
+            return JSONResponse(
+                {"error": 'send {"project": "<project id>"}', "problems": ["project: missing"]},
+                status_code=422,
+            )
+        try:
+            control.join(project_id.strip())
+        except ValueError as exc:
+            return JSONResponse(
+                {"error": str(exc), "problems": [f"project: {exc}"]}, status_code=422
+            )
+        return JSONResponse(control.status())
 
     async def history(request: Request) -> JSONResponse:
         if control.history is None:
@@ -151,6 +178,7 @@ def build_app(control: NodeControl, token: str) -> Starlette:
         Route("/v1/resume", command(control.resume), methods=["POST"]),
         Route("/v1/snooze", snooze, methods=["POST"]),
         Route("/v1/preferences", preferences, methods=["GET", "PUT"]),
+        Route("/v1/project", project, methods=["POST", "DELETE"]),
     ]
     return Starlette(routes=routes, middleware=[Middleware(TokenGate)])
 

@@ -36,7 +36,9 @@ class Governor:
         interval: float = 0.25,
         duty_window: float = 600.0,
         clock: Callable[[], dt.datetime] = dt.datetime.now,
+        on_change: Callable[[Decision], None] | None = None,
     ) -> None:
+        self.on_change = on_change  # e.g. an event for the control API's stream
         self.probes = probes
         self.preferences = preferences
         self.server = server
@@ -66,6 +68,26 @@ class Governor:
         until = self.clock() + dt.timedelta(seconds=seconds)
         self.state = ThrottleState(**{**self.state.__dict__, "snoozed_until": until})
         self._wake.set()
+
+    async def attach(self, server: ExpertServer) -> None:
+        """Govern ``server`` from now on; one that joins while the node is paused is
+        paused at once (start it with ``paused=True`` so it never takes work)."""
+        self.server = server
+        self._compute.clear()  # the duty-cycle window counts this server's seconds
+        await self._enforce()
+
+    def detach(self) -> None:
+        """The node serves nothing now."""
+        self.server = None
+        self._compute.clear()
+
+    async def _enforce(self) -> None:
+        if self.server is None or self.decision is None:
+            return
+        if self.decision.run and self.server.paused:
+            await self.server.resume()
+        elif not self.decision.run and not self.server.paused:
+            await self.server.pause()
 
     # ---- the loop
 
@@ -99,11 +121,9 @@ class Governor:
         if previous is None or (previous.run, previous.reason) != (decision.run, decision.reason):
             self.changes.append(StateChange(trio.current_time(), decision))
             log.info("%s", decision.describe())
-            if self.server is not None:
-                if decision.run and self.server.paused:
-                    await self.server.resume()
-                elif not decision.run and not self.server.paused:
-                    await self.server.pause()
+            if self.on_change is not None:
+                self.on_change(decision)
+            await self._enforce()
         return decision
 
     def _work_fraction(self) -> float:

@@ -1,12 +1,17 @@
 """The volunteer's node: one process that joins the swarm (and a project), serves the
 experts the swarm covers least, sends contributions, pulls new versions, obeys the
-throttle, and answers the local control API."""
+throttle, and answers the local control API. A project can be joined and left while the
+node runs; the choice survives a restart."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
+import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -17,20 +22,26 @@ import trio
 
 from core.contrib.sender import ContributionSender
 from core.contrib.wiring import start_contributing
-from core.experts.records import SERVING, ExpertAnnouncement, expert_key
+from core.errors import UserFacingError, one_line
+from core.experts.records import SERVING, ExpertAnnouncement, check_project, expert_key
 from core.experts.server import ExpertServer, ServerConfig
 from core.namespaces import moehome_validator
-from core.node.choice import choose_experts
+from core.node.bench import cached_benchmark
+from core.node.capacity import DevicePlan, experts_that_fit, parameter_count, plan_device
+from core.node.choice import choose_experts, rebalance
 from core.node.control_server import NodeControl, serve_control
 from core.node.governor import Governor
 from core.node.history import History
-from core.node.preferences import load_preferences
+from core.node.preferences import Preferences, load_preferences
 from core.node.probes import Probes, probe_for_this_os
+from core.node.throttle import Decision
 from core.project.distribution import find_manifest
+from core.project.manifest import Manifest
 from core.project.pins import PinStore
 from core.project.publish import join_project
-from net import Identity, Peer, PeerConfig
+from net import Identity, Peer, PeerConfig, RpcError, running_last
 from net.host import DEFAULT_LISTEN
+from net.peer import PING
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +50,19 @@ log = logging.getLogger(__name__)
 class NodeOptions:
     data_dir: Path
     config_dir: Path
+    #: Project to serve; None: the one joined last time (through the control API), if any.
     project: str | None = None
     bootstrap: Sequence[str] = ()
     listen: Sequence[str] = DEFAULT_LISTEN
-    experts: int = 2  # how many experts to serve
+    #: Most experts to serve; None: as many as fit in the memory the volunteer allows.
+    experts: int | None = None
     control_port: int = 0
+    #: Seconds between looks at the swarm's coverage (with +-20% jitter).
+    rebalance_every: float = 300.0
+    #: Measure the device at start (cached); off in tests that do not need it.
+    benchmark: bool = True
+    #: Seconds between retries after a failed join (doubles up to 10 minutes).
+    join_retry: float = 15.0
 
 
 @dataclass
@@ -59,44 +78,102 @@ class Node:
     control: NodeControl | None = None
     control_url: str = ""
     history: History | None = None
+    project: str | None = None
+    project_name: str = ""
+    project_error: str = ""
+    device_plan: DevicePlan | None = None
+    benchmark: dict[str, Any] = field(default_factory=dict)
+    rtt_ms: float | None = None
+    rebalances: int = 0
+    # totals over every server and sender this node ran (a rebalance starts new ones)
+    _samples_before: int = 0
+    _sent_before: int = 0
+    _outcomes: Counter[str] = field(default_factory=Counter)
+    _nursery: trio.Nursery | None = None
+    _project_scope: trio.CancelScope | None = None
+
+    # ------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
         decision = self.governor.decision if self.governor else None
+        reading = self.governor.last_reading if self.governor else None
         serving = sorted(self.server.backends) if self.server else []
-        state = (
-            "no project"
-            if not self.options.project
-            else ("starting" if decision is None else "working" if decision.run else "paused")
-        )
+        if not self.project:
+            state = "no project"
+        elif self.project_error and self.server is None:
+            state = "error"
+        elif self.server is None or decision is None:
+            state = "starting"
+        else:
+            state = "working" if decision.run else "paused"
         return {
             "state": state,
-            "reason": decision.describe() if decision else "starting",
-            "project": self.options.project,
+            "reason": self._reason(state, decision),
+            "reason_code": decision.reason.name.lower() if decision and decision.reason else "",
+            "project": self.project,
+            "project_name": self.project_name,
+            "project_error": self.project_error,
             "experts": {u: self.server.backends[u].version for u in serving} if self.server else {},
             "contributions": {
-                "sent": self.sender.stats.sent,
-                "accepted": self.sender.stats.accepted,
-                "refused": dict(self.sender.stats.refused),
-            }
-            if self.sender
-            else {},
+                "sent": self._sent_before + (self.sender.stats.sent if self.sender else 0),
+                "accepted": self._outcomes["accepted"],
+                "given_up": self._outcomes["given_up"],
+                "refused": {
+                    k: n for k, n in self._outcomes.items() if k not in ("accepted", "given_up")
+                },
+            },
+            "samples_done": self._samples_done(),
+            "device": {
+                "device": self.device_plan.device if self.device_plan else "",
+                "memory": self.device_plan.why if self.device_plan else "",
+                "benchmark": self.benchmark,
+                "network_rtt_ms": self.rtt_ms,
+            },
+            "readings": {
+                "gpu_temp_c": reading.gpu_temp_c if reading else None,
+                "gpu_utilization": reading.gpu_utilization if reading else None,
+                "gpu_power_w": reading.gpu_power_w if reading else None,
+                "cpu_temp_c": reading.cpu_temp_c if reading else None,
+                "idle_seconds": reading.idle_seconds if reading else None,
+                "on_battery": reading.on_battery if reading else None,
+            },
             "peers": len(self.peer.dht.known_peers()) if self.peer else 0,
             "peer_id": str(self.identity.peer_id),
             "uptime_s": round(time.time() - self.started),
+            "pid": os.getpid(),
         }
+
+    def _reason(self, state: str, decision: Decision | None) -> str:
+        if state == "no project":
+            return "join a project to start helping"
+        if state == "error":
+            return f"cannot join the project: {self.project_error}"
+        if state == "starting":
+            return "joining the project"
+        assert decision is not None
+        return decision.describe()
+
+    # ------------------------------------------------------------ lifecycle
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         opts = self.options
-        prefs_path = opts.config_dir / "preferences.json"
         config = PeerConfig(listen=tuple(opts.listen), bootstrap=tuple(opts.bootstrap))
+        # the peer stops last: on the way out the expert server still withdraws its
+        # declarations over it (else trainers keep calling a node that is gone)
+        peer = Peer(self.identity, config, validator=moehome_validator())
+        async with running_last(peer):
+            self.peer = peer
+            await self._run_services(task_status)
+
+    async def _run_services(self, task_status: trio.TaskStatus[Node]) -> None:
+        opts = self.options
+        prefs_path = opts.config_dir / "preferences.json"
         async with trio.open_nursery() as nursery:
-            self.peer = await nursery.start(
-                Peer(self.identity, config, validator=moehome_validator()).run
+            self._nursery = nursery
+            self.governor = Governor(
+                self.probes, lambda: self._prefs(), None, on_change=self._decided
             )
-            if opts.project:
-                await self._join(nursery, opts.project)
-            self.governor = Governor(self.probes, lambda: self._prefs(), self.server)
-            control = NodeControl(
+            self.control = NodeControl(
                 self.status,
                 self.governor.pause,
                 self.governor.resume,
@@ -105,17 +182,233 @@ class Node:
                 load_preferences(prefs_path),
                 after_command=self.governor.step,
                 history=self._history_since,
+                join=self.join,
+                leave=self.leave,
             )
-            self.control = control
             await nursery.start(self.governor.run)
             self.control_url = await nursery.start(
-                partial(serve_control, control, opts.data_dir, port=opts.control_port)
+                partial(serve_control, self.control, opts.data_dir, port=opts.control_port)
             )
             self.history = History(opts.data_dir / "history.sqlite")
             nursery.start_soon(self._record_history)
+            nursery.start_soon(self._measure_network)
+            if opts.benchmark:
+                nursery.start_soon(self._benchmark)
+            project = opts.project or self._saved_project()
+            if project:
+                self.join(project)
             log.info("node %s up; control API at %s", self.identity.peer_id, self.control_url)
             task_status.started(self)
             await trio.sleep_forever()
+
+    def join(self, project: str) -> None:
+        """Serve ``project`` from now on (leaving the one served now); remembered."""
+        check_project(project)  # ValueError with the rule
+        if project == self.project and self._project_scope is not None:
+            return
+        self.leave(remember=False)
+        assert self._nursery is not None
+        self.project, self.project_error = project, ""
+        self._save_project(project)
+        scope = trio.CancelScope()
+        self._project_scope = scope
+        self._nursery.start_soon(self._serve_project, project, scope)
+        self._event("project", project=project, joined=True)
+
+    def leave(self, remember: bool = True) -> None:
+        """Stop serving the project (declarations are withdrawn on the way out)."""
+        if self._project_scope is not None:
+            self._project_scope.cancel()
+            self._project_scope = None
+            self._event("project", project=self.project, joined=False)
+        self.project, self.project_name, self.project_error = None, "", ""
+        if remember:
+            self._save_project(None)
+
+    # ------------------------------------------------------------ serving a project
+
+    async def _serve_project(self, project: str, scope: trio.CancelScope) -> None:
+        delay = self.options.join_retry
+        with scope:
+            while True:
+                try:
+                    await self._serve_until_rebalanced(project, None)
+                    return  # pragma: no cover - only returns through cancellation
+                except Exception as exc:
+                    self.project_error = one_line(exc)
+                    log.warning(
+                        "cannot serve project %s: %s; retrying in %.0f s",
+                        project,
+                        self.project_error,
+                        delay,
+                        exc_info=not isinstance(exc, UserFacingError),
+                    )
+                    self._event("error", message=self.project_error)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 600.0)
+
+    async def _serve_until_rebalanced(self, project: str, chosen: list[str] | None) -> None:
+        """Serve ``chosen`` (or a first choice); now and then look at the coverage and,
+        when another set helps more, hand over: flush what was accumulated, withdraw,
+        and serve the new set."""
+        assert self.peer is not None
+        assert self.governor is not None
+        signed = await find_manifest(
+            self.peer, project, PinStore(self.options.data_dir / "pinned-owners.json")
+        )
+        manifest = signed.manifest
+        self.project_name = manifest.project.name
+        uids = list(manifest.model.expert_uids())
+        order = list(uids)
+        random.Random(self.identity.public_key).shuffle(order)  # volunteers spread out
+        while True:
+            capacity = self._capacity(manifest)
+            coverage = await self._coverage(project, uids)
+            if chosen is None:
+                chosen = choose_experts(coverage, capacity, order)
+            if not chosen:
+                raise MemoryError(
+                    "not even one expert fits in the memory you allow "
+                    f"({self.device_plan.why if self.device_plan else '?'})"
+                )
+            assert self.device_plan is not None
+            _, backends = await join_project(
+                self.peer,
+                project,
+                chosen,
+                data_dir=self.options.data_dir,
+                device=self.device_plan.device,
+            )
+            decision = self.governor.decision
+            server = ExpertServer(
+                self.peer,
+                backends,
+                ServerConfig(project=project, require_receipts=True),
+                paused=decision is None or not decision.run,
+            )
+            sender: ContributionSender | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(server.run)
+                    sender = await start_contributing(
+                        nursery,
+                        self.peer,
+                        project,
+                        manifest,
+                        backends,
+                        server,
+                        self.options.data_dir,
+                        on_result=self._contribution_ended,
+                    )
+                    self.server, self.sender, self.project_error = server, sender, ""
+                    await self.governor.attach(server)
+                    self._event("experts", experts=sorted(chosen))
+                    log.info("serving %s of project %s", ", ".join(chosen), manifest.project.name)
+                    chosen = await self._wait_for_better(project, uids, chosen, order, manifest)
+                    if sender is not None:
+                        for uid in backends:  # gradients of the old set still count
+                            await sender.flush(uid)
+                        with trio.move_on_after(30):  # let the deliveries finish
+                            await sender.delivered()
+                    nursery.cancel_scope.cancel()
+            finally:
+                # only now: the server has withdrawn its declarations on its way out
+                self.governor.detach()
+                self._samples_before += server.samples_done()
+                self._sent_before += sender.stats.sent if sender is not None else 0
+                self.server = self.sender = None
+            self.rebalances += 1
+
+    async def _wait_for_better(
+        self,
+        project: str,
+        uids: list[str],
+        serving: list[str],
+        order: list[str],
+        manifest: Manifest,
+    ) -> list[str]:
+        """Returns a better set of experts once the coverage calls for one."""
+        every = self.options.rebalance_every
+        while True:
+            await trio.sleep(every * random.uniform(0.8, 1.2))
+            coverage = await self._coverage(project, uids)
+            # our own declarations are withdrawn while paused: count us as serving
+            for uid in serving:
+                coverage[uid] = max(coverage.get(uid, 0), 1)
+            better = rebalance(serving, coverage, self._capacity(manifest), order)
+            if set(better) != set(serving):
+                log.info("rebalancing: %s -> %s", sorted(serving), sorted(better))
+                return better
+
+    async def _coverage(self, project: str, uids: list[str]) -> dict[str, int]:
+        """How many volunteers declare each expert (including this node)."""
+        assert self.peer is not None
+        peer = self.peer
+        coverage: dict[str, int] = {}
+
+        async def count(uid: str) -> None:
+            announcers = await peer.dht.announcers(expert_key(project, uid))
+            coverage[uid] = sum(1 for r in announcers.values() if _serving(r.value))
+
+        async with trio.open_nursery() as lookups:
+            for uid in uids:
+                lookups.start_soon(count, uid)
+        return coverage
+
+    def _capacity(self, manifest: Manifest) -> int:
+        prefs = self._prefs()
+        self.device_plan = plan_device(prefs.gpus, prefs.memory_cap_gb)
+        spec = manifest.model.expert.spec()
+        return experts_that_fit(
+            parameter_count(spec),
+            spec.torch_dtype.itemsize,
+            self.device_plan.budget_bytes,
+            self.options.experts,
+        )
+
+    # ------------------------------------------------------------ events and figures
+
+    def _event(self, kind: str, **data: Any) -> None:
+        if self.control is not None:
+            self.control.event(kind, **data)
+
+    def _decided(self, decision: Decision) -> None:
+        self._event(
+            "state",
+            run=decision.run,
+            reason=decision.describe(),
+            reason_code=decision.reason.name.lower() if decision.reason else "",
+        )
+
+    def _contribution_ended(self, uid: str, outcome: str) -> None:
+        self._outcomes[outcome] += 1
+        self._event("contribution", uid=uid, outcome=outcome)
+
+    async def _benchmark(self) -> None:
+        cache = self.options.data_dir / "device-benchmark.json"
+        self.benchmark = await trio.to_thread.run_sync(partial(cached_benchmark, cache, quick=True))
+        self._event("benchmark")
+
+    async def _measure_network(self, every: float = 60.0) -> None:
+        """Median round trip to up to five known peers (for the status and the bench)."""
+        assert self.peer is not None
+        peer = self.peer
+
+        async def ping(target: Any, times: list[float]) -> None:
+            t0 = trio.current_time()
+            try:
+                await peer.rpc.call(target, PING, {}, timeout=5)
+            except RpcError:
+                return
+            times.append((trio.current_time() - t0) * 1000)
+
+        while True:
+            times: list[float] = []
+            async with trio.open_nursery() as pings:
+                for target in list(peer.dht.known_peers())[:5]:
+                    pings.start_soon(ping, target, times)
+            self.rtt_ms = round(statistics.median(times), 2) if times else None
+            await trio.sleep(every if times else 5.0)
 
     async def _record_history(self, every: float = 10.0) -> None:
         """Every ``every`` seconds: allowed-to-work time, samples done, temperatures."""
@@ -130,7 +423,7 @@ class Node:
                 self.history.record(
                     time.time(),
                     working_s=every if decision is not None and decision.run else 0.0,
-                    samples=samples - last_samples,
+                    samples=max(0, samples - last_samples),
                     gpu_temp_c=reading.gpu_temp_c if reading else None,
                     cpu_temp_c=reading.cpu_temp_c if reading else None,
                 )
@@ -140,7 +433,8 @@ class Node:
                 self.history.close()
 
     def _samples_done(self) -> int:
-        return self.server.samples_done() if self.server is not None else 0
+        current = self.server.samples_done() if self.server is not None else 0
+        return self._samples_before + current
 
     def _history_since(self, since: float) -> dict[str, Any]:
         if self.history is None:
@@ -150,36 +444,28 @@ class Node:
             "temperatures": self.history.temperatures(since),
         }
 
-    def _prefs(self) -> Any:
+    def _prefs(self) -> Preferences:
         assert self.control is not None
         return self.control.preferences
 
-    async def _join(self, nursery: trio.Nursery, project: str) -> None:
-        assert self.peer is not None
-        peer, opts = self.peer, self.options
-        signed = await find_manifest(peer, project, PinStore(opts.data_dir / "pinned-owners.json"))
-        manifest = signed.manifest
-        uids = list(manifest.model.expert_uids())
-        coverage: dict[str, int] = {}
+    # ------------------------------------------------------------ the remembered project
 
-        async def count(uid: str) -> None:
-            announcers = await peer.dht.announcers(expert_key(project, uid))
-            coverage[uid] = sum(1 for r in announcers.values() if _serving(r.value))
+    def _state_file(self) -> Path:
+        return self.options.config_dir / "node.json"
 
-        async with trio.open_nursery() as lookups:
-            for uid in uids:
-                lookups.start_soon(count, uid)
-        order = list(uids)
-        random.Random(self.identity.public_key).shuffle(order)  # volunteers spread out
-        chosen = choose_experts(coverage, opts.experts, order)
-        _, backends = await join_project(peer, project, chosen, data_dir=opts.data_dir)
-        self.server = await nursery.start(
-            ExpertServer(peer, backends, ServerConfig(project=project, require_receipts=True)).run
-        )
-        self.sender = await start_contributing(
-            nursery, peer, project, manifest, backends, self.server, opts.data_dir
-        )
-        log.info("serving %s of project %s", ", ".join(chosen), manifest.project.name)
+    def _saved_project(self) -> str | None:
+        try:
+            project = json.loads(self._state_file().read_text()).get("project")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return project if isinstance(project, str) else None
+
+    def _save_project(self, project: str | None) -> None:
+        path = self._state_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"project": project}))
+        os.replace(tmp, path)
 
 
 def _serving(value: bytes) -> bool:

@@ -121,6 +121,7 @@ async def join_project(
     data_dir: Path,
     cache_bytes: int = 8 * 2**30,
     progress: Progress | None = None,
+    device: str | None = None,
 ) -> tuple[SignedManifest, dict[str, ExpertBackend]]:
     """Volunteer side: find the project, verify its manifest (pinning the owner key),
     fetch and verify the weights of ``uids``, and build their experts."""
@@ -135,10 +136,13 @@ async def join_project(
     files = await fetcher.fetch(signed, uids, progress)
     # a volunteer that holds weights can pass them on
     await WeightsService.of(peer, store).announce(project_id, signed.weights_index, uids)
-    return signed, await trio.to_thread.run_sync(backends_from_files, manifest, files)
+    return signed, await trio.to_thread.run_sync(backends_from_files, manifest, files, device)
 
 
-def backends_from_files(manifest: Manifest, files: dict[str, bytes]) -> dict[str, ExpertBackend]:
+def backends_from_files(
+    manifest: Manifest, files: dict[str, bytes], device: str | None = None
+) -> dict[str, ExpertBackend]:
+    """Experts built from their weights files, on ``device`` (None: CUDA when present)."""
     spec = manifest.model.expert.spec()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,5 +151,7 @@ def backends_from_files(manifest: Manifest, files: dict[str, bytes]) -> dict[str
             path.write_bytes(blob)
             module = build_expert(spec)
             info = load_weights(module, path)
-            out[uid] = ExpertBackend(ExpertUID.parse(uid), spec, module, version=info.version)
+            out[uid] = ExpertBackend(
+                ExpertUID.parse(uid), spec, module, version=info.version, device=device
+            )
     return out

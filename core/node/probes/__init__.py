@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from core.node.probes.base import Probes, Reading
-from core.node.probes.fake import FakeProbes
+from core.node.probes.fake import FakeProbes, FileProbes
 
 
 def probe_for_this_os() -> Probes:
@@ -29,4 +29,4 @@ def probe_for_this_os() -> Probes:
     return PortableProbes()
 
 
-__all__ = ["FakeProbes", "Probes", "Reading", "probe_for_this_os"]
+__all__ = ["FakeProbes", "FileProbes", "Probes", "Reading", "probe_for_this_os"]

@@ -1,8 +1,11 @@
-"""The probe interface and the parts every OS shares (psutil; NVML when present)."""
+"""The probe interface and the parts every OS shares (psutil; NVML when present; the
+amdgpu driver's sysfs on Linux)."""
 
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +31,14 @@ class Probes(Protocol):
     def read(self) -> Reading: ...
 
 
+# (temperature °C of the hottest GPU, utilization 0..1 of the busiest, power W of all)
+GpuReading = tuple[float | None, float | None, float | None]
+
+
+class GpuReader(Protocol):
+    def read(self) -> GpuReading: ...
+
+
 class Nvml:
     """GPU temperature, utilization and power through NVML (nvidia-ml-py), if present."""
 
@@ -45,7 +56,7 @@ class Nvml:
             log.debug("NVML unavailable: %s", exc)
             self._nvml = None
 
-    def read(self) -> tuple[float | None, float | None, float | None]:
+    def read(self) -> GpuReading:
         if self._nvml is None or not self._handles:
             return None, None, None
         nv = self._nvml
@@ -60,16 +71,18 @@ class Nvml:
 
 
 class PortableProbes:
-    """What psutil and NVML tell on any OS; idle time is unknown (None)."""
+    """What psutil and the GPU readers tell on any OS; idle time is unknown (None).
 
-    def __init__(self) -> None:
-        self._nvml = Nvml()
+    ``gpu_readers`` defaults to NVML, plus the amdgpu sysfs reader on Linux."""
+
+    def __init__(self, gpu_readers: Sequence[GpuReader] | None = None) -> None:
+        self._gpus = list(gpu_readers) if gpu_readers is not None else default_gpu_readers()
 
     def idle_seconds(self) -> float | None:
         return None
 
     def read(self) -> Reading:
-        gpu_temp, gpu_util, gpu_power = self._nvml.read()
+        gpu_temp, gpu_util, gpu_power = combine_gpu_readings(self._gpus)
         return Reading(
             idle_seconds=self.idle_seconds(),
             gpu_temp_c=gpu_temp,
@@ -79,6 +92,40 @@ class PortableProbes:
             on_battery=_on_battery(),
             processes=_process_names(),
         )
+
+
+def default_gpu_readers() -> list[GpuReader]:
+    readers: list[GpuReader] = [Nvml()]
+    if sys.platform.startswith("linux"):
+        from core.node.probes.amd import AmdSysfs
+
+        readers.append(AmdSysfs())
+    return readers
+
+
+def combine_gpu_readings(readers: Sequence[GpuReader]) -> GpuReading:
+    """The hottest temperature, the highest utilization and the summed power of whatever
+    reported; None for what none did (a machine with an NVIDIA and an AMD GPU sees both)."""
+    temps: list[float] = []
+    utils: list[float] = []
+    powers: list[float] = []
+    for reader in readers:
+        try:
+            temp, util, power = reader.read()
+        except Exception as exc:  # noqa: BLE001 - one broken reader must not stop the probes
+            log.warning("GPU reader %s failed: %r", type(reader).__name__, exc)
+            continue
+        if temp is not None:
+            temps.append(temp)
+        if util is not None:
+            utils.append(util)
+        if power is not None:
+            powers.append(power)
+    return (
+        max(temps) if temps else None,
+        max(utils) if utils else None,
+        sum(powers) if powers else None,
+    )
 
 
 def _cpu_temp() -> float | None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import replace
+from pathlib import Path
 
 from core.node.probes.base import Reading
 
@@ -18,3 +21,24 @@ class FakeProbes:
     def read(self) -> Reading:
         self.reads += 1
         return self.reading
+
+
+class FileProbes:
+    """Readings from a JSON file another process writes (the tray's and the CLI's tests
+    drive a real node process this way): {"idle_seconds": 5, "gpu_temp_c": 85, ...}.
+    Fields not in the file keep FakeProbes' defaults; an unreadable file changes nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fake = FakeProbes()
+
+    def read(self) -> Reading:
+        try:
+            data = json.loads(self.path.read_text())
+            fields = {f.name for f in dataclasses.fields(Reading)}
+            changes = {k: v for k, v in data.items() if k in fields}
+            if "processes" in changes:
+                changes["processes"] = frozenset(changes["processes"])
+            return replace(FakeProbes().reading, **changes)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return self.fake.read()
