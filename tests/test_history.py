@@ -9,7 +9,7 @@ def test_history_per_hour_and_temperatures_survive_a_restart(tmp_path):
     db = tmp_path / "history.sqlite"
     history = History(db)
     history.record(T0, working_s=30, samples=100, gpu_temp_c=60, cpu_temp_c=None)
-    history.record(T0 + 10, working_s=20, samples=50, gpu_temp_c=70, cpu_temp_c=55)
+    history.record(T0 + 10, working_s=20, samples=50, gpu_temp_c=70, cpu_temp_c=55, gpu_util=0.9)
     history.record(T0 + 3600, working_s=60, samples=10, gpu_temp_c=None, cpu_temp_c=None)
     history.close()
 
@@ -19,6 +19,24 @@ def test_history_per_hour_and_temperatures_survive_a_restart(tmp_path):
     assert hours[0]["working_s"] == 50
     assert hours[0]["gpu_temp_c_max"] == 70
     temps = history.temperatures(T0)
-    assert temps[0] == (int(T0), 70, 55)
-    assert temps[1] == (int(T0 + 3600), None, None)
+    assert temps[0] == (int(T0), 70, 55, 0.9)
+    assert temps[1] == (int(T0 + 3600), None, None, None)
+    history.close()
+
+
+def test_a_database_from_before_utilization_is_upgraded(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "history.sqlite"
+    old = sqlite3.connect(db)
+    old.execute(
+        "CREATE TABLE minutes (minute INTEGER PRIMARY KEY, working_s REAL NOT NULL,"
+        " samples INTEGER NOT NULL, gpu_temp_c REAL, cpu_temp_c REAL)"
+    )
+    old.execute("INSERT INTO minutes VALUES (?, 60, 5, 66, 44)", (int(T0 // 60),))
+    old.commit()
+    old.close()
+    history = History(db)
+    history.record(T0 + 60, working_s=60, samples=1, gpu_temp_c=67, cpu_temp_c=45, gpu_util=0.5)
+    assert history.temperatures(T0) == [(int(T0), 66, 44, None), (int(T0 + 60), 67, 45, 0.5)]
     history.close()

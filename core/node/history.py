@@ -14,7 +14,8 @@ CREATE TABLE IF NOT EXISTS minutes (
     working_s REAL NOT NULL,      -- seconds of the minute spent allowed to work
     samples INTEGER NOT NULL,     -- samples computed (forward + backward)
     gpu_temp_c REAL,              -- the hottest reading of the minute
-    cpu_temp_c REAL
+    cpu_temp_c REAL,
+    gpu_util REAL                 -- the highest GPU utilization of the minute, 0..1
 );
 """
 _KEEP_MINUTES = 366 * 24 * 60
@@ -27,6 +28,9 @@ class History:
         self._lock = threading.Lock()
         with self._lock, self._db:
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(minutes)")}
+            if "gpu_util" not in columns:  # a database from before utilization was kept
+                self._db.execute("ALTER TABLE minutes ADD COLUMN gpu_util REAL")
 
     def record(
         self,
@@ -36,19 +40,22 @@ class History:
         samples: int,
         gpu_temp_c: float | None,
         cpu_temp_c: float | None,
+        gpu_util: float | None = None,
     ) -> None:
         minute = int(now // 60)
         with self._lock, self._db:
             self._db.execute(
-                """INSERT INTO minutes VALUES (?, ?, ?, ?, ?)
+                """INSERT INTO minutes VALUES (?, ?, ?, ?, ?, ?)
                    ON CONFLICT(minute) DO UPDATE SET
                      working_s = working_s + excluded.working_s,
                      samples = samples + excluded.samples,
                      gpu_temp_c = max(coalesce(gpu_temp_c, excluded.gpu_temp_c),
                                       coalesce(excluded.gpu_temp_c, gpu_temp_c)),
                      cpu_temp_c = max(coalesce(cpu_temp_c, excluded.cpu_temp_c),
-                                      coalesce(excluded.cpu_temp_c, cpu_temp_c))""",
-                (minute, working_s, samples, gpu_temp_c, cpu_temp_c),
+                                      coalesce(excluded.cpu_temp_c, cpu_temp_c)),
+                     gpu_util = max(coalesce(gpu_util, excluded.gpu_util),
+                                    coalesce(excluded.gpu_util, gpu_util))""",
+                (minute, working_s, samples, gpu_temp_c, cpu_temp_c, gpu_util),
             )
             self._db.execute("DELETE FROM minutes WHERE minute < ?", (minute - _KEEP_MINUTES,))
 
@@ -71,14 +78,17 @@ class History:
             for h, w, s, g, c in rows
         ]
 
-    def temperatures(self, since: float) -> list[tuple[int, float | None, float | None]]:
+    def temperatures(
+        self, since: float
+    ) -> list[tuple[int, float | None, float | None, float | None]]:
+        """Per minute: (unix time, hottest GPU °C, hottest CPU °C, highest GPU use 0..1)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT minute * 60, gpu_temp_c, cpu_temp_c FROM minutes "
+                "SELECT minute * 60, gpu_temp_c, cpu_temp_c, gpu_util FROM minutes "
                 "WHERE minute >= ? ORDER BY 1",
                 (int(since // 60),),
             ).fetchall()
-        return [(int(t), g, c) for t, g, c in rows]
+        return [(int(t), g, c, u) for t, g, c, u in rows]
 
     def close(self) -> None:
         with self._lock:

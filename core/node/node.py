@@ -426,6 +426,7 @@ class Node:
                     samples=max(0, samples - last_samples),
                     gpu_temp_c=reading.gpu_temp_c if reading else None,
                     cpu_temp_c=reading.cpu_temp_c if reading else None,
+                    gpu_util=reading.gpu_utilization if reading else None,
                 )
                 last_samples = samples
         finally:
