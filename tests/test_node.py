@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 import trio
@@ -89,6 +90,32 @@ async def test_a_node_joins_serves_and_obeys(tmp_path):
         states = [(e["run"], e["reason_code"]) for e in events if e["kind"] == "state"]
         assert states[-3:] == [(True, ""), (False, "paused"), (True, "")]
         assert any(e["kind"] == "experts" for e in events)
+        # the project is listed in the swarm's directory, with its verified name
+        listed = await trio.to_thread.run_sync(client.projects)
+        assert listed == [{"project": pid, "name": "tiny", "description": ANY}]
+        client.close()
+        nursery.cancel_scope.cancel()
+
+
+async def test_measuring_the_device_again_reports_progress(tmp_path):
+    async with trio.open_nursery() as nursery:
+        owner, _ = await start_owner(nursery, tmp_path)
+        node = await nursery.start(
+            Node(
+                Identity.generate(),
+                options(tmp_path, 0, owner, quick_benchmark=True),
+                probes=FakeProbes(),
+            ).run
+        )
+        client = await trio.to_thread.run_sync(find_node, tmp_path / "node0")
+        await trio.to_thread.run_sync(client.benchmark)
+        await eventually(lambda: bool(node.benchmark), 30)
+        events = await trio.to_thread.run_sync(client.events)
+        progress = [e for e in events if e["kind"] == "benchmark"]
+        assert [e["what"] for e in progress][:2] == ["matmul fp32", "matmul fp16"]
+        assert progress[-1]["what"] == "done"
+        assert progress[-1]["figures"]["device_type"] == "cpu"
+        assert node.status()["device"]["benchmark"]["matmul_tflops_fp32"] > 0
         client.close()
         nursery.cancel_scope.cancel()
 

@@ -78,6 +78,14 @@ class ControlClient:
     def leave(self) -> dict[str, Any]:
         return dict(self._call("DELETE", "/v1/project"))
 
+    def projects(self) -> list[dict[str, str]]:
+        """Projects announced in the swarm (id, name, description)."""
+        return list(self._call("GET", "/v1/projects", timeout=30))
+
+    def benchmark(self) -> None:
+        """Measure the device again; progress and figures come as "benchmark" events."""
+        self._call("POST", "/v1/benchmark")
+
     def set_preferences(self, changes: dict[str, Any]) -> dict[str, Any]:
         return dict(self._call("PUT", "/v1/preferences", changes))
 

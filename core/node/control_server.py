@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,11 @@ class NodeControl:
         history: Callable[[float], dict[str, Any]] | None = None,
         join: Callable[[str], None] | None = None,
         leave: Callable[[], None] | None = None,
+        projects: Callable[[], Awaitable[list[dict[str, str]]]] | None = None,
+        benchmark: Callable[[], None] | None = None,
     ) -> None:
+        self.projects = projects  # the projects announced in the swarm
+        self.benchmark = benchmark  # measure the device again (progress comes as events)
         self.join = join  # raises ValueError for a malformed project id
         self.leave = leave
         self.history = history  # since (unix time) -> {"hours": [...], "temperatures": [...]}
@@ -53,11 +58,15 @@ class NodeControl:
         self.preferences_path = preferences_path
         self.preferences = preferences
         self._events: list[dict[str, Any]] = []
+        self._next_id = 1
         self._new_event = trio.Event()
 
     def event(self, kind: str, **data: Any) -> None:
         """Record an event for the stream (kinds: state, preferences, contribution, ...)."""
-        self._events.append({"id": len(self._events) + 1, "kind": kind, **data})
+        self._events.append(
+            {"id": self._next_id, "at": round(time.time(), 3), "kind": kind, **data}
+        )
+        self._next_id += 1
         del self._events[:-1000]
         self._new_event.set()
         self._new_event = trio.Event()
@@ -161,6 +170,17 @@ def build_app(control: NodeControl, token: str) -> Starlette:
             )
         return JSONResponse(control.status())
 
+    async def projects(request: Request) -> JSONResponse:
+        if control.projects is None:
+            return JSONResponse([])
+        return JSONResponse(await control.projects())
+
+    async def benchmark(request: Request) -> JSONResponse:
+        if control.benchmark is None:
+            return JSONResponse({"error": "this node cannot measure the device"}, status_code=404)
+        control.benchmark()
+        return JSONResponse({"started": True})
+
     async def history(request: Request) -> JSONResponse:
         if control.history is None:
             return JSONResponse({"hours": [], "temperatures": []})
@@ -179,6 +199,8 @@ def build_app(control: NodeControl, token: str) -> Starlette:
         Route("/v1/snooze", snooze, methods=["POST"]),
         Route("/v1/preferences", preferences, methods=["GET", "PUT"]),
         Route("/v1/project", project, methods=["POST", "DELETE"]),
+        Route("/v1/projects", projects),
+        Route("/v1/benchmark", benchmark, methods=["POST"]),
     ]
     return Starlette(routes=routes, middleware=[Middleware(TokenGate)])
 

@@ -35,7 +35,7 @@ from core.node.history import History
 from core.node.preferences import Preferences, load_preferences
 from core.node.probes import Probes, probe_for_this_os
 from core.node.throttle import Decision
-from core.project.distribution import find_manifest
+from core.project.distribution import find_manifest, list_projects
 from core.project.manifest import Manifest
 from core.project.pins import PinStore
 from core.project.publish import join_project
@@ -61,6 +61,8 @@ class NodeOptions:
     rebalance_every: float = 300.0
     #: Measure the device at start (cached); off in tests that do not need it.
     benchmark: bool = True
+    #: Also when asked to measure again (tests; the full run takes ~10 s on a CPU).
+    quick_benchmark: bool = False
     #: Seconds between retries after a failed join (doubles up to 10 minutes).
     join_retry: float = 15.0
 
@@ -90,6 +92,7 @@ class Node:
     _sent_before: int = 0
     _outcomes: Counter[str] = field(default_factory=Counter)
     _nursery: trio.Nursery | None = None
+    _benchmarking: bool = False
     _project_scope: trio.CancelScope | None = None
 
     # ------------------------------------------------------------ status
@@ -184,6 +187,8 @@ class Node:
                 history=self._history_since,
                 join=self.join,
                 leave=self.leave,
+                projects=self._list_projects,
+                benchmark=self.measure_device,
             )
             await nursery.start(self.governor.run)
             self.control_url = await nursery.start(
@@ -193,6 +198,7 @@ class Node:
             nursery.start_soon(self._record_history)
             nursery.start_soon(self._measure_network)
             if opts.benchmark:
+                self._benchmarking = True
                 nursery.start_soon(self._benchmark)
             project = opts.project or self._saved_project()
             if project:
@@ -384,10 +390,42 @@ class Node:
         self._outcomes[outcome] += 1
         self._event("contribution", uid=uid, outcome=outcome)
 
-    async def _benchmark(self) -> None:
+    async def _benchmark(self, force: bool = False) -> None:
         cache = self.options.data_dir / "device-benchmark.json"
-        self.benchmark = await trio.to_thread.run_sync(partial(cached_benchmark, cache, quick=True))
-        self._event("benchmark")
+        token = trio.lowlevel.current_trio_token()
+
+        def progress(what: str, done: int, total: int) -> None:  # from the worker thread
+            token.run_sync_soon(
+                partial(self._event, "benchmark", what=what, done=done, total=total)
+            )
+
+        try:
+            self.benchmark = await trio.to_thread.run_sync(
+                partial(
+                    cached_benchmark,
+                    cache,
+                    force=force,
+                    quick=self.options.quick_benchmark or not force,
+                    progress=progress,
+                )
+            )
+        finally:
+            self._benchmarking = False
+        self._event("benchmark", what="done", done=1, total=1, figures=self.benchmark)
+
+    def measure_device(self) -> None:
+        """Measure again (the full benchmark), in the background; progress as events."""
+        if self._benchmarking:
+            return
+        assert self._nursery is not None
+        self._benchmarking = True
+        self._nursery.start_soon(partial(self._benchmark, force=True))
+
+    async def _list_projects(self) -> list[dict[str, str]]:
+        assert self.peer is not None
+        with trio.move_on_after(20):
+            return await list_projects(self.peer)
+        return []
 
     async def _measure_network(self, every: float = 60.0) -> None:
         """Median round trip to up to five known peers (for the status and the bench)."""

@@ -15,10 +15,18 @@ import trio
 from core.errors import UserFacingError
 from core.project.chunks import ChunkStore, WeightsIndex, is_hash, sha256_hex
 from core.project.pins import PinStore
-from core.project.records import ProviderAnnouncement, project_key, providers_key
+from core.project.records import (
+    DIRECTORY_KEY,
+    ProviderAnnouncement,
+    directory_ids,
+    project_key,
+    providers_key,
+)
 from core.project.signed import ManifestRejected, SignedManifest
 from net import BadRequest, CallContext, DhtError, Peer, Reply, RpcError, Tensor
 from net._libp2p import PeerID
+from net.dht.records import RecordRejected
+from net.wire import pack
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +206,45 @@ class WeightsFetcher:
 
 
 async def announce_project(peer: Peer, signed: SignedManifest, ttl: float = 3600) -> int:
-    try:
-        return await peer.dht.put(project_key(signed.project_id), signed.encode(), ttl)
-    except DhtError as exc:
-        log.warning("could not announce project %s: %s", signed.project_id, exc)
-        return 0
+    """Put the signed manifest, and list the project in the swarm's directory."""
+    stored = 0
+    for key, value in (
+        (project_key(signed.project_id), signed.encode()),
+        (DIRECTORY_KEY, pack([signed.project_id])),
+    ):
+        try:
+            stored = max(stored, await peer.dht.put(key, value, ttl))
+        except DhtError as exc:  # kept locally all the same; the next refresh spreads it
+            log.warning("could not announce project %s: %s", signed.project_id, exc)
+    return stored
+
+
+async def list_projects(peer: Peer, *, most: int = 50) -> list[dict[str, str]]:
+    """Projects listed in the directory whose manifests verify: id, name, description.
+    Nothing is pinned: that happens when the volunteer joins one."""
+    ids: dict[str, None] = {}
+    for record in await peer.dht.get(DIRECTORY_KEY):
+        try:
+            ids.update(dict.fromkeys(directory_ids(record.value)))
+        except RecordRejected:
+            continue
+    found: list[dict[str, str]] = []
+
+    async def describe(pid: str) -> None:
+        for record in await peer.dht.get(project_key(pid)):
+            try:
+                signed = SignedManifest.decode(record.value)
+                signed.verify()
+            except ManifestRejected:
+                continue
+            if signed.project_id == pid:
+                project = signed.manifest.project
+                found.append(
+                    {"project": pid, "name": project.name, "description": project.description}
+                )
+                return
+
+    async with trio.open_nursery() as nursery:
+        for pid in list(ids)[:most]:
+            nursery.start_soon(describe, pid)
+    return sorted(found, key=lambda p: p["name"])

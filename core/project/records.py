@@ -30,6 +30,36 @@ def providers_key(project_id: str) -> str:
     return f"/moehome/weights/{project_id}"
 
 
+#: Where owners list the projects they publish, so a new volunteer can pick one. Each
+#: author's record is a list of project ids; readers fetch and verify each manifest.
+DIRECTORY_KEY: Final = "/moehome/directory/projects"
+MAX_DIRECTORY_IDS: Final = 16
+
+
+def directory_ids(value: bytes) -> list[str]:
+    obj: Any = unpack_bounded(value, 2048)
+    if (
+        not isinstance(obj, list)
+        or len(obj) > MAX_DIRECTORY_IDS
+        or not all(isinstance(p, str) and _ID_RE.match(p) for p in obj)
+    ):
+        raise RecordRejected(
+            "schema", f"a directory record is a list of <= {MAX_DIRECTORY_IDS} ids"
+        )
+    return list(obj)
+
+
+def _check_directory(record: SignedRecord) -> None:
+    if record.key != DIRECTORY_KEY:
+        raise RecordRejected("schema", f"the directory has one key: {DIRECTORY_KEY}")
+    try:
+        directory_ids(record.value)
+    except RecordRejected:
+        raise
+    except Exception as exc:
+        raise RecordRejected("schema", f"not a directory record ({exc})") from exc
+
+
 def _rest(record: SignedRecord, namespace: str) -> str:
     return record.key[len(f"/moehome/{namespace}/") :]
 
@@ -98,4 +128,5 @@ RULES: Final = {
         max_ttl_s=30 * 24 * 3600.0, max_value_bytes=1024, check=_check_rotation
     ),
     "weights": NamespaceRule(max_ttl_s=3600.0, max_value_bytes=16 * 1024, check=_check_providers),
+    "directory": NamespaceRule(max_ttl_s=24 * 3600.0, max_value_bytes=2048, check=_check_directory),
 }
