@@ -1,24 +1,28 @@
 """Entry point of the tray app (``moehome-tray``).
 
 The tray is a client of the node's control API only: it never imports torch, trio or
-libp2p (tests/test_architecture.py checks this). Until the node's control API exists it
-shows the icon, the version and a Quit action.
+libp2p (tests/test_architecture.py checks this). It starts the node as a child process
+and keeps it running (app/supervisor.py); a crash of the node never takes the tray down.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
-from PySide6.QtGui import QAction, QIcon
-from PySide6.QtWidgets import QApplication, QMenu, QSystemTrayIcon
+from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+
+from app.icons import state_icon
+from app.link import NodeLink
+from app.supervisor import NodeSupervisor, node_command
+from app.tray import Tray, settings_at
+from core.control import ControlError, find_node
+from core.paths import config_dir, data_dir
 
 log = logging.getLogger(__name__)
-
-ICON_PATH = Path(__file__).resolve().parent.parent / "assets" / "icons" / "moehome.svg"
 
 
 def _version() -> str:
@@ -28,45 +32,74 @@ def _version() -> str:
         return "0+unknown"
 
 
-def build_tray(app: QApplication) -> QSystemTrayIcon:
-    icon = QIcon(str(ICON_PATH))
-    if icon.isNull():
-        raise RuntimeError(f"tray icon missing or unreadable: {ICON_PATH}")
-    app.setWindowIcon(icon)
-    tray = QSystemTrayIcon(icon, app)
-    tray.setObjectName("tray")
-    tray.setToolTip(f"moehome {_version()}")
-    menu = QMenu()
-    menu.setObjectName("trayMenu")
-    status = QAction(f"moehome {_version()}: the node is not connected yet", menu)
-    status.setObjectName("statusAction")
-    status.setEnabled(False)
-    menu.addAction(status)
-    menu.addSeparator()
-    quit_action = QAction("Quit", menu)
-    quit_action.setObjectName("quitAction")
-    quit_action.triggered.connect(app.quit)
-    menu.addAction(quit_action)
-    tray.setContextMenu(menu)
-    tray.setProperty("menu_ref", menu)  # the tray does not own its menu; keep it alive
-    return tray
+def tray_command() -> list[str]:
+    """How the login item starts the tray again."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable]
+    return [sys.executable, "-m", "app.main"]
+
+
+def _node_answers() -> bool:
+    try:
+        client = find_node(data_dir())
+    except ControlError:
+        return False
+    try:
+        client.status()
+        return True
+    except ControlError:
+        return False
+    finally:
+        client.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moehome-tray", description="moehome tray app")
     parser.add_argument("--selftest", action="store_true", help="build the tray, check it, exit")
+    parser.add_argument("--version", action="version", version=f"moehome {_version()}")
+    parser.add_argument(
+        "--node-args", default="", help="extra arguments for `moehome node` (quoted as one)"
+    )
+    parser.add_argument(
+        "--no-node", action="store_true", help="do not start a node; show the one running"
+    )
+    parser.add_argument("--no-wizard", action="store_true", help="skip the first-start wizard")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     app = QApplication.instance() or QApplication(sys.argv[:1])
     assert isinstance(app, QApplication)
     app.setApplicationName("moehome")
-    app.setQuitOnLastWindowClosed(False)
-    tray = build_tray(app)
+    app.setQuitOnLastWindowClosed(False)  # closing a window must not end the tray
+    app.setWindowIcon(state_icon("working", ""))
+    link = NodeLink(data_dir())
+    supervisor = (
+        None
+        if args.no_node
+        else NodeSupervisor(
+            node_command(shlex.split(args.node_args)),
+            node_is_running=_node_answers,
+            log_path=data_dir() / "node.log",
+        )
+    )
+    tray = Tray(app, link, supervisor, settings_at(config_dir()), tray_command=tray_command())
     if args.selftest:
-        ok = not tray.icon().isNull() and tray.contextMenu() is not None
+        ok = not tray.icon.icon().isNull() and tray.menu.actions() != []
+        names = {a.objectName() for a in tray.menu.actions()}
+        ok = ok and {"pauseAction", "resumeAction", "quitAction", "limitsAction"} <= names
         sys.stdout.write(f"tray selftest: {'ok' if ok else 'FAILED'}\n")
         return 0 if ok else 1
-    tray.show()
-    return app.exec()
+    if not QSystemTrayIcon.isSystemTrayAvailable():
+        log.warning("no system tray on this desktop: opening the dashboard instead")
+        tray.open_dashboard()
+    tray.icon.show()
+    if supervisor is not None:
+        supervisor.start()
+    link.start()
+    if not args.no_wizard:
+        tray.first_start()
+    code = app.exec()
+    link.stop()
+    return code
 
 
 if __name__ == "__main__":

@@ -538,8 +538,23 @@ def node(
             for addr in started.peer.addrs():
                 sys.stdout.write(addr + "\n")
             sys.stdout.flush()
+            nursery.start_soon(_stop_on_sigterm, started.stop, nursery.cancel_scope)
 
     _run(main)
+
+
+async def _stop_on_sigterm(stop: Callable[[], None], scope: Any) -> None:
+    """SIGTERM (what a supervisor sends) stops the node as cleanly as Ctrl-C: its
+    declarations are withdrawn before it exits."""
+    import signal
+
+    import trio
+
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            stop()
+            scope.cancel()
+            return
 
 
 def _client() -> Any:

@@ -86,6 +86,10 @@ class ControlClient:
         """Measure the device again; progress and figures come as "benchmark" events."""
         self._call("POST", "/v1/benchmark")
 
+    def shutdown(self) -> None:
+        """Ask the node to stop cleanly (it withdraws its declarations, then exits)."""
+        self._call("POST", "/v1/shutdown")
+
     def set_preferences(self, changes: dict[str, Any]) -> dict[str, Any]:
         return dict(self._call("PUT", "/v1/preferences", changes))
 

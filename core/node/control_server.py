@@ -44,7 +44,9 @@ class NodeControl:
         leave: Callable[[], None] | None = None,
         projects: Callable[[], Awaitable[list[dict[str, str]]]] | None = None,
         benchmark: Callable[[], None] | None = None,
+        shutdown: Callable[[], None] | None = None,
     ) -> None:
+        self.shutdown = shutdown  # stop the node cleanly (the tray's Quit)
         self.projects = projects  # the projects announced in the swarm
         self.benchmark = benchmark  # measure the device again (progress comes as events)
         self.join = join  # raises ValueError for a malformed project id
@@ -181,6 +183,12 @@ def build_app(control: NodeControl, token: str) -> Starlette:
         control.benchmark()
         return JSONResponse({"started": True})
 
+    async def shutdown(request: Request) -> JSONResponse:
+        if control.shutdown is None:
+            return JSONResponse({"error": "this node cannot be stopped from here"}, status_code=404)
+        control.shutdown()
+        return JSONResponse({"stopping": True})
+
     async def history(request: Request) -> JSONResponse:
         if control.history is None:
             return JSONResponse({"hours": [], "temperatures": []})
@@ -201,6 +209,7 @@ def build_app(control: NodeControl, token: str) -> Starlette:
         Route("/v1/project", project, methods=["POST", "DELETE"]),
         Route("/v1/projects", projects),
         Route("/v1/benchmark", benchmark, methods=["POST"]),
+        Route("/v1/shutdown", shutdown, methods=["POST"]),
     ]
     return Starlette(routes=routes, middleware=[Middleware(TokenGate)])
 

@@ -143,8 +143,13 @@ class Node:
             "peers": len(self.peer.dht.known_peers()) if self.peer else 0,
             "peer_id": str(self.identity.peer_id),
             "uptime_s": round(time.time() - self.started),
+            "snoozed_until": self._snoozed_until(),
             "pid": os.getpid(),
         }
+
+    def _snoozed_until(self) -> float | None:
+        until = self.governor.state.snoozed_until if self.governor else None
+        return until.timestamp() if until is not None else None
 
     def _reason(self, state: str, decision: Decision | None) -> str:
         if state == "no project":
@@ -189,6 +194,7 @@ class Node:
                 leave=self.leave,
                 projects=self._list_projects,
                 benchmark=self.measure_device,
+                shutdown=self.stop,
             )
             await nursery.start(self.governor.run)
             self.control_url = await nursery.start(
@@ -206,6 +212,11 @@ class Node:
             log.info("node %s up; control API at %s", self.identity.peer_id, self.control_url)
             task_status.started(self)
             await trio.sleep_forever()
+
+    def stop(self) -> None:
+        """Stop the node cleanly: run() returns after the declarations are withdrawn."""
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     def join(self, project: str) -> None:
         """Serve ``project`` from now on (leaving the one served now); remembered."""

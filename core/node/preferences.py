@@ -91,8 +91,11 @@ def parse_preferences(data: Any) -> Preferences:
     except ValidationError as exc:
         problems = []
         for e in exc.errors():
-            loc = ".".join(str(p) for p in e["loc"]) or "preferences"
+            loc = ".".join(str(p) for p in e["loc"])
             msg = e["msg"].removeprefix("Value error, ")
+            if not loc:  # a check across fields: it names the field to change first
+                first = msg.split(" ", 1)[0]
+                loc = first if first in Preferences.model_fields else "preferences"
             if e["type"] == "extra_forbidden":
                 msg = "unknown preference"
             problems.append(f"{loc}: {msg}")

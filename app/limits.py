@@ -1,0 +1,562 @@
+"""The limits dialog: when and how hard the node may use this computer.
+
+The dialog edits the node's preferences (GET /v1/preferences) and hands the edited values
+to a caller-supplied ``apply`` function that sends them to the node. The node validates
+them and is the only authority on what is allowed: the dialog's spin boxes are never
+narrower than the node's ranges, and every problem the node reports is shown next to the
+field it names, so the user reads the node's own words rather than a second, possibly
+stale, copy of its rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Any, Final
+
+from PySide6.QtCore import Qt, QTime, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QTimeEdit,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+log = logging.getLogger(__name__)
+
+DAYS: Final[tuple[str, ...]] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+TIME_FORMAT: Final = "HH:mm"  # Qt's spelling of the node's "HH:MM"
+
+#: The node's defaults, used for any key an older node leaves out.
+DEFAULTS: Final[dict[str, Any]] = {
+    "idle_only": True,
+    "idle_minutes": 3.0,
+    "pause_above_c": 83.0,
+    "resume_below_c": 75.0,
+    "cpu_pause_above_c": 90.0,
+    "cpu_resume_below_c": 80.0,
+    "duty_cycle": 1.0,
+    "schedule": [],
+    "pause_on_battery": True,
+    "exclusive_apps": [],
+    "gpus": "all",
+    "memory_cap_gb": None,
+}
+FIELDS: Final[tuple[str, ...]] = tuple(DEFAULTS)
+
+# Spin box ranges are at least as wide as the node's (temperatures 30..110 °C, idle minutes
+# 0..1440, duty cycle (0, 1]): a value the node accepts must always be enterable, and a
+# value it refuses gets the node's explanation rather than a silent clamp.
+_TEMP_RANGE: Final = (0.0, 150.0)
+_IDLE_MINUTES_RANGE: Final = (0.0, 10080.0)  # a week
+_DUTY_PERCENT_RANGE: Final = (0.0, 100.0)
+_MEMORY_GB_RANGE: Final = (0.0, 4096.0)
+_DEFAULT_MEMORY_CAP_GB: Final = 8.0  # shown when the user first ticks "limit"
+
+_FIELD_AT_START: Final = re.compile(r"([a-z_]+)\b")
+_ERROR_STYLE: Final = "color: #e0403a;"  # a red readable on both light and dark windows
+
+_TOOLTIPS: Final[dict[str, str]] = {
+    "idle_only": "Work only while nobody is using this computer.",
+    "idle_minutes": "How long the keyboard and mouse must be untouched before work starts.",
+    "schedule": (
+        "Times of the week when work is allowed. No windows means any time. "
+        "A window whose end is before its start runs past midnight."
+    ),
+    "pause_on_battery": "Stop working when the laptop runs on battery.",
+    "exclusive_apps": (
+        "Process names, one per line (e.g. steam.exe). While any of them runs, the node pauses."
+    ),
+    "pause_above_c": (
+        "Pause when the GPU reaches this temperature; resume only once it has cooled "
+        "to the resume temperature."
+    ),
+    "resume_below_c": "After a heat pause, resume once the GPU is below this temperature.",
+    "cpu_pause_above_c": (
+        "Pause when the CPU reaches this temperature; resume only once it has cooled "
+        "to the CPU resume temperature."
+    ),
+    "cpu_resume_below_c": "After a heat pause, resume once the CPU is below this temperature.",
+    "duty_cycle": (
+        "Share of the time the node computes. Lower values keep the GPU cooler and quieter."
+    ),
+    "gpus": "Which GPUs the node may use: all of them, or a comma-separated list of indexes.",
+    "memory_cap_gb": "Largest amount of GPU memory the node may take. Unticked: no cap.",
+}
+
+
+def _as_float(value: Any, default: float) -> float:
+    """A number from the node, or the default when an older node sent something else."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value)
+
+
+def _split_problem(problem: str) -> tuple[str, str]:
+    """("schedule.0.start", "String should match ...") from "schedule.0.start: String ..."."""
+    field, sep, message = problem.partition(": ")
+    if not sep or not field or " " in field:
+        return "", problem
+    return field, message
+
+
+def _parse_time(text: Any) -> QTime:
+    time = QTime.fromString(text, TIME_FORMAT) if isinstance(text, str) else QTime()
+    if not time.isValid():
+        log.warning("schedule time %r is not HH:MM; showing 00:00", text)
+        return QTime(0, 0)
+    return time
+
+
+class ScheduleRow(QWidget):
+    """One weekly window: seven day boxes, start and end times, a remove button."""
+
+    changed = Signal()
+    remove_requested = Signal()
+
+    def __init__(self, window: dict[str, Any], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("scheduleRow")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        days = window.get("days")
+        chosen = set(days) if isinstance(days, list) else set()
+        self.days: dict[str, QCheckBox] = {}
+        for day in DAYS:
+            box = QCheckBox(day.capitalize(), self)
+            box.setObjectName(f"day_{day}")
+            box.setChecked(day in chosen)
+            box.toggled.connect(self.changed)
+            layout.addWidget(box)
+            self.days[day] = box
+        self.start = self._time_edit("start", window.get("start"))
+        self.end = self._time_edit("end", window.get("end"))
+        layout.addWidget(QLabel("from", self))
+        layout.addWidget(self.start)
+        layout.addWidget(QLabel("to", self))
+        layout.addWidget(self.end)
+        self.remove = QToolButton(self)
+        self.remove.setObjectName("removeWindow")
+        self.remove.setText("Remove")
+        self.remove.setToolTip("Remove this window")
+        self.remove.clicked.connect(self.remove_requested)
+        layout.addWidget(self.remove)
+        layout.addStretch(1)
+
+    def _time_edit(self, name: str, text: Any) -> QTimeEdit:
+        edit = QTimeEdit(self)
+        edit.setObjectName(name)
+        edit.setDisplayFormat(TIME_FORMAT)
+        edit.setTime(_parse_time(text))
+        edit.timeChanged.connect(self.changed)
+        return edit
+
+    def value(self) -> dict[str, Any]:
+        return {
+            "days": [day for day, box in self.days.items() if box.isChecked()],
+            "start": self.start.time().toString(TIME_FORMAT),
+            "end": self.end.time().toString(TIME_FORMAT),
+        }
+
+
+class ScheduleEditor(QWidget):
+    """The weekly windows in which work is allowed; no windows means any time."""
+
+    changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._rows: list[ScheduleRow] = []
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self._empty = QLabel("Any time (no windows)")
+        self._empty.setObjectName("scheduleEmpty")
+        layout.addWidget(self._empty)
+        self._rows_layout = QVBoxLayout()
+        self._rows_layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(self._rows_layout)
+        self.add_button = QPushButton("Add window")
+        self.add_button.setObjectName("addScheduleWindow")
+        self.add_button.setToolTip(
+            "Add a time window; work is then allowed only inside the windows."
+        )
+        self.add_button.clicked.connect(lambda: self.add_window())
+        add_row = QHBoxLayout()
+        add_row.addWidget(self.add_button)
+        add_row.addStretch(1)
+        layout.addLayout(add_row)
+        # As wide as a row even while empty, so that adding one never outgrows the dialog.
+        template = ScheduleRow({"start": "00:00", "end": "00:00"}, None)
+        self.setMinimumWidth(template.sizeHint().width())
+        template.deleteLater()
+
+    def row_count(self) -> int:
+        return len(self._rows)
+
+    def row(self, index: int) -> ScheduleRow:
+        return self._rows[index]
+
+    def add_window(self, window: dict[str, Any] | None = None) -> ScheduleRow:
+        """Append a row; with no window, a sensible start: every night, 22:00 to 08:00."""
+        if window is None:
+            window = {"days": list(DAYS), "start": "22:00", "end": "08:00"}
+        row = ScheduleRow(window, self)
+        row.changed.connect(self.changed)
+        row.remove_requested.connect(lambda: self.remove_window(self._rows.index(row)))
+        self._rows.append(row)
+        self._rows_layout.addWidget(row)
+        self._empty.setVisible(False)
+        self.changed.emit()
+        return row
+
+    def remove_window(self, index: int) -> None:
+        row = self._rows.pop(index)
+        self._rows_layout.removeWidget(row)
+        row.hide()
+        row.deleteLater()
+        self._empty.setVisible(not self._rows)
+        self.changed.emit()
+
+    def set_windows(self, windows: list[dict[str, Any]]) -> None:
+        while self._rows:
+            self.remove_window(len(self._rows) - 1)
+        for window in windows:
+            if isinstance(window, dict):
+                self.add_window(window)
+            else:
+                log.warning("ignoring a schedule window that is not an object: %r", window)
+
+    def windows(self) -> list[dict[str, Any]]:
+        return [row.value() for row in self._rows]
+
+
+class LimitsDialog(QDialog):
+    """Edit the node's preferences; Save sends them through ``apply`` and shows its problems.
+
+    ``apply(values)`` returns the node's validation problems as "field: message" strings;
+    an empty list means the node saved them, and the dialog then accepts. ``saved`` is
+    emitted with the values the node accepted.
+    """
+
+    saved = Signal(dict)
+
+    def __init__(
+        self,
+        preferences: dict[str, Any],
+        apply: Callable[[dict[str, Any]], list[str]],
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._apply = apply
+        self._errors: dict[str, QLabel] = {}
+        self.setObjectName("limitsDialog")
+        self.setWindowTitle("moehome — limits")
+
+        self._idle_only = QCheckBox("Only when the computer is idle")
+        self._idle_minutes = self._spin(_IDLE_MINUTES_RANGE, " min", decimals=1, step=1.0)
+        self._schedule = ScheduleEditor()
+        self._pause_on_battery = QCheckBox("Pause on battery power")
+        self._exclusive_apps = QPlainTextEdit()
+        self._exclusive_apps.setPlaceholderText("steam.exe\nblender")
+        self._exclusive_apps.setFixedHeight(80)
+        self._pause_above_c = self._spin(_TEMP_RANGE, " °C")
+        self._resume_below_c = self._spin(_TEMP_RANGE, " °C")
+        self._cpu_pause_above_c = self._spin(_TEMP_RANGE, " °C")
+        self._cpu_resume_below_c = self._spin(_TEMP_RANGE, " °C")
+        self._duty_cycle = self._spin(_DUTY_PERCENT_RANGE, " %", decimals=1, step=5.0)
+        self._gpus_all = QCheckBox("All GPUs")
+        self._gpus_all.setObjectName("gpusAll")
+        self._gpus_list = QLineEdit()
+        self._gpus_list.setObjectName("gpusList")
+        self._gpus_list.setPlaceholderText("0, 1")
+        self._gpus_all.toggled.connect(lambda checked: self._gpus_list.setEnabled(not checked))
+        self._memory_limit = QCheckBox("Limit to")
+        self._memory_limit.setObjectName("memoryLimit")
+        self._memory_cap = self._spin(_MEMORY_GB_RANGE, " GB", decimals=1, step=1.0)
+        self._memory_cap.setObjectName("memoryCap")
+        self._memory_limit.toggled.connect(self._memory_cap.setEnabled)
+
+        gpus = QWidget()
+        gpus_layout = QHBoxLayout(gpus)
+        gpus_layout.setContentsMargins(0, 0, 0, 0)
+        gpus_layout.addWidget(self._gpus_all)
+        gpus_layout.addWidget(self._gpus_list, 1)
+        memory = QWidget()
+        memory_layout = QHBoxLayout(memory)
+        memory_layout.setContentsMargins(0, 0, 0, 0)
+        memory_layout.addWidget(self._memory_limit)
+        memory_layout.addWidget(self._memory_cap, 1)
+
+        self._error_general = QLabel()
+        self._error_general.setObjectName("error_general")
+        self._style_error(self._error_general)
+
+        when = self._section(
+            "When to work",
+            [
+                ("idle_only", "Idle", self._idle_only),
+                ("idle_minutes", "Idle for at least", self._idle_minutes),
+                ("schedule", "Schedule", self._schedule),
+                ("pause_on_battery", "Battery", self._pause_on_battery),
+                ("exclusive_apps", "Pause while running", self._exclusive_apps),
+            ],
+        )
+        temperature = self._section(
+            "Temperature",
+            [
+                ("pause_above_c", "Pause GPU above", self._pause_above_c),
+                ("resume_below_c", "Resume GPU below", self._resume_below_c),
+                ("cpu_pause_above_c", "Pause CPU above", self._cpu_pause_above_c),
+                ("cpu_resume_below_c", "Resume CPU below", self._cpu_resume_below_c),
+            ],
+        )
+        resources = self._section(
+            "Resources",
+            [
+                ("duty_cycle", "Duty cycle", self._duty_cycle),
+                ("gpus", "GPUs", gpus),
+                ("memory_cap_gb", "GPU memory", memory),
+            ],
+        )
+
+        content = QWidget()
+        content_layout = QVBoxLayout(content)
+        for section in (when, temperature, resources):
+            content_layout.addWidget(section)
+        content_layout.addStretch(1)
+        # The schedule can grow to many rows; scroll rather than outgrow the screen.
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setWidget(content)
+        # Scroll only vertically: the dialog is as wide as its widest row (the schedule's).
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(
+            content.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width()
+        )
+
+        save = QPushButton("Save")
+        save.setObjectName("saveButton")
+        save.setDefault(True)
+        save.clicked.connect(self._save)
+        cancel = QPushButton("Cancel")
+        cancel.setObjectName("cancelButton")
+        cancel.clicked.connect(self.reject)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(cancel)
+        buttons.addWidget(save)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(self._error_general)
+        layout.addWidget(scroll, 1)
+        layout.addLayout(buttons)
+
+        self.set_values(preferences)
+        self.show_problems([])
+
+    # -- building -------------------------------------------------------------------------
+
+    @staticmethod
+    def _spin(
+        limits: tuple[float, float], suffix: str, *, decimals: int = 1, step: float = 1.0
+    ) -> QDoubleSpinBox:
+        spin = QDoubleSpinBox()
+        spin.setRange(*limits)
+        spin.setDecimals(decimals)
+        spin.setSingleStep(step)
+        spin.setSuffix(suffix)
+        return spin
+
+    @staticmethod
+    def _style_error(label: QLabel) -> None:
+        label.setStyleSheet(_ERROR_STYLE)
+        label.setWordWrap(True)
+        label.setTextFormat(Qt.TextFormat.PlainText)  # node messages are text, never markup
+
+    def _section(self, title: str, rows: list[tuple[str, str, QWidget]]) -> QGroupBox:
+        box = QGroupBox(title)
+        form = QFormLayout(box)
+        for name, caption, widget in rows:
+            widget.setObjectName(f"field_{name}")
+            widget.setToolTip(_TOOLTIPS[name])
+            error = QLabel()
+            error.setObjectName(f"error_{name}")
+            self._style_error(error)
+            self._errors[name] = error
+            cell = QWidget()
+            cell_layout = QVBoxLayout(cell)
+            cell_layout.setContentsMargins(0, 0, 0, 0)
+            cell_layout.setSpacing(2)
+            cell_layout.addWidget(widget)
+            cell_layout.addWidget(error)
+            label = QLabel(caption)
+            label.setToolTip(_TOOLTIPS[name])
+            form.addRow(label, cell)
+        return box
+
+    # -- values ---------------------------------------------------------------------------
+
+    def set_values(self, preferences: dict[str, Any]) -> None:
+        """Show ``preferences``; keys an older node leaves out show the node's defaults."""
+        prefs = {**DEFAULTS, **{k: v for k, v in preferences.items() if k in DEFAULTS}}
+        self._idle_only.setChecked(bool(prefs["idle_only"]))
+        self._pause_on_battery.setChecked(bool(prefs["pause_on_battery"]))
+        for name, spin in self._temperature_spins().items():
+            spin.setValue(_as_float(prefs[name], DEFAULTS[name]))
+        self._idle_minutes.setValue(_as_float(prefs["idle_minutes"], DEFAULTS["idle_minutes"]))
+        self._duty_cycle.setValue(100.0 * _as_float(prefs["duty_cycle"], DEFAULTS["duty_cycle"]))
+        schedule = prefs["schedule"]
+        self._schedule.set_windows(schedule if isinstance(schedule, list) else [])
+        apps = prefs["exclusive_apps"]
+        apps = apps if isinstance(apps, list) else []
+        self._exclusive_apps.setPlainText("\n".join(str(app) for app in apps))
+        gpus = prefs["gpus"]
+        every = not isinstance(gpus, list)
+        self._gpus_all.setChecked(every)
+        self._gpus_list.setEnabled(not every)
+        self._gpus_list.setText("" if every else ", ".join(str(g) for g in gpus))
+        cap = prefs["memory_cap_gb"]
+        limited = cap is not None and not isinstance(cap, bool) and isinstance(cap, int | float)
+        self._memory_limit.setChecked(limited)
+        self._memory_cap.setEnabled(limited)
+        self._memory_cap.setValue(float(cap) if limited else _DEFAULT_MEMORY_CAP_GB)
+
+    def values(self) -> dict[str, Any]:
+        """What the form holds, in the shape of the node's preferences.
+
+        GPU indexes that are not whole numbers are left out here; Save refuses to send
+        them (see ``_local_problems``) so the user is told instead of silently ignored.
+        """
+        result: dict[str, Any] = {
+            "idle_only": self._idle_only.isChecked(),
+            "idle_minutes": float(self._idle_minutes.value()),
+        }
+        for name, spin in self._temperature_spins().items():
+            result[name] = float(spin.value())
+        # Rounded so that 55.5 % reads back as 0.555, not 0.5549999999999999.
+        result["duty_cycle"] = round(self._duty_cycle.value() / 100.0, 6)
+        result["schedule"] = self._schedule.windows()
+        result["pause_on_battery"] = self._pause_on_battery.isChecked()
+        apps: list[str] = []
+        for line in self._exclusive_apps.toPlainText().splitlines():
+            name = line.strip()
+            if name and name not in apps:
+                apps.append(name)
+        result["exclusive_apps"] = apps
+        if self._gpus_all.isChecked():
+            result["gpus"] = "all"
+        else:
+            indexes, _bad = self._parse_gpus()
+            result["gpus"] = indexes
+        result["memory_cap_gb"] = (
+            float(self._memory_cap.value()) if self._memory_limit.isChecked() else None
+        )
+        return {name: result[name] for name in FIELDS}
+
+    def schedule_editor(self) -> ScheduleEditor:
+        return self._schedule
+
+    def _temperature_spins(self) -> dict[str, QDoubleSpinBox]:
+        return {
+            "pause_above_c": self._pause_above_c,
+            "resume_below_c": self._resume_below_c,
+            "cpu_pause_above_c": self._cpu_pause_above_c,
+            "cpu_resume_below_c": self._cpu_resume_below_c,
+        }
+
+    def _parse_gpus(self) -> tuple[list[int], list[str]]:
+        indexes: list[int] = []
+        bad: list[str] = []
+        for token in self._gpus_list.text().replace(";", ",").split(","):
+            token = token.strip()
+            if not token:
+                continue
+            try:
+                indexes.append(int(token))
+            except ValueError:
+                bad.append(token)
+        return indexes, bad
+
+    def _local_problems(self) -> list[str]:
+        """Problems the node cannot report because the form cannot even express them."""
+        if self._gpus_all.isChecked():
+            return []
+        _indexes, bad = self._parse_gpus()
+        if bad:
+            listed = ", ".join(repr(token) for token in bad)
+            return [f"gpus: {listed} is not a GPU index; use whole numbers such as 0, 1"]
+        return []
+
+    # -- saving ---------------------------------------------------------------------------
+
+    def show_problems(self, problems: list[str]) -> None:
+        """Put each "field: message" under its field; others at the top of the dialog."""
+        by_field: dict[str, list[str]] = {name: [] for name in FIELDS}
+        general: list[str] = []
+        for problem in problems:
+            path, message = _split_problem(str(problem))
+            parts = path.split(".") if path else []
+            if parts and parts[0] in by_field:
+                by_field[parts[0]].append(self._describe(parts, message))
+            elif parts == ["preferences"]:
+                # A check across fields is reported against the whole object, but its
+                # message starts with the field it is about ("resume_below_c (90.0) must
+                # be below ..."): show it there, where the user will change it.
+                named = _FIELD_AT_START.match(message)
+                if named and named.group(1) in by_field:
+                    by_field[named.group(1)].append(message)
+                else:
+                    general.append(message)
+            else:
+                general.append(str(problem))
+        for name, label in self._errors.items():
+            self._set_error(label, by_field[name])
+        self._set_error(self._error_general, general)
+
+    @staticmethod
+    def _describe(parts: list[str], message: str) -> str:
+        """The message, prefixed with where inside the field it applies (1-based windows)."""
+        rest = parts[1:]
+        if not rest:
+            return message
+        if parts[0] == "schedule" and rest[0].isdigit():
+            where = [f"window {int(rest[0]) + 1}", *rest[1:]]
+        else:
+            where = [f"item {int(p) + 1}" if p.isdigit() else p for p in rest]
+        return f"{', '.join(where)}: {message}"
+
+    @staticmethod
+    def _set_error(label: QLabel, messages: list[str]) -> None:
+        label.setText("\n".join(messages))
+        label.setVisible(bool(messages))
+
+    def _save(self) -> None:
+        local = self._local_problems()
+        if local:
+            self.show_problems(local)
+            return
+        values = self.values()
+        try:
+            problems = list(self._apply(values))
+        except Exception as exc:  # the node may be unreachable: say so, keep the edits
+            log.exception("sending preferences to the node failed")
+            problems = [f"preferences: could not reach the node ({exc})"]
+        self.show_problems(problems)
+        if problems:
+            log.info("the node refused the preferences: %s", problems)
+            return
+        self.saved.emit(values)
+        self.accept()

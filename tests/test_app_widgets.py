@@ -1,0 +1,432 @@
+"""The tray's limits dialog and dashboard, driven offscreen with pytest-qt."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from PySide6.QtCore import Qt, QTime
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDoubleSpinBox,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QPlainTextEdit,
+    QPushButton,
+    QWidget,
+)
+
+from app.dashboard import DASH, MAX_EVENTS, DashboardWindow
+from app.limits import DEFAULTS, LimitsDialog, ScheduleEditor
+
+ROOT = Path(__file__).resolve().parent.parent
+W = TypeVar("W", bound=QWidget)
+
+PREFERENCES = {
+    "idle_only": False,
+    "idle_minutes": 7.5,
+    "pause_above_c": 80.0,
+    "resume_below_c": 70.0,
+    "cpu_pause_above_c": 88.0,
+    "cpu_resume_below_c": 78.0,
+    "duty_cycle": 0.5,
+    "schedule": [
+        {"days": ["mon", "tue", "wed", "thu", "fri"], "start": "22:00", "end": "07:30"},
+        {"days": ["sat", "sun"], "start": "09:00", "end": "18:00"},
+    ],
+    "pause_on_battery": False,
+    "exclusive_apps": ["steam.exe", "blender"],
+    "gpus": [0, 2],
+    "memory_cap_gb": 6.5,
+}
+
+
+class Recorder:
+    """An ``apply`` that records its calls and answers with the given problems."""
+
+    def __init__(self, *answers: list[str]) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.answers = list(answers)
+
+    def __call__(self, changes: dict[str, Any]) -> list[str]:
+        self.calls.append(changes)
+        return self.answers.pop(0) if self.answers else []
+
+
+def make_dialog(qtbot, preferences=None, apply=None) -> LimitsDialog:
+    dialog = LimitsDialog(
+        PREFERENCES if preferences is None else preferences,
+        apply if apply is not None else Recorder(),
+    )
+    qtbot.addWidget(dialog)
+    dialog.show()
+    return dialog
+
+
+def child(widget: QWidget, cls: type[W], name: str) -> W:
+    found = widget.findChild(cls, name)
+    assert found is not None, f"no {cls.__name__} named {name}"
+    return found
+
+
+def click(qtbot: Any, widget: QWidget, name: str) -> None:
+    qtbot.mouseClick(child(widget, QPushButton, name), Qt.MouseButton.LeftButton)
+
+
+# -- limits dialog ---------------------------------------------------------------------------
+
+
+def test_limits_dialog_shows_the_preferences_it_was_given(qtbot):
+    dialog = make_dialog(qtbot)
+    assert not child(dialog, QCheckBox, "field_idle_only").isChecked()
+    assert child(dialog, QDoubleSpinBox, "field_idle_minutes").value() == 7.5
+    assert child(dialog, QDoubleSpinBox, "field_pause_above_c").value() == 80.0
+    assert child(dialog, QDoubleSpinBox, "field_resume_below_c").value() == 70.0
+    assert child(dialog, QDoubleSpinBox, "field_cpu_pause_above_c").value() == 88.0
+    assert child(dialog, QDoubleSpinBox, "field_cpu_resume_below_c").value() == 78.0
+    assert child(dialog, QDoubleSpinBox, "field_duty_cycle").value() == 50.0
+    assert not child(dialog, QCheckBox, "field_pause_on_battery").isChecked()
+    apps = child(dialog, QPlainTextEdit, "field_exclusive_apps").toPlainText()
+    assert apps.splitlines() == ["steam.exe", "blender"]
+    assert not child(dialog, QCheckBox, "gpusAll").isChecked()
+    assert child(dialog, QLineEdit, "gpusList").text() == "0, 2"
+    assert child(dialog, QCheckBox, "memoryLimit").isChecked()
+    assert child(dialog, QDoubleSpinBox, "memoryCap").value() == 6.5
+    editor = child(dialog, ScheduleEditor, "field_schedule")
+    assert editor.row_count() == 2
+    assert editor.row(0).start.time() == QTime(22, 0)
+    assert editor.row(0).end.time() == QTime(7, 30)
+    assert dialog.values() == PREFERENCES
+    # every field has its (hidden) error label, and a tooltip that explains it
+    for name in PREFERENCES:
+        assert child(dialog, QLabel, f"error_{name}").isHidden()
+        field = dialog.findChild(QWidget, f"field_{name}")
+        assert field is not None
+        assert field.toolTip()
+    assert child(dialog, QLabel, "error_general").isHidden()
+
+
+def test_limits_dialog_fills_in_defaults_for_an_older_node(qtbot):
+    dialog = make_dialog(qtbot, preferences={"idle_minutes": 10})
+    assert dialog.values() == {**DEFAULTS, "idle_minutes": 10.0}
+
+
+def test_save_sends_all_values_with_the_right_types(qtbot):
+    apply = Recorder()
+    dialog = make_dialog(qtbot, apply=apply)
+    child(dialog, QCheckBox, "field_idle_only").setChecked(True)
+    child(dialog, QDoubleSpinBox, "field_duty_cycle").setValue(25.0)
+    child(dialog, QPlainTextEdit, "field_exclusive_apps").setPlainText(" game.exe \n\nobs\n")
+    child(dialog, QLineEdit, "gpusList").setText("1,3")
+    child(dialog, QCheckBox, "memoryLimit").setChecked(False)
+    # a value beyond the node's range is not clamped here: the node will explain it
+    child(dialog, QDoubleSpinBox, "field_pause_above_c").setValue(120.0)
+    with qtbot.waitSignal(dialog.accepted, timeout=1000):
+        click(qtbot, dialog, "saveButton")
+    assert len(apply.calls) == 1
+    sent = apply.calls[0]
+    assert set(sent) == set(DEFAULTS)
+    assert sent["idle_only"] is True
+    assert sent["duty_cycle"] == 0.25
+    assert sent["pause_above_c"] == 120.0
+    assert sent["exclusive_apps"] == ["game.exe", "obs"]
+    assert sent["gpus"] == [1, 3]
+    assert sent["memory_cap_gb"] is None
+    assert sent["schedule"] == PREFERENCES["schedule"]
+    for name in ("idle_minutes", "pause_above_c", "resume_below_c", "duty_cycle"):
+        assert type(sent[name]) is float, name
+    assert dialog.result() == QDialog.DialogCode.Accepted
+
+
+def test_save_sends_all_gpus_and_a_memory_cap(qtbot):
+    apply = Recorder()
+    dialog = make_dialog(qtbot, preferences={**PREFERENCES, "memory_cap_gb": None}, apply=apply)
+    child(dialog, QCheckBox, "gpusAll").setChecked(True)
+    assert not child(dialog, QLineEdit, "gpusList").isEnabled()
+    assert not child(dialog, QDoubleSpinBox, "memoryCap").isEnabled()
+    child(dialog, QCheckBox, "memoryLimit").setChecked(True)
+    child(dialog, QDoubleSpinBox, "memoryCap").setValue(12.0)
+    click(qtbot, dialog, "saveButton")
+    assert apply.calls[0]["gpus"] == "all"
+    assert apply.calls[0]["memory_cap_gb"] == 12.0
+
+
+def test_problems_from_the_node_are_shown_and_the_dialog_stays_open(qtbot):
+    apply = Recorder(
+        [
+            "resume_below_c: resume_below_c (90.0) must be below pause_above_c (83.0)",
+            "schedule.0.start: String should match pattern '^\\d\\d:\\d\\d$'",
+            "preferences: the node could not save the file",
+            "new_field: something only a newer node knows",
+        ],
+        [],
+    )
+    dialog = make_dialog(qtbot, apply=apply)
+    accepted: list[bool] = []
+    dialog.accepted.connect(lambda: accepted.append(True))
+    click(qtbot, dialog, "saveButton")
+    assert dialog.isVisible()
+    assert not accepted
+
+    resume = child(dialog, QLabel, "error_resume_below_c")
+    assert resume.isVisible()
+    assert resume.text() == "resume_below_c (90.0) must be below pause_above_c (83.0)"
+    schedule = child(dialog, QLabel, "error_schedule")
+    assert schedule.isVisible()
+    assert "window 1, start" in schedule.text()
+    assert "String should match pattern" in schedule.text()
+    general = child(dialog, QLabel, "error_general")
+    assert general.isVisible()
+    assert "the node could not save the file" in general.text()
+    assert "new_field: something only a newer node knows" in general.text()
+    assert child(dialog, QLabel, "error_pause_above_c").isHidden()
+
+    # the second Save succeeds: the errors go away and the dialog accepts
+    with qtbot.waitSignal(dialog.saved, timeout=1000) as saved:
+        click(qtbot, dialog, "saveButton")
+    assert saved.args == [apply.calls[1]]
+    assert accepted == [True]
+    assert resume.isHidden()
+    assert schedule.isHidden()
+    assert general.isHidden()
+
+
+def test_a_check_across_fields_shows_at_the_field_it_names(qtbot):
+    # the node reports checks across fields against the whole object; the message names
+    # the field the user should change
+    problem = "preferences: resume_below_c (90.0) must be below pause_above_c (83.0)"
+    dialog = make_dialog(qtbot, apply=Recorder([problem]))
+    click(qtbot, dialog, "saveButton")
+    error = child(dialog, QLabel, "error_resume_below_c")
+    assert error.isVisible()
+    assert error.text() == "resume_below_c (90.0) must be below pause_above_c (83.0)"
+    assert child(dialog, QLabel, "error_general").isHidden()
+
+
+def test_an_unreachable_node_is_a_general_problem(qtbot):
+    def apply(changes):
+        raise ConnectionError("connection refused")
+
+    dialog = make_dialog(qtbot, apply=apply)
+    click(qtbot, dialog, "saveButton")
+    general = child(dialog, QLabel, "error_general")
+    assert general.isVisible()
+    assert "connection refused" in general.text()
+    assert dialog.isVisible()
+
+
+def test_unparsable_gpu_indexes_are_refused_before_sending(qtbot):
+    apply = Recorder()
+    dialog = make_dialog(qtbot, apply=apply)
+    child(dialog, QLineEdit, "gpusList").setText("0, one")
+    click(qtbot, dialog, "saveButton")
+    assert apply.calls == []
+    assert "'one'" in child(dialog, QLabel, "error_gpus").text()
+
+
+def test_cancel_rejects_without_sending(qtbot):
+    apply = Recorder()
+    dialog = make_dialog(qtbot, apply=apply)
+    with qtbot.waitSignal(dialog.rejected, timeout=1000):
+        click(qtbot, dialog, "cancelButton")
+    assert apply.calls == []
+
+
+def test_schedule_editor_add_and_remove_round_trip(qtbot):
+    dialog = make_dialog(qtbot, preferences={**PREFERENCES, "schedule": []})
+    editor = child(dialog, ScheduleEditor, "field_schedule")
+    assert editor.row_count() == 0
+    assert dialog.values()["schedule"] == []
+
+    click(qtbot, editor, "addScheduleWindow")
+    click(qtbot, editor, "addScheduleWindow")
+    assert editor.row_count() == 2
+    first, second = editor.row(0), editor.row(1)
+    for day, box in first.days.items():
+        box.setChecked(day in ("mon", "wed"))
+    first.start.setTime(QTime(8, 15))
+    first.end.setTime(QTime(17, 45))
+    second.days["sun"].setChecked(False)
+    assert dialog.values()["schedule"] == [
+        {"days": ["mon", "wed"], "start": "08:15", "end": "17:45"},
+        {"days": ["mon", "tue", "wed", "thu", "fri", "sat"], "start": "22:00", "end": "08:00"},
+    ]
+
+    qtbot.mouseClick(first.remove, Qt.MouseButton.LeftButton)
+    assert editor.row_count() == 1
+    remaining = dialog.values()["schedule"]
+    assert remaining == [
+        {"days": ["mon", "tue", "wed", "thu", "fri", "sat"], "start": "22:00", "end": "08:00"}
+    ]
+
+    # what was read back shows the same in a new dialog
+    again = make_dialog(qtbot, preferences={**PREFERENCES, "schedule": remaining})
+    assert again.values()["schedule"] == remaining
+
+    qtbot.mouseClick(editor.row(0).remove, Qt.MouseButton.LeftButton)
+    assert editor.row_count() == 0
+    assert dialog.values()["schedule"] == []
+
+
+# -- dashboard -------------------------------------------------------------------------------
+
+FULL_STATUS = {
+    "state": "working",
+    "reason": "idle for 5 minutes",
+    "reason_code": "idle",
+    "project": "p1",
+    "project_name": "Tiny MoE",
+    "experts": {"ffn.0.3": 4, "ffn.1.7": 2},
+    "contributions": {"sent": 15, "accepted": 12, "given_up": 1, "refused": {"stale": 2}},
+    "samples_done": 12345,
+    "device": {
+        "device": "cuda:0",
+        "memory": "24 GB",
+        "benchmark": {"samples_per_s": 100.0},
+        "network_rtt_ms": 35.2,
+    },
+    "readings": {
+        "gpu_temp_c": 66.0,
+        "gpu_utilization": 0.8,
+        "gpu_power_w": 210.0,
+        "cpu_temp_c": 55.0,
+        "idle_seconds": 400,
+        "on_battery": False,
+    },
+    "peers": 7,
+    "uptime_s": 7300,
+}
+
+FIGURES = (
+    "figureContributions",
+    "figureExperts",
+    "figurePeers",
+    "figureSamples",
+    "figureDevice",
+)
+
+
+def make_dashboard(qtbot: Any) -> DashboardWindow:
+    window = DashboardWindow()
+    qtbot.addWidget(window)
+    window.show()
+    return window
+
+
+def text(window: QWidget, name: str) -> str:
+    return child(window, QLabel, name).text()
+
+
+def test_dashboard_shows_a_full_status(qtbot):
+    window = make_dashboard(qtbot)
+    assert window.windowTitle() == "moehome — dashboard"
+    window.update_status(FULL_STATUS)
+    state = text(window, "dashboardState")
+    assert "Working" in state
+    assert "idle for 5 minutes" in state
+    contributions = text(window, "figureContributions")
+    assert "12 accepted / 15 sent" in contributions
+    assert "2 refused" in contributions
+    assert text(window, "figureExperts") == "ffn.0.3, ffn.1.7"
+    assert text(window, "figurePeers") == "7"
+    assert text(window, "figureSamples") == "12,345"
+    assert "cuda:0" in text(window, "figureDevice")
+    assert "24 GB" in text(window, "figureDevice")
+
+
+def test_dashboard_survives_an_empty_status(qtbot):
+    window = make_dashboard(qtbot)
+    window.update_status(FULL_STATUS)
+    window.update_status({})
+    assert text(window, "dashboardState") == DASH
+    for name in FIGURES:
+        assert text(window, name) == DASH, name
+    # partial dicts, and nulls where numbers belong
+    window.update_status(
+        {"state": "not running", "contributions": {"sent": None}, "device": {}, "peers": None}
+    )
+    assert "not running" in text(window, "dashboardState")
+    assert text(window, "figurePeers") == DASH
+    assert text(window, "figureDevice") == DASH
+
+
+def test_dashboard_plots_the_history(qtbot):
+    window = make_dashboard(qtbot)
+    t0 = 1_700_000_000
+    window.update_history(
+        {
+            "hours": [
+                {"hour": t0, "working_s": 3000.0, "samples": 40, "gpu_temp_c_max": 70.0},
+                {"hour": t0 + 3600, "working_s": 600.0, "samples": 5, "cpu_temp_c_max": None},
+            ],
+            "temperatures": [
+                [t0, 60.0, 50.0, 0.5],
+                [t0 + 60, None, 51.0, None],
+                [t0 + 120, 62.0, None, 0.75],
+                [t0 + 180, 63.0, 52.0],  # an older node without utilization
+            ],
+        }
+    )
+    data = window.expose_data()
+    assert data["gpu_temp_c"] == {"x": [t0, t0 + 120, t0 + 180], "y": [60.0, 62.0, 63.0]}
+    assert data["cpu_temp_c"] == {"x": [t0, t0 + 60, t0 + 180], "y": [50.0, 51.0, 52.0]}
+    assert data["gpu_utilization_pct"] == {"x": [t0, t0 + 120], "y": [50.0, 75.0]}
+    assert data["samples_per_hour"]["heights"] == [40.0, 5.0]
+    assert data["samples_per_hour"]["x"] == [t0 + 1800, t0 + 3600 + 1800]
+
+    window.update_history({})
+    data = window.expose_data()
+    assert data["gpu_temp_c"] == {"x": [], "y": []}
+    assert data["samples_per_hour"] == {"x": [], "heights": []}
+
+
+def test_dashboard_lists_events_newest_first(qtbot):
+    window = make_dashboard(qtbot)
+    window.add_events(
+        [
+            {"id": 1, "kind": "state", "run": True, "reason": "idle", "at": 1_700_000_000},
+            {"id": 2, "kind": "contribution", "uid": "ffn.0.3", "outcome": "accepted"},
+        ]
+    )
+    window.add_events(
+        [
+            {"id": 2, "kind": "contribution", "uid": "ffn.0.3", "outcome": "accepted"},
+            {"id": 3, "kind": "contribution", "uid": "ffn.0.3", "outcome": "stale"},
+            {"id": 4, "kind": "error", "message": "disk full"},
+            {"id": 5, "kind": "experts", "experts": ["ffn.0.3", "ffn.1.7"]},
+            {"id": 6, "kind": "state", "run": False, "reason": "GPU at 84 °C"},
+        ]
+    )
+    events = child(window, QListWidget, "eventsList")
+    lines = [events.item(i).text() for i in range(events.count())]
+    assert len(lines) == 6
+    assert "Paused: GPU at 84 °C" in lines[0]
+    assert "ffn.0.3, ffn.1.7" in lines[1]
+    assert "disk full" in lines[2]
+    assert "refused (stale)" in lines[3]
+    assert "accepted" in lines[4]
+    assert "Started working" in lines[5]
+    assert lines[5][0].isdigit()  # it has an "at": its local time leads the line
+
+    window.add_events([{"id": i, "kind": "preferences"} for i in range(10, 10 + MAX_EVENTS)])
+    assert events.count() == MAX_EVENTS
+    assert events.item(0).text() == "Preferences changed"
+
+
+@pytest.mark.parametrize("module", ["app.limits", "app.dashboard"])
+def test_widgets_import_neither_torch_nor_trio(module):
+    code = f"import {module}, sys; print('torch' in sys.modules, 'trio' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.split() == ["False", "False"]

@@ -1,0 +1,159 @@
+"""The tray against a real node process (fake probes read from a file): the menu's
+actions, found by object name, pause, resume and snooze the node and the status line
+follows within 2 s; the limits dialog shows the node's validation error; a node killed
+with SIGKILL shows as "not running", is restarted, and the tray recovers; Quit stops it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PySide6.QtWidgets import QApplication, QDoubleSpinBox, QLabel, QPushButton
+
+from app.link import NodeLink
+from app.supervisor import NodeSupervisor, node_command
+from app.tray import Tray, remaining, seconds_until_tomorrow, settings_at, status_line
+from tests.processes import stop_processes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class NoAutostart:
+    def __init__(self) -> None:
+        self.on = False
+
+    def enabled(self) -> bool:
+        return self.on
+
+    def enable(self, command: list[str]) -> None:
+        self.on = True
+
+    def disable(self) -> None:
+        self.on = False
+
+
+@pytest.fixture
+def owner(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.owner_process", str(tmp_path / "owner")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    assert len(line) == 2, line
+    yield line[0], line[1]
+    stop_processes([proc])
+
+
+@pytest.mark.slow
+def test_the_tray_drives_a_real_node(qtbot, tmp_path, monkeypatch, owner):
+    address, project = owner
+    monkeypatch.setenv("MOEHOME_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("MOEHOME_CONFIG_DIR", str(tmp_path / "config"))
+    machine = tmp_path / "machine.json"
+    machine.write_text(json.dumps({"idle_seconds": 3600, "gpu_temp_c": 55}))
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    link = NodeLink(tmp_path / "data", interval=0.2)
+    node_args = ["--project", project, "-b", address, "--fake-probes", str(machine)]
+    supervisor = NodeSupervisor(
+        node_command([*node_args, "--no-benchmark"]), node_is_running=lambda: False
+    )
+    tray = Tray(app, link, supervisor, settings_at(tmp_path / "config"), NoAutostart(), ["x"])
+    supervisor.start()
+    link.start()
+    try:
+        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=60_000)
+        assert tray.find_action("statusAction").text().startswith("Working: serving")
+        assert tray.find_action("pauseAction").isVisible()
+        assert not tray.find_action("resumeAction").isVisible()
+
+        tray.find_action("pauseAction").trigger()
+        qtbot.waitUntil(lambda: tray.status_action.text() == "Paused: paused by you", timeout=2000)
+        assert tray.find_action("resumeAction").isVisible()
+        tray.find_action("resumeAction").trigger()
+        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=2000)
+
+        tray.find_action("snooze3hAction").trigger()
+        qtbot.waitUntil(lambda: tray.status.get("reason_code") == "snoozed", timeout=2000)
+        reason = tray.find_action("reasonAction")
+        assert reason.isVisible()
+        assert reason.text() in ("Snoozed — 3 h 00 min left", "Snoozed — 2 h 59 min left")
+        tray.find_action("resumeAction").trigger()
+        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=2000)
+
+        # limits: the node's validation message shows next to the field
+        tray.find_action("limitsAction").trigger()
+        dialog = tray.limits
+        assert dialog is not None
+        spin = dialog.findChild(QDoubleSpinBox, "field_resume_below_c")
+        save = dialog.findChild(QPushButton, "saveButton")
+        assert spin is not None
+        assert save is not None
+        spin.setValue(90)
+        save.click()
+        error = dialog.findChild(QLabel, "error_resume_below_c")
+        assert error is not None
+        assert "must be below pause_above_c" in error.text()
+        assert dialog.isVisible()
+        dialog.close()
+
+        # the GPU gets hot: paused, and the volunteer is told why
+        machine.write_text(json.dumps({"idle_seconds": 3600, "gpu_temp_c": 90}))
+        qtbot.waitUntil(lambda: tray.status.get("reason_code") == "gpu_hot", timeout=2000)
+        qtbot.waitUntil(lambda: any("too hot" in m for _, m in tray.notifications), timeout=5000)
+        machine.write_text(json.dumps({"idle_seconds": 3600, "gpu_temp_c": 60}))
+        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=2000)
+
+        # the node dies: "not running" at once, restarted, and the tray follows it again
+        first_pid = supervisor.pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        qtbot.waitUntil(lambda: tray.status["state"] == "not running", timeout=3000)
+        assert tray.status_action.text() == "Node not running"
+        assert not tray.find_action("pauseAction").isVisible()
+        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=60_000)
+        assert supervisor.pid not in (None, first_pid)
+        assert any("restart" in title for title, _ in tray.notifications)
+    finally:
+        pid = supervisor.pid
+        tray.quit()  # asks the node to stop, waits for it
+    assert supervisor.pid is None
+    if pid is not None:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.parametrize(
+    ("status", "line"),
+    [
+        ({"state": "working", "experts": {"a": 0, "b": 0}}, "Working: serving 2 experts"),
+        ({"state": "working", "experts": {"a": 0}}, "Working: serving 1 expert"),
+        (
+            {"state": "paused", "reason": "the GPU is too hot: 90 °C"},
+            "Paused: the GPU is too hot: 90 °C",
+        ),
+        ({"state": "not running", "reason": "the node is not running"}, "Node not running"),
+        ({"state": "no project", "reason": "join a project"}, "No project: join a project"),
+    ],
+)
+def test_status_line(status, line):
+    assert status_line(status) == line
+
+
+def test_remaining_and_tomorrow():
+    import datetime as dt
+
+    assert remaining(1000 + 3 * 3600, 1000) == "3 h 00 min"
+    assert remaining(1000 + 14 * 60 + 10, 1000) == "14 min"
+    assert remaining(0, 1000) == "0 min"
+    now = dt.datetime(2026, 11, 21, 22, 30)
+    assert seconds_until_tomorrow(now) == 8.5 * 3600
