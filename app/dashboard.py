@@ -265,7 +265,7 @@ class DashboardWindow(QWidget):
         state = status.get("state")
         text = _STATES.get(state, str(state)) if isinstance(state, str) and state else DASH
         reason = status.get("reason")
-        if isinstance(reason, str) and reason:
+        if isinstance(reason, str) and reason and reason != state:
             text = f"{text}: {reason}"
         project = status.get("project_name") or status.get("project")
         if project:

@@ -127,6 +127,7 @@ def main(out: Path) -> None:
             },
             lambda changes: ["resume_below_c: resume_below_c (90.0) must be below pause_above_c"],
         )
+        limits.resize(820, 900)
         limits.show()
         save = limits.findChild(QPushButton, "saveButton")
         assert save is not None
