@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint bench compare-env clean
+.PHONY: setup demo test lint bench bundle compare-env clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ lint:
 
 test: lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest
+
+bundle:
+	$(BIN)/python installer/build.py
 
 bench:
 	$(BIN)/python benchmarks/net_rpc.py

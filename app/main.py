@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
+import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from app.icons import state_icon
@@ -53,6 +55,17 @@ def _node_answers() -> bool:
         client.close()
 
 
+def _quit_on_signals(tray: Tray) -> None:
+    """SIGTERM (logout, a service manager) and Ctrl-C quit like the menu's Quit, so the
+    node we started is stopped too. Qt's loop runs C++ code; a timer gives Python a
+    moment now and then to run its signal handlers."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: QTimer.singleShot(0, tray.quit))
+    heartbeat = QTimer(tray)
+    heartbeat.timeout.connect(lambda: None)
+    heartbeat.start(500)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moehome-tray", description="moehome tray app")
     parser.add_argument("--selftest", action="store_true", help="build the tray, check it, exit")
@@ -66,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-wizard", action="store_true", help="skip the first-start wizard")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     app = QApplication.instance() or QApplication(sys.argv[:1])
     assert isinstance(app, QApplication)
     app.setApplicationName("moehome")
@@ -86,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         ok = not tray.icon.icon().isNull() and tray.menu.actions() != []
         names = {a.objectName() for a in tray.menu.actions()}
         ok = ok and {"pauseAction", "resumeAction", "quitAction", "limitsAction"} <= names
+        heavy = sorted({"torch", "trio", "libp2p"} & set(sys.modules))  # never in the tray
+        if heavy:
+            sys.stdout.write(f"tray selftest: loaded {', '.join(heavy)}\n")
+        ok = ok and not heavy
         sys.stdout.write(f"tray selftest: {'ok' if ok else 'FAILED'}\n")
         return 0 if ok else 1
     if not QSystemTrayIcon.isSystemTrayAvailable():
@@ -97,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     link.start()
     if not args.no_wizard:
         tray.first_start()
+    _quit_on_signals(tray)
     code = app.exec()
     link.stop()
     return code

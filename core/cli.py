@@ -512,8 +512,15 @@ def node(
     benchmark: Annotated[
         bool, typer.Option(help="Measure the device at start (cached after the first time).")
     ] = True,
+    selftest: Annotated[
+        bool,
+        typer.Option("--selftest", help="Check this install (device, libp2p, an expert) and exit."),
+    ] = False,
 ) -> None:
     """Run the volunteer node (what the tray starts): serves experts when allowed."""
+    if selftest:
+        _node_selftest()
+        return
     from core.node.node import Node, NodeOptions
     from core.node.probes import FileProbes, probe_for_this_os
     from core.paths import config_dir
@@ -534,7 +541,12 @@ def node(
         )
         probes = FileProbes(fake_probes) if fake_probes else probe_for_this_os()
         async with trio.open_nursery() as nursery:
-            started = await nursery.start(Node(_identity(False), options, probes=probes).run)
+
+            async def run_node(*, task_status: trio.TaskStatus[Node]) -> None:
+                await Node(_identity(False), options, probes=probes).run(task_status=task_status)
+                nursery.cancel_scope.cancel()  # stopped (control API): end the watcher too
+
+            started = await nursery.start(run_node)
             for addr in started.peer.addrs():
                 sys.stdout.write(addr + "\n")
             sys.stdout.flush()
@@ -555,6 +567,17 @@ async def _stop_on_sigterm(stop: Callable[[], None], scope: Any) -> None:
             stop()
             scope.cancel()
             return
+
+
+def _node_selftest() -> None:
+    from core.node.selftest import run_selftest
+
+    def report(name: str, ok: bool, detail: str) -> None:
+        typer.echo(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
+
+    if not _run(run_selftest, report):
+        raise typer.Exit(1)
+    typer.echo("node selftest: ok")
 
 
 def _client() -> Any:

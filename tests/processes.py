@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterable
+from typing import Any
 
 
-def stop_processes(procs: Iterable[subprocess.Popen[str]]) -> None:
+def stop_processes(procs: Iterable[subprocess.Popen[Any]]) -> None:
     """Terminate what still runs, wait for it, and close the pipes (no fd leaks)."""
     for p in procs:
         if p.poll() is None:

@@ -73,3 +73,12 @@ def test_errors_inside_exception_groups_become_one_line_errors():
     with pytest.raises(typer.Exit) as info:
         _run(fails_in_a_nursery)
     assert info.value.exit_code == 1
+
+
+def test_node_selftest_checks_device_libp2p_and_an_expert(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEHOME_DATA_DIR", str(tmp_path))
+    result = runner.invoke(app, ["node", "--selftest"])
+    assert result.exit_code == 0, result.output
+    for check in ("device benchmark", "libp2p hosts", "expert forward", "probes"):
+        assert f"ok   {check}:" in result.output
+    assert result.output.rstrip().endswith("node selftest: ok")

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,3 +158,47 @@ def test_remaining_and_tomorrow():
     assert remaining(0, 1000) == "0 min"
     now = dt.datetime(2026, 11, 21, 22, 30)
     assert seconds_until_tomorrow(now) == 8.5 * 3600
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_tray_stops_its_node(tmp_path):
+    """Logging out sends SIGTERM: the tray quits like Quit and its node goes with it."""
+    from core.control import ControlError, find_node
+
+    env = {
+        **os.environ,
+        "MOEHOME_DATA_DIR": str(tmp_path / "data"),
+        "MOEHOME_CONFIG_DIR": str(tmp_path / "config"),
+        "QT_QPA_PLATFORM": "offscreen",
+    }
+    tray = subprocess.Popen(
+        [sys.executable, "-m", "app.main", "--no-wizard", "--node-args=--no-benchmark"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        node_pid = None
+        while node_pid is None and time.monotonic() < deadline:
+            try:
+                client = find_node(tmp_path / "data")
+                node_pid = client.status()["pid"]
+                client.close()
+            except ControlError:
+                time.sleep(0.2)
+        assert node_pid is not None, "the tray did not start a node"
+        tray.send_signal(signal.SIGTERM)
+        assert tray.wait(timeout=20) == 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(node_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the node outlived the tray")
+    finally:
+        stop_processes([tray])

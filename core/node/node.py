@@ -216,7 +216,12 @@ class Node:
     def stop(self) -> None:
         """Stop the node cleanly: run() returns after the declarations are withdrawn."""
         if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+            self._nursery.start_soon(self._stop_soon)
+
+    async def _stop_soon(self) -> None:
+        await trio.sleep(0.2)  # the control API answers the shutdown request first
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
 
     def join(self, project: str) -> None:
         """Serve ``project`` from now on (leaving the one served now); remembered."""
