@@ -18,9 +18,10 @@ import os
 import plistlib
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Final, Protocol
+
+from core.files import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -41,24 +42,6 @@ class Autostart(Protocol):
     def enable(self, command: list[str]) -> None: ...
 
     def disable(self) -> None: ...
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Readers (the session manager, launchd) never see a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp makes 0600; these are ordinary config files that tools may list.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _remove(path: Path) -> None:
@@ -144,7 +127,7 @@ class XdgAutostart:
             "X-GNOME-Autostart-enabled=true",
             "",
         ]
-        _write_atomically(self.path, "\n".join(lines).encode("utf-8"))
+        replace_file(self.path, "\n".join(lines).encode("utf-8"))
         log.info("start at login enabled: wrote %s", self.path)
 
     def disable(self) -> None:
@@ -218,7 +201,7 @@ class MacLaunchAgent:
             # Interactive: launchd must not throttle a process the user looks at.
             "ProcessType": "Interactive",
         }
-        _write_atomically(self.path, plistlib.dumps(agent))
+        replace_file(self.path, plistlib.dumps(agent))
         log.info("start at login enabled: wrote %s", self.path)
 
     def disable(self) -> None:

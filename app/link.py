@@ -69,6 +69,15 @@ class NodeLink(QObject):
             self._forget(client)
             raise
 
+    def problems(self, action: Callable[[ControlClient], Any], general: str = "") -> list[str]:
+        """Run a command the node validates: [] when it took it, else its problems
+        ("field: message"; a failure without them becomes one, prefixed ``general``)."""
+        try:
+            self.call(action)
+        except ControlError as exc:
+            return exc.problems or [f"{general}{exc}"]
+        return []
+
     def try_call(self, action: Callable[[ControlClient], Any]) -> str | None:
         """Like call(), for menu actions: returns the error message instead of raising."""
         try:

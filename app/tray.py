@@ -128,12 +128,11 @@ class ProjectDialog(QDialog):
 
     def join(self) -> None:
         project = self.edit.text().strip()
-        try:
-            self.link.call(lambda c: c.join(project))
-        except ControlError as exc:
-            self.error.setText("\n".join(exc.problems) or str(exc))
-            return
-        self.accept()
+        problems = self.link.problems(lambda c: c.join(project))
+        if problems:
+            self.error.setText("\n".join(problems))
+        else:
+            self.accept()
 
     def leave(self) -> None:
         error = self.link.try_call(lambda c: c.leave())
@@ -294,11 +293,7 @@ class Tray(QObject):
         self.limits.raise_()
 
     def _apply_preferences(self, changes: dict[str, Any]) -> list[str]:
-        try:
-            self.link.call(lambda c: c.set_preferences(changes))
-        except ControlError as exc:
-            return exc.problems or [f"preferences: {exc}"]
-        return []
+        return self.link.problems(lambda c: c.set_preferences(changes), "preferences: ")
 
     def open_dashboard(self) -> None:
         if self.dashboard is None:
@@ -330,16 +325,9 @@ class Tray(QObject):
             return
         link = self.link
 
-        def join(project: str) -> list[str]:
-            try:
-                link.call(lambda c: c.join(project))
-            except ControlError as exc:
-                return exc.problems or [str(exc)]
-            return []
-
         actions = WizardActions(
             list_projects=lambda: link.call(lambda c: c.projects()),
-            join=join,
+            join=lambda project: link.problems(lambda c: c.join(project)),
             start_benchmark=lambda: link.call(lambda c: c.benchmark()),
             apply_limits=self._apply_preferences,
         )

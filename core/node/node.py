@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import random
-import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -25,8 +24,9 @@ from core.contrib.wiring import start_contributing
 from core.errors import UserFacingError, one_line
 from core.experts.records import SERVING, ExpertAnnouncement, check_project, expert_key
 from core.experts.server import ExpertServer, ServerConfig
+from core.files import replace_file
 from core.namespaces import moehome_validator
-from core.node.bench import cached_benchmark
+from core.node.bench import cached_benchmark, network_rtt_ms
 from core.node.capacity import DevicePlan, experts_that_fit, parameter_count, plan_device
 from core.node.choice import choose_experts, rebalance
 from core.node.control_server import NodeControl, serve_control
@@ -39,9 +39,8 @@ from core.project.distribution import find_manifest, list_projects
 from core.project.manifest import Manifest
 from core.project.pins import PinStore
 from core.project.publish import join_project
-from net import Identity, Peer, PeerConfig, RpcError, running_last
+from net import Identity, Peer, PeerConfig, running_last
 from net.host import DEFAULT_LISTEN
-from net.peer import PING
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +253,7 @@ class Node:
         with scope:
             while True:
                 try:
-                    await self._serve_until_rebalanced(project, None)
+                    await self._serve_until_rebalanced(project)
                     return  # pragma: no cover - only returns through cancellation
                 except Exception as exc:
                     self.project_error = one_line(exc)
@@ -269,8 +268,8 @@ class Node:
                     await trio.sleep(delay)
                     delay = min(delay * 2, 600.0)
 
-    async def _serve_until_rebalanced(self, project: str, chosen: list[str] | None) -> None:
-        """Serve ``chosen`` (or a first choice); now and then look at the coverage and,
+    async def _serve_until_rebalanced(self, project: str) -> None:
+        """Serve the least covered experts that fit; now and then look at the coverage and,
         when another set helps more, hand over: flush what was accumulated, withdraw,
         and serve the new set."""
         assert self.peer is not None
@@ -283,11 +282,9 @@ class Node:
         uids = list(manifest.model.expert_uids())
         order = list(uids)
         random.Random(self.identity.public_key).shuffle(order)  # volunteers spread out
+        capacity = self._capacity(manifest)
+        chosen = choose_experts(await self._coverage(project, uids), capacity, order)
         while True:
-            capacity = self._capacity(manifest)
-            coverage = await self._coverage(project, uids)
-            if chosen is None:
-                chosen = choose_experts(coverage, capacity, order)
             if not chosen:
                 raise MemoryError(
                     "not even one expert fits in the memory you allow "
@@ -444,25 +441,13 @@ class Node:
         return []
 
     async def _measure_network(self, every: float = 60.0) -> None:
-        """Median round trip to up to five known peers (for the status and the bench)."""
+        """Median round trip to up to five known peers (for the status), every minute
+        (every 5 s until some peer answers)."""
         assert self.peer is not None
-        peer = self.peer
-
-        async def ping(target: Any, times: list[float]) -> None:
-            t0 = trio.current_time()
-            try:
-                await peer.rpc.call(target, PING, {}, timeout=5)
-            except RpcError:
-                return
-            times.append((trio.current_time() - t0) * 1000)
-
         while True:
-            times: list[float] = []
-            async with trio.open_nursery() as pings:
-                for target in list(peer.dht.known_peers())[:5]:
-                    pings.start_soon(ping, target, times)
-            self.rtt_ms = round(statistics.median(times), 2) if times else None
-            await trio.sleep(every if times else 5.0)
+            figures = await network_rtt_ms(self.peer, rounds=1)
+            self.rtt_ms = figures["network_rtt_ms_median"]
+            await trio.sleep(every if self.rtt_ms is not None else 5.0)
 
     async def _record_history(self, every: float = 10.0) -> None:
         """Every ``every`` seconds: allowed-to-work time, samples done, temperatures."""
@@ -516,11 +501,7 @@ class Node:
         return project if isinstance(project, str) else None
 
     def _save_project(self, project: str | None) -> None:
-        path = self._state_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"project": project}))
-        os.replace(tmp, path)
+        replace_file(self._state_file(), json.dumps({"project": project}))
 
 
 def _serving(value: bytes) -> bool:

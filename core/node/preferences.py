@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from core.files import replace_file
 
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 _DAYS: tuple[Day, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -114,7 +115,4 @@ def load_preferences(path: Path) -> Preferences:
 
 
 def save_preferences(prefs: Preferences, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(prefs.model_dump_json(indent=2))
-    os.replace(tmp, path)
+    replace_file(path, prefs.model_dump_json(indent=2))

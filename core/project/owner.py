@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import trio
 
 from core.experts.records import SERVING, ExpertAnnouncement, expert_key
+from core.files import replace_file
 from core.paths import config_dir
 from core.project.distribution import find_manifest
 from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError, fingerprint
@@ -50,9 +50,7 @@ class OwnerFiles:
             raise OwnerKeyError(f"{self.rotations} is damaged: {exc}") from exc
 
     def save_rotations(self, rotations: Sequence[KeyRotation]) -> None:
-        tmp = self.rotations.with_name(self.rotations.name + ".tmp")
-        tmp.write_bytes(pack([r.to_obj() for r in rotations]))
-        os.replace(tmp, self.rotations)
+        replace_file(self.rotations, pack([r.to_obj() for r in rotations]))
 
 
 def init_owner(files: OwnerFiles, passphrase: str | None, *, force: bool = False) -> OwnerKey:

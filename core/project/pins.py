@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
+from core.files import replace_file
 from core.project.keys import fingerprint
 from core.project.signed import ManifestRejected, SignedManifest
 
@@ -53,7 +53,4 @@ class PinStore:
         if self._pins.get(project_id) == key.hex():
             return
         self._pins[project_id] = key.hex()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self._pins, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        replace_file(self.path, json.dumps(self._pins, indent=1, sort_keys=True))

@@ -4,6 +4,7 @@ amdgpu driver's sysfs on Linux)."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -159,3 +160,13 @@ def _process_names() -> frozenset[str]:
         if name:
             names.add(name.lower())
     return frozenset(names)
+
+
+def command_output(args: list[str], timeout: float = 2.0) -> str | None:
+    """What a system tool prints, or None when it is missing, slow or fails: a probe
+    that cannot answer says nothing rather than stopping the node."""
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None

@@ -8,11 +8,10 @@ import ctypes
 import ctypes.util
 import logging
 import os
-import subprocess
 import time
 from collections.abc import Sequence
 
-from core.node.probes.base import GpuReader, PortableProbes
+from core.node.probes.base import GpuReader, PortableProbes, command_output
 from core.node.probes.dbus_idle import DbusIdle
 
 log = logging.getLogger(__name__)
@@ -98,19 +97,12 @@ def _x11_idle(x11: _X11) -> float | None:
 
 def _logind_idle() -> float | None:
     """Idle time of the graphical session from logind, or None without sessions/logind."""
-    try:
-        out = subprocess.run(
-            ["loginctl", "show-session", "auto", "-p", "IdleHint", "-p", "IdleSinceHintMonotonic"],
-            capture_output=True,
-            text=True,
-            timeout=2,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    out = command_output(
+        ["loginctl", "show-session", "auto", "-p", "IdleHint", "-p", "IdleSinceHintMonotonic"]
+    )
+    if out is None:
         return None
-    if out.returncode != 0:
-        return None
-    values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     if values.get("IdleHint") != "yes":
         return 0.0
     try:
