@@ -293,6 +293,66 @@ def aggregator_run(
     )
 
 
+@owner_app.command("train")
+def owner_train(
+    project_id: Annotated[str, typer.Option("--project", help="The project id.")],
+    data: Annotated[
+        str,
+        typer.Option(
+            help="Training text: 'stdlib' (Python's own sources) or a folder of text files."
+        ),
+    ] = "stdlib",
+    steps: Annotated[int, typer.Option(min=1, help="Train until this step.")] = 1000,
+    batch_size: Annotated[int, typer.Option(min=1, max=4096, help="Sequences per step.")] = 16,
+    learning_rate: Annotated[
+        float, typer.Option("--lr", min=0, help="Adam's rate for the trainer-side layers.")
+    ] = 3e-3,
+    eval_every: Annotated[int, typer.Option(min=1, help="Validation every N steps.")] = 100,
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 50,
+    log_every: Annotated[int, typer.Option(min=1, help="Progress every N steps.")] = 10,
+    max_data_mb: Annotated[float, typer.Option(min=0.01, help="Read at most this much text.")] = 32,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="Checkpoints (default: <data dir>/trainer/<project>); reused to resume."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """Train the project's model through the swarm: the trainer-side layers here, the
+    experts on volunteers' machines. This computer's key (`moehome aggregator key`) must be
+    in the manifest's [[trainers]]. Resumes from its checkpoint after a restart."""
+    from core.trainer.progress import TrainingProgress, json_line
+    from core.trainer.train import TrainerOptions, run_trainer
+
+    data_dir = _data_dir()
+    options = TrainerOptions(
+        project=project_id,
+        workdir=workdir or data_dir / "trainer" / project_id,
+        data=data,
+        steps=steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        log_every=log_every,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        max_data_bytes=int(max_data_mb * 1024 * 1024),
+    )
+    run = partial(
+        run_trainer,
+        _identity(False),
+        options,
+        data_dir=data_dir,
+        listen=listen,
+        bootstrap=bootstrap or [],
+    )
+    if as_json:
+        _run(partial(run, report=json_line))
+        return
+    with TrainingProgress() as progress:
+        _run(partial(run, report=progress))
+
+
 def _data_dir() -> Path:
     from core.paths import data_dir
 
@@ -516,8 +576,21 @@ def node(
         bool,
         typer.Option("--selftest", help="Check this install (device, libp2p, an expert) and exit."),
     ] = False,
+    attack: Annotated[
+        str | None,
+        typer.Option(hidden=True, help="Demo/tests: poison contributions (sign-flip, alie)."),
+    ] = None,
+    reply_delay_ms: Annotated[
+        float,
+        typer.Option(hidden=True, min=0, help="Demo/tests: answer requests this late."),
+    ] = 0.0,
 ) -> None:
     """Run the volunteer node (what the tray starts): serves experts when allowed."""
+    from core.contrib.attacks import ATTACKS
+
+    if attack is not None and attack not in ATTACKS:
+        typer.echo(f"error: --attack must be one of {', '.join(ATTACKS)}", err=True)
+        raise typer.Exit(2)
     if selftest:
         _node_selftest()
         return
@@ -538,6 +611,8 @@ def node(
             listen=tuple(listen or ("/ip4/127.0.0.1/tcp/0",)),
             experts=experts,
             benchmark=benchmark,
+            attack=attack,
+            reply_delay=reply_delay_ms / 1000,
         )
         probes = FileProbes(fake_probes) if fake_probes else probe_for_this_os()
         async with trio.open_nursery() as nursery:
@@ -736,6 +811,71 @@ async def _network_rtt(bootstrap: list[str]) -> dict[str, Any]:
 
 @app.command()
 def demo(
+    volunteers: Annotated[
+        int, typer.Option(min=1, max=32, help="Volunteer nodes, each its own process.")
+    ] = 4,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps of the trainer.")] = 200,
+    churn: Annotated[
+        bool, typer.Option(help="Kill a third of the volunteers mid-run; as many new ones join.")
+    ] = False,
+    attackers: Annotated[
+        int, typer.Option(min=0, max=32, help="Extra volunteers that poison their gradients.")
+    ] = 0,
+    attack: Annotated[str, typer.Option(help="What attackers send: sign-flip or alie.")] = (
+        "sign-flip"
+    ),
+    slow: Annotated[
+        int, typer.Option(min=0, max=32, help="Volunteers behind a slow link (of --volunteers).")
+    ] = 0,
+    slow_ms: Annotated[float, typer.Option(min=0, help="The slow link's delay per message.")] = 100,
+    rule: Annotated[
+        str, typer.Option(help="Aggregation rule: centered_clip, median, trimmed_mean, mean.")
+    ] = "centered_clip",
+    data: Annotated[
+        str, typer.Option(help="Training text: 'stdlib' or a folder of text files.")
+    ] = "stdlib",
+    workdir: Annotated[
+        Path | None, typer.Option(help="Keep every process's files here (default: a temp folder).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Train a small language model on a local swarm: a bootstrap peer, the owner
+    publishing a project, an aggregator, volunteer nodes and a trainer, each its own
+    process on 127.0.0.1. Live progress, then a summary. Ctrl-C stops everything."""
+    from core.contrib.attacks import ATTACKS
+    from core.demo import DemoOptions, print_summary, run_demo
+
+    if attack not in ATTACKS:
+        typer.echo(f"error: --attack must be one of {', '.join(ATTACKS)}", err=True)
+        raise typer.Exit(2)
+    if slow > volunteers:
+        typer.echo("error: --slow cannot exceed --volunteers", err=True)
+        raise typer.Exit(2)
+    rules = ("centered_clip", "median", "trimmed_mean", "mean")
+    if rule not in rules:
+        typer.echo(f"error: --rule must be one of {', '.join(rules)}", err=True)
+        raise typer.Exit(2)
+    options = DemoOptions(
+        volunteers=volunteers,
+        steps=steps,
+        churn=churn,
+        attackers=attackers,
+        attack=attack,
+        slow=slow,
+        slow_ms=slow_ms,
+        rule=rule,
+        data=data,
+        workdir=workdir,
+    )
+    summary = _run(partial(run_demo, options, quiet=as_json))
+    if as_json:
+        typer.echo(json.dumps(summary))
+    elif summary is not None:
+        print_summary(summary)
+
+
+@dht_app.command("demo")
+def network_demo(
     peers: Annotated[
         int, typer.Option(min=1, max=64, help="Peers to start, each its own process.")
     ] = 8,
@@ -745,7 +885,7 @@ def demo(
 
     Every peer is a separate process; Ctrl-C stops them all.
     """
-    from core.demo import run_demo
+    from core.network_demo import run_demo
 
     _run(run_demo, peers, gets)
 

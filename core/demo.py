@@ -1,143 +1,590 @@
-"""``moehome demo``: a local swarm on 127.0.0.1, every peer its own process.
+"""``moehome demo``: the whole system training a model on 127.0.0.1, every part its own
+process, started with the same commands a real swarm uses:
 
-Shows the networking layer at work: peers join through a bootstrap peer, signed records
-are stored and found again from other peers, and RPCs measure round trips and upload
-speed. (The training demo of the full system builds on this.)
+    moehome peer                      a bootstrap peer
+    moehome owner init / publish      the owner signs and publishes a small char-level LM
+    moehome aggregator run            verifies and robustly aggregates the gradients
+    moehome node  (x N)               volunteers serving the experts
+    moehome owner train --json        the trainer; its JSON lines drive the display here
+
+Options add churn (a third of the volunteers killed with SIGKILL mid-run, as many new
+ones started), attackers (extra volunteers that poison their gradients) and slow links
+(volunteers whose every answer is late). Ctrl-C asks the trainer to stop (it evaluates,
+checkpoints and reports), then stops everything else; a second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import random
-import statistics
+import math
+import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import trio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from net import DhtConfig, Identity, Peer, PeerConfig, RpcError, Tensor, parse_peer_addr
-from net.peer import PING
+from core.errors import UserFacingError
+from core.trainer.progress import loss_text
+from net.identity import load_or_create
 
 log = logging.getLogger(__name__)
-_START_TIMEOUT_S = 30.0
+
+START_TIMEOUT_S = 120.0  # a 2-core machine starting ten Python processes with torch is slow
 
 
-def peer_command(bootstrap: list[str]) -> list[str]:
-    """The command line of one demo peer (a separate Python process)."""
-    cmd = [sys.executable, "-m", "core.cli", "--quiet", "peer", "--ephemeral"]
-    for addr in bootstrap:
-        cmd += ["--bootstrap", addr]
-    return cmd
+@dataclass(frozen=True)
+class DemoOptions:
+    volunteers: int = 4
+    steps: int = 200
+    churn: bool = False
+    attackers: int = 0
+    attack: str = "sign-flip"
+    slow: int = 0
+    slow_ms: float = 100.0
+    rule: str = "centered_clip"
+    data: str = "stdlib"
+    batch_size: int = 16
+    workdir: Path | None = None
+    #: the demo model: hidden width, experts per layer as a grid, experts per volunteer
+    hidden: int = 64
+    grid: tuple[int, ...] = (2, 4)
+    mixture_layers: int = 2
+    #: every volunteer serves every expert (16): each expert then has several servers,
+    #: so each aggregation round compares several volunteers' gradients
+    experts_per_volunteer: int = 16
+    learning_rate: float = 3e-3
+    eval_every: int = 100
+
+
+def demo_manifest(options: DemoOptions, aggregator: tuple[str, str], trainer: str) -> str:
+    """The demo project: a byte-level LM small enough for CPUs, contributions and rounds
+    frequent enough that the experts' versions move within a minute."""
+    agg_key, agg_addr = aggregator
+    grid = ", ".join(str(n) for n in options.grid)
+    return f"""\
+[project]
+name = "demo-charlm"
+description = "moehome demo: a byte-level language model of Python's own sources"
+
+[model]
+vocab_size = 256
+hidden = {options.hidden}
+context = 64
+mixture_layers = {options.mixture_layers}
+grid = [{grid}]
+k_best = 4
+k_min = 1
+
+[model.expert]
+kind = "ffn"
+hidden = {options.hidden}
+inner = {4 * options.hidden}
+
+[training]
+optimizer = "adam"
+learning_rate = {options.learning_rate}
+contribution_samples = 2048
+contribution_seconds = 4.0
+staleness_bound = 8
+round_samples = 6144
+round_seconds = 8.0
+
+[training.aggregation]
+rule = "{options.rule}"
+
+[[aggregators]]
+key = "{agg_key}"
+addrs = ["{agg_addr}"]
+
+[[trainers]]
+key = "{trainer}"
+
+[weights]
+seed = 1
+"""
+
+
+def moehome_command() -> list[str]:
+    """How to start ``moehome`` from here: the bundled executable, or this Python."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable]
+    return [sys.executable, "-m", "core.cli"]
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the aggregator's: its address goes in the manifest,
+    which must be signed before the aggregator starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[str]
+    role: str = ""
+    public_key: str = ""
+    lines: list[str] = field(default_factory=list)
+
+
+class Swarm:
+    """The demo's processes: started in their own session (a Ctrl-C in the terminal
+    reaches only the demo, which then stops them in order), stopped on the way out."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: list[Proc] = []
+        self._log_files: list[Any] = []
+
+    def folder(self, name: str) -> Path:
+        path = self.root / name
+        (path / "data").mkdir(parents=True, exist_ok=True)
+        (path / "config").mkdir(parents=True, exist_ok=True)
+        return path
+
+    def start(self, name: str, args: list[str], *, threads: int | None = 1, role: str = "") -> Proc:
+        folder = self.folder(name)
+        env = {
+            **os.environ,
+            "MOEHOME_DATA_DIR": str(folder / "data"),
+            "MOEHOME_CONFIG_DIR": str(folder / "config"),
+        }
+        if threads is not None:  # ten processes on a few cores: one thread each
+            env["OMP_NUM_THREADS"] = str(threads)
+        log_file = open(folder / "log.txt", "a")  # noqa: SIM115 - closed in stop_all
+        self._log_files.append(log_file)
+        cmd = [*moehome_command(), "--data-dir", str(folder / "data"), *args]
+        popen = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        proc = Proc(name, popen, role)
+        self.procs.append(proc)
+        return proc
+
+    async def first_line(self, proc: Proc, prefix: str = "/ip4/") -> str:
+        """The first stdout line starting with ``prefix`` (an address, mostly)."""
+        assert proc.popen.stdout is not None
+        with trio.fail_after(START_TIMEOUT_S):
+            while True:
+                line = await trio.to_thread.run_sync(
+                    proc.popen.stdout.readline, abandon_on_cancel=True
+                )
+                if not line:
+                    code = proc.popen.wait()
+                    raise UserFacingError(
+                        f"{proc.name} exited with code {code}; see {self.root / proc.name}/log.txt"
+                    )
+                proc.lines.append(line)
+                if line.startswith(prefix):
+                    return line.strip()
+
+    async def run_to_end(self, name: str, args: list[str]) -> str:
+        proc = self.start(name, args)
+        assert proc.popen.stdout is not None
+        out = await trio.to_thread.run_sync(proc.popen.stdout.read)
+        code = await trio.to_thread.run_sync(proc.popen.wait)
+        if code:
+            raise UserFacingError(f"{name} failed ({code}); see {self.root / name}/log.txt")
+        return out
+
+    def kill(self, proc: Proc) -> None:
+        """SIGKILL: a volunteer whose machine vanished (no goodbye to anyone)."""
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait()
+
+    def stop_all(self) -> None:
+        """SIGTERM in reverse start order (volunteers withdraw their experts), then
+        SIGKILL whatever is still running after 15 s."""
+        for proc in reversed(self.procs):
+            if proc.popen.poll() is None:
+                proc.popen.terminate()
+        deadline = time.monotonic() + 15
+        for proc in self.procs:
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+            if proc.popen.stdout is not None:
+                proc.popen.stdout.close()
+        for f in self._log_files:
+            f.close()
 
 
 @contextmanager
-def _processes() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
+def _work_folder(given: Path | None) -> Iterator[Path]:
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+        yield given
+        return
+    path = Path(tempfile.mkdtemp(prefix="moehome-demo-"))
     try:
-        yield procs
+        yield path
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            if p.stdout is not None:
-                p.stdout.close()
+        shutil.rmtree(path, ignore_errors=True)
 
 
-async def _start_peer(procs: list[subprocess.Popen[str]], bootstrap: list[str]) -> str:
-    # Popen returns at once (it does not wait for the child); readline runs in a thread.
-    proc = subprocess.Popen(peer_command(bootstrap), stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220
-    procs.append(proc)
-    assert proc.stdout is not None
-    with trio.fail_after(_START_TIMEOUT_S):
-        line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
-    if not line:
-        raise RuntimeError(f"a demo peer exited with code {proc.wait()} before it listened")
-    return line.strip()
-
-
-async def run_demo(peers: int, gets: int) -> None:
-    console = Console()
-    console.print(
-        f"[bold]moehome demo[/]: a swarm of {peers} peers on 127.0.0.1, each its own process"
-    )
-    with _processes() as procs:
-        addrs: list[str] = []
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
-            task = progress.add_task("starting peers", total=peers)
-            for _ in range(peers):
-                bootstrap = random.sample(addrs, min(2, len(addrs)))
-                addrs.append(await _start_peer(procs, bootstrap))
-                progress.advance(task)
-
-        me = Identity.generate()
-        config = PeerConfig(bootstrap=tuple(addrs[:3]), dht=DhtConfig())
-        async with trio.open_nursery() as nursery:
-            peer: Peer = await nursery.start(Peer(me, config).run)
-            await _show(console, peer, addrs, gets)
-            nursery.cancel_scope.cancel()
-
-
-async def _show(console: Console, peer: Peer, addrs: list[str], gets: int) -> None:
-    table = Table(title="peers", show_lines=False)
-    table.add_column("peer id")
-    table.add_column("address")
-    table.add_column("ping ms (median of 20)", justify="right")
-    for addr in addrs:
-        info = parse_peer_addr(addr)
-        rtts = []
+async def run_demo(
+    options: DemoOptions, *, quiet: bool = False, handle_signals: bool = True
+) -> dict[str, Any]:
+    """Run the demo; the summary (see ``print_summary``)."""
+    console = Console(stderr=True, quiet=quiet)
+    # the processes' keys are made here; "created a new identity" lines are noise in a demo
+    logging.getLogger("net.identity").setLevel(logging.WARNING)
+    with _work_folder(options.workdir) as root:
+        swarm = Swarm(root)
         try:
-            for _ in range(20):
-                t0 = time.perf_counter()
-                await peer.rpc.call(info.peer_id, PING, timeout=5)
-                rtts.append((time.perf_counter() - t0) * 1000)
-            rtt = f"{statistics.median(rtts):.2f}"
-        except RpcError as exc:
-            rtt = f"failed: {exc}"
-        table.add_row(str(info.peer_id)[-12:], addr.split("/p2p/")[0], rtt)
-    console.print(table)
+            return await _run(options, swarm, console, handle_signals)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(swarm.stop_all)
 
-    # upload speed to one peer
-    target = parse_peer_addr(addrs[0]).peer_id
-    blob = bytearray(16 * 1024 * 1024)
-    t0 = time.perf_counter()
-    await peer.rpc.call(target, PING, tensors=[Tensor("uint8", (len(blob),), blob)], timeout=60)
-    upload = len(blob) / (time.perf_counter() - t0) / 1e6
 
-    # records: put some, read them back from fresh lookups
-    keys = [f"/moehome/demo/record-{i}" for i in range(10)]
-    replicas = [await peer.dht.put(k, f"hello {i}".encode(), ttl=120) for i, k in enumerate(keys)]
-    latencies, hits = [], 0
-    for _ in range(gets):
-        i = random.randrange(len(keys))
-        t0 = time.perf_counter()
-        records = await peer.dht.get(keys[i])
-        latencies.append((time.perf_counter() - t0) * 1000)
-        hits += any(r.value == f"hello {i}".encode() for r in records)
-    latencies.sort()
+async def _run(
+    options: DemoOptions, swarm: Swarm, console: Console, handle_signals: bool
+) -> dict[str, Any]:
+    total = options.volunteers + options.attackers
     console.print(
-        f"DHT: {len(keys)} signed records stored on {min(replicas)}-{max(replicas)} peers each; "
-        f"{gets} lookups: median {statistics.median(latencies):.1f} ms, "
-        f"p90 {latencies[int(0.9 * (len(latencies) - 1))]:.1f} ms, found {hits}/{gets}"
+        f"[bold]moehome demo[/]: {options.volunteers} volunteers"
+        + (f" + {options.attackers} attackers ({options.attack})" if options.attackers else "")
+        + (f", {options.slow} behind {options.slow_ms:.0f} ms links" if options.slow else "")
+        + (", churn" if options.churn else "")
+        + f"; {options.steps} steps; every process's files in {swarm.root}"
     )
+    starting = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    with starting:
+        task = starting.add_task("starting the swarm", total=4 + total)
+        boot = swarm.start("bootstrap", ["peer", "-l", "/ip4/127.0.0.1/tcp/0"], role="bootstrap")
+        bootstrap = await swarm.first_line(boot)
+        starting.advance(task)
+
+        agg_identity = load_or_create(swarm.folder("aggregator") / "data" / "identity.key")
+        port = free_port()
+        agg_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{agg_identity.peer_id}"
+        trainer_key = load_or_create(swarm.folder("trainer") / "data" / "identity.key").public_key
+        manifest = swarm.folder("owner") / "demo.toml"
+        manifest.write_text(
+            demo_manifest(options, (agg_identity.public_key.hex(), agg_addr), trainer_key.hex())
+        )
+        if not (swarm.folder("owner") / "config" / "owner" / "owner.key").exists():
+            # the key the publisher signs with; kept in --workdir, so a second run with
+            # the same folder is the same project and the trainer resumes its checkpoint
+            await swarm.run_to_end("owner", ["owner", "init"])
+        owner = swarm.start(
+            "owner", ["owner", "publish", str(manifest), "-b", bootstrap], role="owner"
+        )
+        project_line = await swarm.first_line(owner, "project id:")
+        project = project_line.split(":", 1)[1].strip()
+        await swarm.first_line(owner)
+        starting.advance(task)
+
+        agg = swarm.start(
+            "aggregator",
+            [
+                "aggregator",
+                "run",
+                "--project",
+                project,
+                "-b",
+                bootstrap,
+                "-l",
+                f"/ip4/127.0.0.1/tcp/{port}",
+            ],
+            role="aggregator",
+        )
+        await swarm.first_line(agg)
+        starting.advance(task)
+
+        volunteers: list[Proc] = []
+        counter = 0
+
+        async def start_volunteer(role: str) -> Proc:
+            nonlocal counter
+            counter += 1
+            name = f"volunteer-{counter}"
+            folder = swarm.folder(name)
+            key = load_or_create(folder / "data" / "identity.key").public_key.hex()
+            # the demo runs while you use the machine: serve even when not idle (the
+            # temperature limits still apply)
+            (folder / "config" / "preferences.json").write_text(json.dumps({"idle_only": False}))
+            args = ["node", "--project", project, "-b", bootstrap, "--no-benchmark"]
+            args += ["--experts", str(options.experts_per_volunteer)]
+            if role.startswith("attacker"):
+                args += ["--attack", options.attack]
+            if role == "slow":
+                args += ["--reply-delay-ms", str(options.slow_ms)]
+            proc = swarm.start(name, args, role=role)
+            proc.public_key = key
+            await swarm.first_line(proc)
+            volunteers.append(proc)
+            return proc
+
+        roles = ["slow" if i < options.slow else "honest" for i in range(options.volunteers)]
+        roles += [f"attacker ({options.attack})"] * options.attackers
+
+        async def start_and_count(role: str) -> None:
+            await start_volunteer(role)
+            starting.advance(task)
+
+        if options.experts_per_volunteer >= options.mixture_layers * math.prod(options.grid):
+            async with trio.open_nursery() as nursery:  # each serves all: start together
+                for role in roles:
+                    nursery.start_soon(start_and_count, role)
+        else:  # one after another: each sees what the earlier ones serve, takes the rest
+            for role in roles:
+                await start_and_count(role)
+
+        trainer = swarm.start(
+            "trainer",
+            [
+                "owner",
+                "train",
+                "--project",
+                project,
+                "-b",
+                bootstrap,
+                "--json",
+                "--steps",
+                str(options.steps),
+                "--batch-size",
+                str(options.batch_size),
+                "--data",
+                options.data,
+                "--eval-every",
+                str(options.eval_every),
+                "--log-every",
+                "5",
+            ],
+            threads=None,
+            role="trainer",
+        )
+        starting.advance(task)
+
+    return await _follow_trainer(
+        options, swarm, trainer, volunteers, start_volunteer, console, handle_signals
+    )
+
+
+async def _follow_trainer(
+    options: DemoOptions,
+    swarm: Swarm,
+    trainer: Proc,
+    volunteers: list[Proc],
+    start_volunteer: Any,
+    console: Console,
+    handle_signals: bool,
+) -> dict[str, Any]:
+    events: list[dict[str, Any]] = []
+    summary: dict[str, Any] | None = None
+    churned = False
+    progress = Progress(
+        TextColumn("training"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    assert trainer.popen.stdout is not None
+    async with trio.open_nursery() as nursery:
+        if handle_signals:
+            nursery.start_soon(_forward_ctrl_c, trainer, console)
+        with progress:
+            task = progress.add_task("train", total=options.steps, status="first evaluation")
+            while True:
+                line = await trio.to_thread.run_sync(
+                    trainer.popen.stdout.readline, abandon_on_cancel=True
+                )
+                if not line:
+                    break
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                events.append(event)
+                kind = event.get("event")
+                if kind == "progress":
+                    progress.update(
+                        task,
+                        completed=event["step"],
+                        status=(
+                            f"loss {loss_text(event['loss'])}  "
+                            f"{event['samples_per_s']:.1f} samples/s  "
+                            f"{event['volunteers']} volunteers answering  "
+                            f"versions {event['version_min']}-{event['version_max']}"
+                        ),
+                    )
+                    if options.churn and not churned and event["step"] >= options.steps // 3:
+                        churned = True
+                        nursery.start_soon(_churn, swarm, volunteers, start_volunteer, console)
+                elif kind == "eval":
+                    console.print(
+                        f"step {event['step']}: validation loss {loss_text(event['loss'])}"
+                    )
+                elif kind == "waiting":
+                    progress.update(task, status="waiting for volunteers to serve the experts")
+                elif kind == "summary":
+                    summary = event
+        nursery.cancel_scope.cancel()
+    code = await trio.to_thread.run_sync(trainer.popen.wait)
+    if summary is None:
+        raise UserFacingError(
+            f"the trainer exited with code {code} before its summary; "
+            f"see {swarm.root / 'trainer'}/log.txt"
+        )
+    return _demo_summary(options, summary, swarm.procs, events)
+
+
+async def _churn(
+    swarm: Swarm, volunteers: list[Proc], start_volunteer: Any, console: Console
+) -> None:
+    honest = [v for v in volunteers if v.role in ("honest", "slow") and v.popen.poll() is None]
+    victims = honest[: max(1, math.ceil(len(honest) / 3))]
+    for v in victims:
+        swarm.kill(v)
+        v.role += ", killed"
+    console.print(f"churn: killed {', '.join(v.name for v in victims)} (SIGKILL)")
+    for _ in victims:
+        proc = await start_volunteer("honest (joined late)")
+        console.print(f"churn: {proc.name} joined")
+
+
+async def _forward_ctrl_c(trainer: Proc, console: Console) -> None:
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async for _ in signals:
+            if trainer.popen.poll() is None:
+                console.print(
+                    "stopping: the trainer evaluates and checkpoints first "
+                    "(Ctrl-C again to stop now)"
+                )
+                trainer.popen.send_signal(signal.SIGTERM)
+                break
+    # leaving the receiver restores trio's own handling: a second Ctrl-C raises
+    # KeyboardInterrupt, and run_demo's cleanup stops every process at once
+
+
+def _demo_summary(
+    options: DemoOptions, trained: dict[str, Any], procs: list[Proc], events: list[dict[str, Any]]
+) -> dict[str, Any]:
+    rejected: dict[str, int] = {}
+    accepted = 0
+    contributors: dict[str, dict[str, Any]] = {}
+    for agg in trained.get("aggregators", []):
+        accepted += int(agg.get("accepted", 0))
+        for reason, n in agg.get("rejected", {}).items():
+            rejected[reason] = rejected.get(reason, 0) + int(n)
+        contributors.update(agg.get("contributors", {}))
+    from net.identity import peer_id_from_public_key
+
+    volunteers = []
+    answered = trained.get("answered_by", {})
+    for p in procs:
+        if not p.public_key:
+            continue
+        c = contributors.get(p.public_key, {})
+        peer = str(peer_id_from_public_key(bytes.fromhex(p.public_key)))
+        volunteers.append(
+            {
+                "name": p.name,
+                "role": p.role,
+                "peer": peer,
+                "answers": answered.get(peer, 0),
+                "accepted": c.get("accepted", 0),
+                "rejected": c.get("rejected", {}),
+                "rounds": c.get("rounds", 0),
+                "influence": c.get("influence"),
+            }
+        )
+    evals = [e for e in events if e.get("event") == "eval" and not _nan(e.get("loss"))]
+    start = next((e for e in events if e.get("event") == "start"), {})
+    return {
+        "resumed_at_step": start.get("resumed_at_step"),
+        "volunteers": options.volunteers,
+        "attackers": options.attackers,
+        "attack": options.attack if options.attackers else None,
+        "slow": options.slow,
+        "churn": options.churn,
+        "rule": options.rule,
+        "steps": trained["steps"],
+        "stopped_early": trained["stopped_early"],
+        "samples": trained["samples"],
+        "samples_per_s": trained["samples_per_s"],
+        "seconds": trained["seconds"],
+        "initial_loss": trained["initial_loss"],
+        "final_loss": trained["final_loss"],
+        "evaluations": [[e["step"], e["loss"]] for e in evals],
+        "failed_steps": trained["failed_steps"],
+        "version_max": trained["version_max"],
+        "version_min": trained["version_min"],
+        "contributions_accepted": accepted,
+        "contributions_rejected": rejected,
+        "per_volunteer": volunteers,
+        "calls": trained.get("calls", {}),
+    }
+
+
+def _nan(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    if summary["resumed_at_step"]:
+        console.print(f"(the trainer resumed its checkpoint at step {summary['resumed_at_step']})")
+    if summary["stopped_early"]:
+        console.print("(stopped before the last step)")
     console.print(
-        f"RPC: 16 MiB upload to one peer at {upload:.0f} MB/s; "
-        f"routing table: {len(peer.dht.routing)} peers"
+        f"\n[bold]summary[/]: {summary['steps']} steps, {summary['samples']} samples in "
+        f"{summary['seconds']:.0f} s ({summary['samples_per_s']:.1f} samples/s); "
+        f"validation loss {loss_text(summary['initial_loss'])} -> "
+        f"{loss_text(summary['final_loss'])} nats/byte"
+    )
+    rejected = ", ".join(f"{k} {v}" for k, v in sorted(summary["contributions_rejected"].items()))
+    console.print(
+        f"experts at versions {summary['version_min']}-{summary['version_max']}; contributions: "
+        f"{summary['contributions_accepted']} accepted, rejected: {rejected or 'none'} "
+        f"(aggregation: {summary['rule']})"
+    )
+    table = Table(title="volunteers")
+    for column in ("name", "role", "expert answers", "accepted", "rejected", "influence"):
+        table.add_column(column, justify="left" if column in ("name", "role") else "right")
+    for v in summary["per_volunteer"]:
+        rejected_v = ", ".join(f"{k} {n}" for k, n in sorted(v["rejected"].items())) or "-"
+        influence = "-" if v["influence"] is None else f"{100 * v['influence']:.1f}%"
+        table.add_row(
+            v["name"], v["role"], str(v["answers"]), str(v["accepted"]), rejected_v, influence
+        )
+    console.print(table)
+    console.print(
+        "influence: the share of a volunteer's gradient the robust rule kept, averaged over "
+        "rounds (poisoned gradients are clipped to a small share)"
     )

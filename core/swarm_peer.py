@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from core.namespaces import moehome_validator
 from net import DhtConfig, DhtError, Identity, NamespacedValidator, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
 
@@ -31,7 +32,8 @@ async def run_peer(
     """Serve DHT and RPC until cancelled; print our addresses on stdout for scripts."""
     config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
     async with trio.open_nursery() as nursery:
-        peer: Peer = await nursery.start(Peer(identity, config).run)
+        # the swarm's records are checked here too: a bootstrap peer stores its share
+        peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
         print_addresses(peer)
         await trio.sleep_forever()
 

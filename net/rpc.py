@@ -191,6 +191,9 @@ class RpcConfig:
     #: Client: idle streams kept per peer, and for how long.
     max_idle_streams_per_peer: int = 16
     client_idle_seconds: float = 60.0
+    #: Server: answer every request this much later, as a slow link would (tests and the
+    #: demo's slow volunteers; 0 in real use).
+    reply_delay: float = 0.0
 
 
 @dataclass
@@ -542,6 +545,8 @@ class RpcService:
         try:
             with trio.move_on_after(budget) as scope:
                 reply = await handler(CallContext(peer_id, request))
+                if self.config.reply_delay > 0:
+                    await trio.sleep(self.config.reply_delay)
             if scope.cancelled_caught:
                 return _error(
                     request.request_id,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from typer.testing import CliRunner
 
 from core.cli import app
@@ -82,3 +83,18 @@ def test_node_selftest_checks_device_libp2p_and_an_expert(tmp_path, monkeypatch)
     for check in ("device benchmark", "libp2p hosts", "expert forward", "probes"):
         assert f"ok   {check}:" in result.output
     assert result.output.rstrip().endswith("node selftest: ok")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--attack", "nonsense"], "--attack must be one of sign-flip, alie"),
+        (["demo", "--slow", "5", "--volunteers", "4"], "--slow cannot exceed --volunteers"),
+        (["demo", "--rule", "avg"], "--rule must be one of"),
+        (["node", "--attack", "nonsense"], "--attack must be one of"),
+    ],
+)
+def test_demo_and_node_refuse_bad_options_before_starting_anything(args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.output

@@ -141,3 +141,43 @@ async def test_a_volunteer_refuses_backward_requests_without_a_matching_receipt(
         assert len(receipts) == 2
         assert all(r.trainer == trainer.identity.public_key for r in receipts)
         nursery.cancel_scope.cancel()
+
+
+async def test_kept_graphs_of_two_experts_on_one_server_and_a_new_version(tmp_path):
+    """Handles are numbered per expert (both experts' first graph is handle 1): the
+    server must not mix up their inputs; and receipts name the version that answered."""
+    uids = ["ffn0.0.0", "ffn0.0.1"]
+    async with (
+        open_swarm(2, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, volunteer = swarm.peers
+        backends = {
+            uid: ExpertBackend(ExpertUID.parse(uid), SPEC, build_expert(SPEC, seed=i))
+            for i, uid in enumerate(uids)
+        }
+        for backend in backends.values():
+            backend.version = 3
+        await nursery.start(
+            ExpertServer(
+                volunteer, backends, ServerConfig(project=PROJECT, require_receipts=True)
+            ).run
+        )
+        caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
+        kept, inputs = {}, {uid: torch.randn(3, 8) for uid in uids}
+        for uid in uids:
+            ref = [ExpertServerRef(volunteer.peer_id, backends[uid].sha256, version=0)]
+            kept[uid] = await caller.forward(uid, ref, inputs[uid], keep=True)
+            assert kept[uid].handle is not None
+            assert kept[uid].version == 3  # from the answer, not the (stale) declaration
+        assert kept[uids[0]].handle == kept[uids[1]].handle
+        for uid in uids:  # the receipt covers the inputs the server kept for this expert
+            await caller.backward(
+                uid, [kept[uid].server], inputs[uid], torch.randn(3, 8), kept=kept[uid]
+            )
+        assert caller.stats.graph_misses == 0
+        for backend in backends.values():
+            _, samples, receipts = backend.accumulator.take_with_receipts()
+            assert samples == 3
+            assert [r.version for r in receipts] == [3]
+        nursery.cancel_scope.cancel()

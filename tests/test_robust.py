@@ -123,3 +123,11 @@ def test_momentum_state_is_forgotten_for_contributors_that_left():
         robust_round(state, {"a": torch.ones(3)}, settings)
     assert state.momenta is not None
     assert set(state.momenta) == {"a"}
+
+
+def test_too_few_inputs_for_buckets_are_not_averaged_into_the_attackers_mean():
+    """Two inputs in one bucket would be their mean: an attacker's x1000 would pass."""
+    honest, attacker = torch.ones(4), -1000 * torch.ones(4)
+    ctx = RoundContext(previous=torch.zeros(4), bucket_size=2)
+    out = aggregate("centered_clip", [honest, attacker], ctx)
+    assert out.norm() <= honest.norm()

@@ -20,9 +20,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.aggregator.journal import CheckpointStore, Journal
-from core.aggregator.robust import ExpertRoundState, RobustSettings, robust_round
+from core.aggregator.journal import Journal
+from core.aggregator.robust import ExpertRoundState, RobustSettings, influence, robust_round
 from core.aggregator.verify import Rejected, VerifyContext, verify
+from core.checkpoints import (
+    CheckpointStore,
+    load_optimizer_state,
+    make_optimizer,
+    optimizer_state,
+)
 from core.contrib.codecs import codec
 from core.contrib.messages import Contribution
 from core.experts.registry import ExpertSpec, build_expert
@@ -59,11 +65,36 @@ class _Pending:
 
 
 @dataclass
+class ContributorStatistics:
+    accepted: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    rounds: int = 0
+    #: rounds it shared with other contributors, and the sum over those of the share of
+    #: its input the robust rule kept (1: untouched)
+    compared_rounds: int = 0
+    influence_sum: float = 0.0
+
+    def to_obj(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+            "rounds": self.rounds,
+            "influence": (
+                self.influence_sum / self.compared_rounds if self.compared_rounds else None
+            ),
+        }
+
+
+@dataclass
 class AggregatorStatistics:
     accepted: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     rounds: int = 0
     banned_peers: int = 0
+    #: per contributor (hex public key); only what its signature makes attributable
+    contributors: dict[str, ContributorStatistics] = field(
+        default_factory=lambda: defaultdict(ContributorStatistics)
+    )
 
 
 class Banned(Rejected):
@@ -97,7 +128,7 @@ class AggregatorCore:
         for uid in settings.uids:
             module = (initial or {}).get(uid) or build_expert(settings.spec, seed=settings.seed)
             self.modules[uid] = module
-            self.optimizers[uid] = _make_optimizer(
+            self.optimizers[uid] = make_optimizer(
                 settings.optimizer, module, settings.learning_rate
             )
             self.versions[uid] = 0
@@ -136,12 +167,17 @@ class AggregatorCore:
             grads = verify(contribution, parts, ctx)
         except Rejected as exc:
             self.stats.rejected[exc.reason] += 1
-            if exc.reason != "replay":  # a retry of something accepted is no offence
-                self._strike(who, now)
+            # an unsigned message names a contributor it cannot prove: counting or banning
+            # it would let anyone get an honest volunteer banned
+            if exc.reason != "bad_signature":
+                self.stats.contributors[who].rejected[exc.reason] += 1
+                if exc.reason != "replay":  # a retry of something accepted is no offence
+                    self._strike(who, now)
             raise
         self._journal.append(["c", contribution.encode(), [_tensor_record(p) for p in parts]])
         self._remember(contribution, grads)
         self.stats.accepted += 1
+        self.stats.contributors[who].accepted += 1
 
     def _remember(self, c: Contribution, grads: dict[str, torch.Tensor]) -> None:
         self.seen_nonces.add(c.nonce)
@@ -194,6 +230,17 @@ class AggregatorCore:
         means = {who: total / samples for who, (total, samples) in per_contributor.items()}
         generator = torch.Generator().manual_seed(self.versions[uid])
         aggregate = robust_round(self.robust[uid], means, self.settings.robust, generator)
+        momenta = self.robust[uid].momenta or {}
+        kept = influence(
+            {who: momenta.get(who, g) for who, g in means.items()},
+            aggregate,
+            self.settings.robust,
+        )
+        for who, share in kept.items():
+            self.stats.contributors[who].rounds += 1
+            if len(kept) > 1:  # alone in a round, there is nothing to compare it with
+                self.stats.contributors[who].compared_rounds += 1
+                self.stats.contributors[who].influence_sum += share
         offset = 0
         for param in module.parameters():
             n = param.numel()
@@ -224,7 +271,7 @@ class AggregatorCore:
         for uid, module in self.modules.items():
             for name, t in module.state_dict().items():
                 tensors[f"w/{uid}/{name}"] = t.detach().cpu()
-            opt_meta[uid] = _optimizer_state(self.optimizers[uid], f"o/{uid}", tensors)
+            opt_meta[uid] = optimizer_state(self.optimizers[uid], f"o/{uid}", tensors)
             st = self.robust[uid]
             if st.previous is not None:
                 tensors[f"r/{uid}/previous"] = st.previous
@@ -253,7 +300,7 @@ class AggregatorCore:
             self._checkpoint_number, state, tensors = latest
             for uid, module in self.modules.items():
                 module.load_state_dict({n: tensors[f"w/{uid}/{n}"] for n in module.state_dict()})
-                _load_optimizer_state(
+                load_optimizer_state(
                     self.optimizers[uid], state["optimizers"][uid], f"o/{uid}", tensors
                 )
                 meta = state["robust"][uid]
@@ -297,46 +344,6 @@ class AggregatorCore:
         already, and a restart replays it (so this is also what kill -9 leaves)."""
         if not self._journal._file.closed:
             self._journal.close()
-
-
-def _make_optimizer(name: str, module: nn.Module, lr: float) -> torch.optim.Optimizer:
-    params = list(module.parameters())
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    return torch.optim.Adam(params, lr=lr)
-
-
-def _optimizer_state(
-    opt: torch.optim.Optimizer, prefix: str, tensors: dict[str, torch.Tensor]
-) -> dict[str, Any]:
-    """Optimizer state as tensors (into ``tensors``) and plain values (returned)."""
-    sd = opt.state_dict()
-    scalars: dict[str, Any] = {}
-    for idx, slots in sd["state"].items():
-        for key, value in slots.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{prefix}/{idx}/{key}"] = value.detach().cpu()
-            else:
-                scalars[f"{idx}/{key}"] = value
-    return {"scalars": scalars}
-
-
-def _load_optimizer_state(
-    opt: torch.optim.Optimizer, meta: dict[str, Any], prefix: str, tensors: dict[str, torch.Tensor]
-) -> None:
-    state: dict[int, dict[str, Any]] = defaultdict(dict)
-    for tensor_name, value in tensors.items():
-        if tensor_name.startswith(prefix + "/"):
-            idx, key = tensor_name[len(prefix) + 1 :].split("/", 1)
-            state[int(idx)][key] = value
-    for name, value in meta["scalars"].items():
-        idx, key = name.split("/", 1)
-        state[int(idx)][key] = value
-    sd = opt.state_dict()
-    sd["state"] = dict(state)
-    opt.load_state_dict(sd)
 
 
 def _tensor_record(t: torch.Tensor) -> list[Any]:

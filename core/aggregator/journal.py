@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
-
-import torch
-from safetensors.torch import load_file, save_file
 
 from net.wire import pack, unpack_bounded
 
@@ -32,14 +28,6 @@ log = logging.getLogger(__name__)
 
 _RECORD = struct.Struct(">II")
 MAX_RECORD_BYTES: Final = 512 * 1024 * 1024
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Journal:
@@ -79,46 +67,3 @@ class Journal:
                     log.warning("journal %s: torn last record dropped (never acknowledged)", path)
                     return
                 yield unpack_bounded(data, MAX_RECORD_BYTES)
-
-
-class CheckpointStore:
-    """Numbered checkpoints, each complete before CURRENT points at it."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-
-    def latest(self) -> tuple[int, dict[str, Any], dict[str, torch.Tensor]] | None:
-        current = self.root / "CURRENT"
-        if not current.exists():
-            return None
-        name = current.read_text().strip()
-        folder = self.root / name
-        state = unpack_bounded((folder / "state.msgpack").read_bytes(), 1 << 30)
-        tensors = load_file(str(folder / "tensors.safetensors"))
-        return int(name.split("-")[1]), state, tensors
-
-    def save(self, number: int, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        name = f"ckpt-{number:06d}"
-        tmp = self.root / (name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        with open(tmp / "state.msgpack", "wb") as f:
-            f.write(pack(state))
-            f.flush()
-            os.fsync(f.fileno())
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
-        with open(tmp / "tensors.safetensors", "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.root / name)
-        _fsync_dir(self.root)
-        pointer = self.root / "CURRENT.tmp"
-        with open(pointer, "w") as f:
-            f.write(name)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(pointer, self.root / "CURRENT")
-        _fsync_dir(self.root)
-        for old in self.root.glob("ckpt-*"):
-            if old.name != name:
-                shutil.rmtree(old, ignore_errors=True)

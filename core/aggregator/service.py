@@ -35,6 +35,7 @@ from net.wire import pack, unpack_bounded
 log = logging.getLogger(__name__)
 
 STATS: Final = "agg.stats"
+MAX_CONTRIBUTORS_LISTED: Final = 256
 
 
 def version_key(project: str, uid: str) -> str:
@@ -154,6 +155,13 @@ class AggregatorService:
             "rounds": s.rounds,
             "banned_peers": s.banned_peers,
             "versions": dict(self.core.versions),
+            # the most active contributors (a reply stays small in a big swarm)
+            "contributors": {
+                who: c.to_obj()
+                for who, c in sorted(s.contributors.items(), key=lambda item: -item[1].accepted)[
+                    :MAX_CONTRIBUTORS_LISTED
+                ]
+            },
             "pending_samples": {
                 uid: self.core.pending_samples(uid) for uid in self.core.settings.uids
             },

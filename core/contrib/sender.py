@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import trio
 
+from core.contrib.attacks import Attack
 from core.contrib.codecs import ErrorFeedback, codec
 from core.contrib.messages import Contribution, ParamSpec
 from core.experts.backend import ExpertBackend
@@ -63,6 +64,7 @@ class ContributionSender:
         config: SenderConfig,
         *,
         on_result: Callable[[str, str], None] | None = None,
+        attack: Attack | None = None,
     ) -> None:
         if not aggregators:
             raise ValueError("a project needs at least one aggregator to send contributions to")
@@ -73,6 +75,7 @@ class ContributionSender:
         self.stats = SenderStatistics()
         # told (uid, "accepted" | a refusal code | "given_up") when a delivery ends
         self.on_result = on_result
+        self.attack = attack  # demo and tests only: poison what is sent
         self._in_flight = 0
         self._all_delivered = trio.Event()
         self._all_delivered.set()
@@ -116,9 +119,11 @@ class ContributionSender:
     def _build(
         self, uid: str, backend: ExpertBackend
     ) -> tuple[Contribution | None, list[torch.Tensor]]:
-        sums, _samples, receipts = backend.accumulator.take_with_receipts()
+        sums, samples, receipts = backend.accumulator.take_with_receipts()
         if not receipts or not sums:
             return None, []
+        if self.attack is not None:
+            sums = self.attack.poison(uid, sums, samples)
         chosen = codec(self.config.codec)
         names = [n for n, _ in backend.module.named_parameters()]
         parts: list[torch.Tensor] = []
@@ -128,7 +133,7 @@ class ContributionSender:
             self.peer.identity,
             project=self.config.project,
             uid=uid,
-            base_version=backend.version,
+            base_version=_version_of(receipts, backend.version),
             codec=chosen.name,
             params=[ParamSpec(n, sums[n].numel()) for n in names],
             receipts=receipts,
@@ -203,3 +208,13 @@ class ContributionSender:
             self.stats.refused[outcome] += 1
         if self.on_result is not None:
             self.on_result(uid, outcome)
+
+
+def _version_of(receipts: Sequence[Any], current: int) -> int:
+    """The weights version the gradients were computed on: the one their receipts name
+    (reading the backend's version instead races with a swap of the weights)."""
+    versions = {getattr(r, "version", current) for r in receipts}
+    if len(versions) == 1:
+        return int(versions.pop())
+    log.warning("receipts of several versions in one contribution: %s", sorted(versions))
+    return current

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from core.contrib.attacks import Attack
 from core.contrib.puller import WeightsPuller
 from core.contrib.sender import ContributionSender, SenderConfig
 from core.experts.backend import ExpertBackend
@@ -32,11 +33,18 @@ async def start_contributing(
     data_dir: Path,
     *,
     on_result: Callable[[str, str], None] | None = None,
+    attack: Attack | None = None,
 ) -> ContributionSender | None:
     keys = [bytes.fromhex(a.key) for a in manifest.aggregators]
     if not keys:
         log.warning("project %s lists no aggregators: gradients are not sent anywhere", project)
         return None
+    for entry in manifest.aggregators:  # where the owner says each aggregator listens
+        if entry.addrs:
+            peer.host.remember(
+                peer_id_from_public_key(bytes.fromhex(entry.key)),
+                [a.split("/p2p/")[0] for a in entry.addrs],
+            )
     sender: ContributionSender = await nursery.start(
         ContributionSender(
             peer,
@@ -48,6 +56,7 @@ async def start_contributing(
                 every_seconds=manifest.training.contribution_seconds,
             ),
             on_result=on_result,
+            attack=attack,
         ).run
     )
     puller = WeightsPuller(

@@ -155,6 +155,7 @@ class ExpertBackend:
         self.max_batch_size = max_batch_size
         self.accumulator = GradientAccumulator()
         self.graphs = GraphCache(max_bytes=graph_cache_bytes)
+        self.stale_dropped = 0  # backward batches whose receipts named replaced weights
 
     def sha256_of(self, module: nn.Module) -> str:
         return weights_hash(module)
@@ -230,9 +231,20 @@ class ExpertBackend:
         with torch.enable_grad():
             out = self.module(x)
             torch.autograd.backward(out, grad_outputs.to(self.device))
-        self.accumulator.add(self.module, samples=int(x.shape[0]), receipts=receipts)
+        self._accumulate(int(x.shape[0]), receipts)
         assert x.grad is not None
         return x.grad.cpu()
+
+    def _accumulate(self, samples: int, receipts: Sequence[Any]) -> None:
+        """Parameter gradients into the accumulator, unless a receipt names older weights:
+        the request waited while new weights were swapped in, and a contribution holding
+        that receipt would be refused whole by the aggregator. Such rare gradients are
+        dropped instead (the trainer still gets its input gradients)."""
+        if any(getattr(r, "version", self.version) != self.version for r in receipts):
+            self.module.zero_grad(set_to_none=True)
+            self.stale_dropped += 1
+            return
+        self.accumulator.add(self.module, samples=samples, receipts=receipts)
 
     def backward_kept(
         self, owner: object, handle: int, grad_outputs: torch.Tensor, receipts: Sequence[Any] = ()
@@ -245,6 +257,6 @@ class ExpertBackend:
                 f"outputs {graph.outputs.dtype}{list(graph.outputs.shape)}"
             )
         torch.autograd.backward(graph.outputs, grad_outputs.to(self.device))
-        self.accumulator.add(self.module, samples=int(graph.inputs.shape[0]), receipts=receipts)
+        self._accumulate(int(graph.inputs.shape[0]), receipts)
         assert graph.inputs.grad is not None
         return graph.inputs.grad.cpu()

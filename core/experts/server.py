@@ -85,7 +85,9 @@ class ExpertServer:
         }
         self._paused = paused
         self._announcing = trio.Lock()
-        self._input_digests: dict[tuple[object, int], bytes] = {}  # oldest dropped past 4096
+        # (caller, uid, handle) -> digest of the kept inputs; handles are numbered per
+        # expert, so the uid is part of the key. Oldest dropped past 4096.
+        self._input_digests: dict[tuple[object, str, int], bytes] = {}
         self._receipt_batches: dict[bytes, None] = {}  # an ordered set, oldest dropped
 
     # ------------------------------------------------------------ lifecycle
@@ -229,7 +231,8 @@ class ExpertServer:
         if handle is not None:
             meta["handle"] = handle
             if self.config.require_receipts:  # the receipt of the backward pass names them
-                self._input_digests[(ctx.peer_id, handle)] = tensor_digest([x])
+                key = (ctx.peer_id, str(backend.uid), handle)
+                self._input_digests[key] = tensor_digest([x])
                 while len(self._input_digests) > 4096:
                     del self._input_digests[next(iter(self._input_digests))]
         return Reply(meta, (to_wire(y),))
@@ -292,7 +295,7 @@ class ExpertServer:
             raise BadRequest(f"grad_outputs must be finite {backend.spec.dtype}")
         receipt = None
         if self.config.require_receipts:
-            digest = self._input_digests.pop((ctx.peer_id, handle), None)
+            digest = self._input_digests.pop((ctx.peer_id, str(backend.uid), handle), None)
             if digest is None:
                 raise GraphGone(f"forward graph {handle} is gone; send the inputs again")
             receipt = self._receipt(ctx, backend, digest, grad)

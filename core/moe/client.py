@@ -118,6 +118,8 @@ class ExpertCaller:
     backward_timeout: float = 20.0
     stats: CallStatistics = field(default_factory=CallStatistics)
     on_failure: Callable[[ExpertServerRef], None] | None = None
+    #: told (server, seconds) after every answered call: how fast each server is
+    on_latency: Callable[[ExpertServerRef, float], None] | None = None
     receipts: ReceiptSigner | None = None
 
     async def forward(
@@ -131,8 +133,14 @@ class ExpertCaller:
             uid, servers, FORWARD, meta, [to_wire(x)], self.forward_timeout
         )
         handle = reply.meta.get("handle")
+        version = reply.meta.get("version")
         return ForwardResult(
-            server, from_wire(reply.tensors[0]), handle if isinstance(handle, int) else None
+            server,
+            from_wire(reply.tensors[0]),
+            handle if isinstance(handle, int) else None,
+            # the weights that answered: a receipt names them, and the volunteer's
+            # contribution is tied to them
+            version if isinstance(version, int) and not isinstance(version, bool) else 0,
         )
 
     async def backward(
@@ -193,6 +201,7 @@ class ExpertCaller:
             for i, server in enumerate(servers):
                 if i:
                     self.stats.failovers += 1
+                started = trio.current_time()
                 try:
                     reply = await self.rpc.call(
                         server.peer_id, method, meta, wires, timeout=timeout
@@ -208,6 +217,8 @@ class ExpertCaller:
                 if len(reply.tensors) != 1:
                     errors.append(f"{server.peer_id}: answered {len(reply.tensors)} tensors")
                     continue
+                if self.on_latency is not None:
+                    self.on_latency(server, trio.current_time() - started)
                 return server, reply
         self.stats.failures += 1
         raise ExpertCallError(

@@ -9,6 +9,8 @@ answers are cached for ``cache_ttl`` seconds.
 from __future__ import annotations
 
 import logging
+import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -76,6 +78,8 @@ class ExpertFinder:
     stats: FinderStatistics = field(default_factory=FinderStatistics)
     _cache: dict[str, _Cached] = field(default_factory=dict)
     _banned: dict[PeerID, tuple[float, float]] = field(default_factory=dict)
+    #: smoothed seconds per call of each server (slow links, busy GPUs)
+    _latency: dict[PeerID, float] = field(default_factory=dict)
 
     def report_failure(self, server: ExpertServerRef) -> None:
         """Called when a server failed a call: skip it for a while."""
@@ -83,6 +87,15 @@ class ExpertFinder:
         _, backoff = self._banned.get(server.peer_id, (0.0, self.failure_backoff / 2))
         backoff = min(backoff * 2, 300.0)
         self._banned[server.peer_id] = (now + backoff, backoff)
+
+    def report_latency(self, server: ExpertServerRef, seconds: float) -> None:
+        """Called after every answered call: servers of an expert are then tried fastest
+        first, so a trainer routes around slow links and busy volunteers."""
+        old = self._latency.get(server.peer_id)
+        self._latency[server.peer_id] = seconds if old is None else 0.7 * old + 0.3 * seconds
+
+    def latency(self, peer_id: PeerID) -> float | None:
+        return self._latency.get(peer_id)
 
     def _is_banned(self, peer_id: PeerID) -> bool:
         until = self._banned.get(peer_id)
@@ -116,7 +129,8 @@ class ExpertFinder:
         return frozenset(coords)
 
     async def servers(self, uid: str) -> list[ExpertServerRef]:
-        """Live servers of ``uid``, least loaded first."""
+        """Live servers of ``uid``: fastest first (servers not called yet count as fast,
+        so each gets tried), then least loaded, then at random."""
         out = []
         for value, author in await self._records(uid):
             try:
@@ -125,7 +139,16 @@ class ExpertFinder:
                 continue
             if ann.state == SERVING and ann.uid == uid and not self._is_banned(author):
                 out.append(ExpertServerRef(author, ann.sha256, ann.version, ann.load))
-        out.sort(key=lambda s: (s.load, str(s.peer_id)))
+        # equally fast and loaded servers in random order: calls (and so the gradients
+        # each volunteer contributes) spread over them, which is what gives the
+        # aggregator's robust rules several inputs per expert to compare
+        out.sort(
+            key=lambda s: (
+                _speed_class(self._latency.get(s.peer_id)),
+                round(s.load, 1),
+                random.random(),
+            )
+        )
         return out
 
     async def beam_search(
@@ -168,3 +191,11 @@ class ExpertFinder:
             for uid in set(uids):
                 nursery.start_soon(one, uid)
         return out
+
+
+def _speed_class(seconds: float | None) -> int:
+    """Latencies in coarse classes (doubling from 10 ms), so that noise between similar
+    servers leaves the choice to load."""
+    if seconds is None or seconds <= 0.01:
+        return 0
+    return int(math.log2(seconds / 0.01)) + 1

@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from core.contrib.attacks import Attack
 from core.contrib.sender import ContributionSender
 from core.contrib.wiring import start_contributing
 from core.errors import UserFacingError, one_line
@@ -39,7 +40,7 @@ from core.project.distribution import find_manifest, list_projects
 from core.project.manifest import Manifest
 from core.project.pins import PinStore
 from core.project.publish import join_project
-from net import Identity, Peer, PeerConfig, running_last
+from net import Identity, Peer, PeerConfig, RpcConfig, running_last
 from net.host import DEFAULT_LISTEN
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,10 @@ class NodeOptions:
     quick_benchmark: bool = False
     #: Seconds between retries after a failed join (doubles up to 10 minutes).
     join_retry: float = 15.0
+    #: Demo and tests only: poison the contributions this node sends (core.contrib.attacks).
+    attack: str | None = None
+    #: Demo and tests only: answer every request this many seconds late (a slow link).
+    reply_delay: float = 0.0
 
 
 @dataclass
@@ -164,7 +169,11 @@ class Node:
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         opts = self.options
-        config = PeerConfig(listen=tuple(opts.listen), bootstrap=tuple(opts.bootstrap))
+        config = PeerConfig(
+            listen=tuple(opts.listen),
+            bootstrap=tuple(opts.bootstrap),
+            rpc=RpcConfig(reply_delay=opts.reply_delay),
+        )
         # the peer stops last: on the way out the expert server still withdraws its
         # declarations over it (else trainers keep calling a node that is gone)
         peer = Peer(self.identity, config, validator=moehome_validator())
@@ -318,6 +327,7 @@ class Node:
                         server,
                         self.options.data_dir,
                         on_result=self._contribution_ended,
+                        attack=Attack(self.options.attack) if self.options.attack else None,
                     )
                     self.server, self.sender, self.project_error = server, sender, ""
                     await self.governor.attach(server)

@@ -125,11 +125,11 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
         "experts": {u: experts[u] for u in uids},
         "volunteers": volunteers,
         "weight_providers": providers,
-        "aggregators": await _aggregators(peer, manifest),
+        "aggregators": await aggregator_statistics(peer, manifest),
     }
 
 
-async def _aggregators(peer: Peer, manifest: Any) -> list[dict[str, Any]]:
+async def aggregator_statistics(peer: Peer, manifest: Any) -> list[dict[str, Any]]:
     """Each aggregator's own account (versions, accepted, rejections by reason), or why it
     could not be asked."""
     from core.aggregator.service import STATS

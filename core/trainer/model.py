@@ -1,0 +1,156 @@
+"""The trainer's model: a byte-level language model whose feed-forward layers are
+mixtures of experts.
+
+    bytes -> embedding + position
+          -> [causal self-attention (trainer) -> mixture of experts (swarm)] x mixture_layers
+          -> norm -> next-byte logits
+
+The trainer-side layers (embeddings, attention, gating, output) are small and trained by
+the trainer itself; the experts hold most of the parameters and are trained by the
+volunteers and aggregators. Routing is per token: each token's hidden state chooses its
+experts, so nothing about later tokens reaches earlier ones (routing a whole sequence by
+its mean would leak the future into every position).
+
+``LocalMixtureOfExperts`` is the same layer with its experts in this process, with the
+same routing (the same beam search over the grid), for the reference runs that the swarm
+is compared against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.uid import Grid
+from core.moe.finder import advance_beams
+from core.project.manifest import ModelSection
+from core.project.publish import seed_for
+
+#: Builds the mixture of one layer: (layer index, its grid) -> module on [tokens, hidden].
+MixtureFactory = Callable[[int, Grid], nn.Module]
+
+
+def attention_heads(hidden: int) -> int:
+    """Heads of the trainer-side attention: 16-wide heads, as many as divide ``hidden``."""
+    for heads in (hidden // 16, 4, 2):
+        if heads >= 1 and hidden % heads == 0:
+            return heads
+    return 1
+
+
+class CausalSelfAttention(nn.Module):
+    """Pre-norm self-attention over earlier positions only, with a residual connection."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.attn = nn.MultiheadAttention(hidden, attention_heads(hidden), batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        length = x.shape[1]
+        future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
+        attended, _ = self.attn(h, h, h, attn_mask=future, need_weights=False)
+        out: torch.Tensor = x + attended
+        return out
+
+
+class CharLanguageModel(nn.Module):
+    def __init__(self, model: ModelSection, mixtures: Sequence[nn.Module]) -> None:
+        super().__init__()
+        if len(mixtures) != model.mixture_layers:
+            raise ValueError(f"{model.mixture_layers} mixture layers, got {len(mixtures)}")
+        self.context = model.context
+        self.embed = nn.Embedding(model.vocab_size, model.hidden)
+        self.position = nn.Embedding(model.context, model.hidden)
+        self.attention = nn.ModuleList(CausalSelfAttention(model.hidden) for _ in mixtures)
+        self.mixtures = nn.ModuleList(mixtures)
+        self.norm = nn.LayerNorm(model.hidden)
+        self.head = nn.Linear(model.hidden, model.vocab_size)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        nn.init.normal_(self.position.weight, std=0.02)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [batch, length <= context] int64 -> logits [batch, length, vocab]."""
+        batch, length = tokens.shape
+        positions = torch.arange(length, device=tokens.device)
+        x = self.embed(tokens) + self.position(positions)
+        for attention, mixture in zip(self.attention, self.mixtures, strict=True):
+            x = attention(x)
+            # experts take [tokens, hidden]: every token is routed on its own
+            x = mixture(x.reshape(batch * length, -1)).reshape(batch, length, -1)
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits
+
+
+def build_model(
+    model: ModelSection, make_mixture: MixtureFactory, *, seed: int
+) -> CharLanguageModel:
+    """The model with deterministic trainer-side weights: the same ``seed`` gives the same
+    initial model whatever the mixtures are (remote or local)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        mixtures = [make_mixture(i, grid) for i, grid in enumerate(model.grids())]
+        return CharLanguageModel(model, mixtures)
+
+
+def language_model_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the next byte, in nats."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class LocalMixtureOfExperts(nn.Module):
+    """A mixture whose experts all live in this process and are all alive: the reference
+    for the swarm. Same gating, same beam search, same softmax over the chosen experts."""
+
+    def __init__(
+        self, *, in_features: int, grid: Grid, spec: ExpertSpec, k_best: int, weights_seed: int
+    ) -> None:
+        super().__init__()
+        self.grid = grid
+        self.k_best = k_best
+        self.proj = nn.Linear(in_features, sum(grid.shape))
+        self.uids = [str(uid) for uid in grid]
+        # the published initial weights: the same seed per uid as `moehome owner publish`
+        self.experts = nn.ModuleList(
+            build_expert(spec, seed=seed_for(weights_seed, uid)) for uid in self.uids
+        )
+        self._index = {uid: i for i, uid in enumerate(self.uids)}
+        self._coords = torch.tensor([uid.coords for uid in grid])
+        self._alive = _full_grid(grid)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.proj(x)
+        per_dim = logits.split(list(self.grid.shape), dim=-1)
+        scores = [p.detach().float().tolist() for p in per_dim]
+        dims = len(self.grid.shape)
+        beams = [[(self.grid.root_prefix, 0.0)] for _ in range(x.shape[0])]
+        for d in range(dims):
+            beams = [
+                advance_beams(b, scores[d][i], self._alive, self.k_best, last=d == dims - 1)
+                for i, b in enumerate(beams)
+            ]
+        chosen = torch.tensor([[self._index[uid] for uid, _ in b] for b in beams])
+        coords = self._coords[chosen]
+        gate = sum(p.gather(1, coords[:, :, d]) for d, p in enumerate(per_dim))
+        assert isinstance(gate, torch.Tensor)
+        weights = torch.softmax(gate, dim=1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            rows, slots = (chosen == e).nonzero(as_tuple=True)
+            if rows.numel():
+                y = expert(x[rows])
+                out = out.index_add(0, rows, weights[rows, slots].unsqueeze(1) * y)
+        return out
+
+
+def _full_grid(grid: Grid) -> dict[str, frozenset[int]]:
+    """Every prefix of the grid -> all its next coordinates (all experts alive)."""
+    alive: dict[str, frozenset[int]] = {}
+    for uid in grid:
+        for depth, prefix in enumerate(uid.prefixes()):
+            alive[prefix] = frozenset(range(grid.shape[depth]))
+    return alive

@@ -1,0 +1,94 @@
+"""How ``moehome owner train`` shows its progress: a rich progress bar with the loss and
+speed for a person, or one JSON object per line for programs (``--json``; the demo reads
+those)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def json_line(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event, allow_nan=True) + "\n")
+    sys.stdout.flush()
+
+
+def loss_text(loss: float | None) -> str:
+    return "-" if loss is None or math.isnan(loss) else f"{loss:.3f}"
+
+
+class TrainingProgress:
+    """A context manager whose ``__call__`` takes the trainer's events."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
+        self.task = self.progress.add_task("steps", total=None, status="joining the swarm")
+
+    def __enter__(self) -> TrainingProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.progress.stop()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "start":
+            resumed = event["resumed_at_step"]
+            self.console.print(
+                f"project {event['name']} ({event['project']}): "
+                f"{event['data_bytes'] / 1e6:.1f} MB of text from {event['files']} files "
+                f"({event['data']})" + (f"; resuming at step {resumed}" if resumed else "")
+            )
+            self.progress.update(
+                self.task, total=event["steps"], completed=resumed or 0, status="first evaluation"
+            )
+        elif kind == "progress":
+            self.progress.update(
+                self.task,
+                completed=event["step"],
+                status=(
+                    f"loss {loss_text(event['loss'])}  {event['samples_per_s']:.1f} samples/s  "
+                    f"{event['volunteers']} volunteers  "
+                    f"versions {event['version_min']}-{event['version_max']}"
+                ),
+            )
+        elif kind == "waiting":
+            self.progress.update(self.task, status="waiting for volunteers to serve the experts")
+        elif kind == "eval":
+            self.console.print(f"step {event['step']}: validation loss {loss_text(event['loss'])}")
+        elif kind == "summary":
+            self.progress.update(self.task, completed=event["steps"])
+            self.console.print(
+                f"done: {event['steps']} steps, {event['samples']} samples, "
+                f"{event['samples_per_s']:.1f} samples/s; validation loss "
+                f"{loss_text(event['initial_loss'])} -> {loss_text(event['final_loss'])}"
+            )
+            for agg in event.get("aggregators", []):
+                if "unreachable" in agg:
+                    self.console.print(f"aggregator {agg['peer'][-12:]}: {agg['unreachable']}")
+                    continue
+                rejected = ", ".join(f"{k} {v}" for k, v in sorted(agg["rejected"].items()))
+                self.console.print(
+                    f"aggregator {agg['peer'][-12:]}: {agg['accepted']} contributions accepted, "
+                    f"rejected: {rejected or 'none'}; {agg['rounds']} rounds"
+                )

@@ -1,0 +1,298 @@
+"""``moehome owner train``: a trainer of a project. Joins the swarm, checks that this
+computer may sign receipts for the project, loads the data, and trains: the trainer-side
+layers here, the mixture layers through the volunteers' experts (every backward request
+carries a signed receipt, which is what lets the volunteers' gradients count).
+
+Progress goes to ``report`` as plain dicts (the CLI prints them, as text or JSON lines);
+the state is checkpointed every ``checkpoint_every`` steps and on the way out, and a
+restart with the same work folder resumes from it. SIGINT and SIGTERM stop after the
+step in flight, with a final evaluation and checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from core.errors import UserFacingError
+from core.experts.uid import Grid
+from core.moe.client import ExpertCaller, Portal, ReceiptSigner
+from core.moe.finder import ExpertFinder
+from core.moe.mixture import MoEConfig, RemoteMixtureOfExperts
+from core.namespaces import moehome_validator
+from core.project.distribution import ProjectNotFound, find_manifest
+from core.project.owner import aggregator_statistics
+from core.project.pins import PinStore
+from core.project.signed import SignedManifest
+from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, load_corpus
+from core.trainer.model import CharLanguageModel, build_model
+from core.trainer.session import SessionSettings, TrainingSession
+from net import Identity, Peer, PeerConfig
+from net.host import DEFAULT_LISTEN
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class TrainerOptions:
+    project: str
+    workdir: Path
+    data: str | Path = STDLIB
+    steps: int = 1000
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int = 4
+    checkpoint_every: int = 50
+    seed: int = 0
+    max_data_bytes: int = DEFAULT_MAX_BYTES
+    forward_timeout: float = 10.0
+    #: once every token has k_min answers, how long to wait for the other experts
+    timeout_after_k_min: float = 0.5
+    #: give up when no step has succeeded for this long (no volunteers serve the project)
+    patience_s: float = 600.0
+
+
+def check_trainer(signed: SignedManifest, identity: Identity) -> None:
+    keys = {bytes.fromhex(t.key) for t in signed.manifest.trainers}
+    if identity.public_key not in keys:
+        raise UserFacingError(
+            f"this computer's key {identity.public_key.hex()} is not a trainer of project "
+            f"{signed.project_id}: add it to the manifest's [[trainers]] and publish again "
+            "(volunteers refuse backward requests without a trainer's signed receipt)"
+        )
+
+
+def remote_model(
+    peer: Peer, signed: SignedManifest, identity: Identity, options: TrainerOptions
+) -> CharLanguageModel:
+    m = signed.manifest.model
+    config = MoEConfig(
+        k_best=m.k_best,
+        k_min=m.k_min,
+        forward_timeout=options.forward_timeout,
+        timeout_after_k_min=options.timeout_after_k_min,
+    )
+    portal = Portal.current()
+    signer = ReceiptSigner(identity, signed.project_id)
+
+    def mixture(_layer: int, grid: Grid) -> RemoteMixtureOfExperts:
+        return RemoteMixtureOfExperts(
+            in_features=m.hidden,
+            grid=grid,
+            finder=ExpertFinder(peer.dht, signed.project_id, grid),
+            caller=ExpertCaller(
+                peer.rpc,
+                forward_timeout=options.forward_timeout,
+                backward_timeout=2 * options.forward_timeout,
+                receipts=signer,
+            ),
+            portal=portal,
+            config=config,
+        )
+
+    return build_model(m, mixture, seed=signed.manifest.weights.seed)
+
+
+async def run_trainer(
+    identity: Identity,
+    options: TrainerOptions,
+    *,
+    data_dir: Path,
+    listen: Sequence[str] | None = None,
+    bootstrap: Sequence[str] = (),
+    report: Report,
+) -> dict[str, Any]:
+    """Train until ``options.steps`` or a stop signal; the summary (also reported)."""
+    config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
+    async with trio.open_nursery() as nursery:
+        peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
+        signed = await _find_manifest(peer, options.project, data_dir)
+        check_trainer(signed, identity)
+        corpus = await trio.to_thread.run_sync(
+            partial(load_corpus, options.data, max_bytes=options.max_data_bytes)
+        )
+        m = signed.manifest.model
+        if m.vocab_size < 256:
+            raise UserFacingError(
+                f"the built-in data are bytes (256 symbols); model.vocab_size is {m.vocab_size}"
+            )
+        session = TrainingSession(
+            remote_model(peer, signed, identity, options),
+            corpus,
+            SessionSettings(
+                project=signed.project_id,
+                batch_size=options.batch_size,
+                learning_rate=options.learning_rate,
+                eval_batches=options.eval_batches,
+                seed=options.seed,
+            ),
+            options.workdir / "checkpoints",
+        )
+        resumed = await trio.to_thread.run_sync(session.restore)
+        report(
+            {
+                "event": "start",
+                "project": signed.project_id,
+                "name": signed.manifest.project.name,
+                "data": corpus.source,
+                "data_bytes": corpus.total_bytes,
+                "files": corpus.files,
+                "resumed_at_step": session.state.step if resumed else None,
+                "steps": options.steps,
+                "peer": str(peer.peer_id),
+            }
+        )
+        stop = trio.Event()
+        nursery.start_soon(_stop_on_signals, stop)
+        summary = await _train(session, options, stop, report)
+        summary["aggregators"] = await aggregator_statistics(peer, signed.manifest)
+        report({"event": "summary", **summary})
+        nursery.cancel_scope.cancel()
+    return summary
+
+
+async def _find_manifest(peer: Peer, project: str, data_dir: Path) -> SignedManifest:
+    """The project's manifest; retried for a minute (just after the owner published it,
+    or while the swarm is busy, a lookup can come back empty)."""
+    pins = PinStore(data_dir / "pinned-owners.json")
+    deadline = trio.current_time() + 60
+    while True:
+        try:
+            return await find_manifest(peer, project, pins)
+        except ProjectNotFound:
+            if trio.current_time() > deadline:
+                raise
+            log.info("no manifest of %s found yet; looking again", project)
+            await trio.sleep(2)
+
+
+async def _stop_on_signals(stop: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("signal %d: stopping after the step in flight", signum)
+            stop.set()
+
+
+async def _train(
+    session: TrainingSession, options: TrainerOptions, stop: trio.Event, report: Report
+) -> dict[str, Any]:
+    state = session.state
+    if state.initial_loss is None:
+        first = await _evaluate_until_answered(session, stop, options.patience_s)
+        report({"event": "eval", "step": state.step, "loss": first})
+    started = time.monotonic()
+    first_samples = state.samples
+    window_start, window_samples = time.monotonic(), state.samples
+    answered_before = dict(session.swarm_view()["answered_by"])
+    losses: list[float] = []
+    last_success = time.monotonic()
+    while state.step < options.steps and not stop.is_set():
+        loss = await trio.to_thread.run_sync(session.train_step)
+        if loss is None:
+            if time.monotonic() - last_success > options.patience_s:
+                raise UserFacingError(
+                    f"no training step succeeded for {options.patience_s:.0f} s: "
+                    "no volunteer serves this project's experts"
+                )
+            report({"event": "waiting", "step": state.step, "failed_steps": state.failed_steps})
+            await trio.sleep(1.0)  # the swarm is short of experts; give it a moment
+            continue
+        last_success = time.monotonic()
+        losses.append(loss)
+        if state.step % options.log_every == 0:
+            view = session.swarm_view()
+            now = time.monotonic()
+            versions = list(view["versions"].values()) or [0]
+            report(
+                {
+                    "event": "progress",
+                    "step": state.step,
+                    "steps": options.steps,
+                    "loss": sum(losses) / len(losses),
+                    "samples": state.samples,
+                    "samples_per_s": (state.samples - window_samples)
+                    / max(now - window_start, 1e-9),
+                    "volunteers": sum(
+                        1
+                        for peer, n in view["answered_by"].items()
+                        if n > answered_before.get(peer, 0)
+                    ),
+                    "version_min": min(versions),
+                    "version_max": max(versions),
+                    "failed_steps": state.failed_steps,
+                }
+            )
+            losses.clear()
+            window_start, window_samples = now, state.samples
+            answered_before = dict(view["answered_by"])
+        if state.step % options.eval_every == 0:
+            report({"event": "eval", "step": state.step, "loss": await _evaluate(session)})
+        if state.step % options.checkpoint_every == 0:
+            await trio.to_thread.run_sync(session.save)
+    elapsed = time.monotonic() - started
+    final = (
+        state.evaluations[-1][1]
+        if state.evaluations and state.evaluations[-1][0] == state.step
+        else None
+    )
+    if final is None:
+        final = await _evaluate(session)
+        report({"event": "eval", "step": state.step, "loss": final})
+    await trio.to_thread.run_sync(session.save)
+    view = session.swarm_view()
+    versions = list(view["versions"].values()) or [0]
+    trained = state.samples - first_samples
+    return {
+        "steps": state.step,
+        "samples": state.samples,
+        "tokens": state.samples * session.context,
+        "seconds": elapsed,
+        "samples_per_s": trained / elapsed if elapsed > 0 else 0.0,
+        "initial_loss": state.initial_loss,
+        "final_loss": final,
+        "failed_steps": state.failed_steps,
+        "stopped_early": state.step < options.steps,
+        "volunteers_answered": len(view["answered_by"]),
+        "answered_by": view["answered_by"],
+        "version_min": min(versions),
+        "version_max": max(versions),
+        "calls": {
+            "expert_calls": sum(m.stats.expert_calls for m in session.mixtures()),
+            "failed_calls": sum(m.stats.failed_calls for m in session.mixtures()),
+            "late_calls": sum(m.stats.late_calls for m in session.mixtures()),
+        },
+    }
+
+
+async def _evaluate(session: TrainingSession) -> float:
+    return await trio.to_thread.run_sync(session.evaluate)
+
+
+async def _evaluate_until_answered(
+    session: TrainingSession, stop: trio.Event, patience_s: float
+) -> float:
+    """The first evaluation waits for the swarm (volunteers may still be starting)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        loss = await _evaluate(session)
+        if not math.isnan(loss) or stop.is_set():
+            return loss
+        if time.monotonic() > deadline:
+            raise UserFacingError(
+                f"the swarm answered no evaluation for {patience_s:.0f} s: "
+                "no volunteer serves this project's experts"
+            )
+        await trio.sleep(1.0)

@@ -1,0 +1,75 @@
+"""`moehome demo` as a person runs it: Ctrl-C stops every process it started (the trainer
+first evaluates, checkpoints and reports), and a second run with the same --workdir is the
+same project, whose trainer resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from tests.processes import stop_processes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def demo(workdir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "core.cli", "demo", "--workdir", str(workdir), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+async def test_ctrl_c_stops_the_swarm_and_a_second_run_resumes(tmp_path):
+    workdir = tmp_path / "demo"
+    first = demo(workdir, "--steps", "1000", "--volunteers", "2")
+    try:
+        assert first.stderr is not None
+        with trio.fail_after(240):  # starting ~7 processes with torch on 2 cores
+            while True:
+                line = await trio.to_thread.run_sync(first.stderr.readline)
+                assert line, "the demo ended before training"
+                if "step 0: validation loss" in line:
+                    break
+        await trio.sleep(8)  # a few steps
+        children = psutil.Process(first.pid).children(recursive=True)
+        assert len(children) >= 6  # bootstrap, owner, aggregator, 2 volunteers, trainer
+        first.send_signal(signal.SIGINT)
+        out, _ = await trio.to_thread.run_sync(lambda: first.communicate(timeout=120))
+        assert first.returncode == 0, out
+    finally:
+        stop_processes([first])
+    assert "(stopped before the last step)" in out
+    steps = int(re.search(r"summary: (\d+) steps", out).group(1))  # type: ignore[union-attr]
+    assert steps > 0
+    deadline = time.monotonic() + 5
+    while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+        assert time.monotonic() < deadline, [c for c in children if c.is_running()]
+        await trio.sleep(0.2)
+
+    second = demo(workdir, "--steps", str(steps + 5), "--volunteers", "2", "--json")
+    try:
+        out, err = await trio.to_thread.run_sync(lambda: second.communicate(timeout=300))
+    finally:
+        stop_processes([second])
+    assert second.returncode == 0, err[-2000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["resumed_at_step"] == steps
+    assert summary["steps"] == steps + 5
+    assert summary["samples"] == (steps + 5) * 16
+    assert not summary["stopped_early"]

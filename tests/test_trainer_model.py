@@ -1,0 +1,205 @@
+"""The trainer's model and session without a swarm: causality, deterministic builds, the
+published initial weights in the local reference, a loss that falls, checkpoints that
+resume exactly; the attacks and the aggregator's influence measure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import trio
+
+from core.aggregator.robust import RobustSettings, influence
+from core.contrib.attacks import SIGN_FLIP_SCALE, Attack, alie, sign_flip
+from core.experts.records import SERVING, ExpertAnnouncement
+from core.experts.registry import build_expert
+from core.experts.uid import Grid
+from core.moe.client import ExpertServerRef
+from core.moe.finder import ExpertFinder, _speed_class
+from core.project.manifest import Manifest, parse_manifest
+from core.project.publish import seed_for
+from core.trainer.data import Corpus, load_corpus
+from core.trainer.model import (
+    CharLanguageModel,
+    LocalMixtureOfExperts,
+    attention_heads,
+    build_model,
+)
+from core.trainer.session import SessionSettings, TrainingSession
+from net import Identity
+
+
+def manifest(**model: object) -> Manifest:
+    fields = {
+        "hidden": 32,
+        "context": 16,
+        "mixture_layers": 2,
+        "grid": [2, 2],
+        "k_best": 2,
+        "expert": {"kind": "ffn", "hidden": 32, "inner": 64},
+    }
+    fields.update(model)
+    return parse_manifest({"project": {"name": "t"}, "model": fields, "weights": {"seed": 3}})
+
+
+def local_model(m: Manifest, seed: int = 0) -> CharLanguageModel:
+    section = m.model
+    spec = section.expert.spec()
+    return build_model(
+        section,
+        lambda _i, grid: LocalMixtureOfExperts(
+            in_features=section.hidden, grid=grid, spec=spec, k_best=section.k_best, weights_seed=3
+        ),
+        seed=seed,
+    )
+
+
+def test_no_position_sees_later_tokens():
+    model = local_model(manifest()).eval()
+    tokens = torch.randint(0, 256, (3, 16))
+    changed = tokens.clone()
+    changed[:, 10:] = torch.randint(0, 256, (3, 6))
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    assert torch.allclose(a[:, :10], b[:, :10], atol=1e-5)
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_the_same_seed_builds_the_same_model_and_a_new_seed_another():
+    m = manifest()
+    one, two, other = local_model(m, 5), local_model(m, 5), local_model(m, 6)
+    for (name, p), q, _r in zip(
+        one.state_dict().items(),
+        two.state_dict().values(),
+        other.state_dict().values(),
+        strict=True,
+    ):
+        assert torch.equal(p, q), name
+    assert any(
+        not torch.equal(p, r) for p, r in zip(one.parameters(), other.parameters(), strict=True)
+    )
+
+
+def test_the_local_reference_starts_from_the_published_expert_weights():
+    m = manifest()
+    model = local_model(m)
+    mixture = model.mixtures[0]
+    assert isinstance(mixture, LocalMixtureOfExperts)
+    spec = m.model.expert.spec()
+    for uid, expert in zip(mixture.uids, mixture.experts, strict=True):
+        published = build_expert(spec, seed=seed_for(3, uid))
+        for p, q in zip(expert.parameters(), published.parameters(), strict=True):
+            assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize(("hidden", "heads"), [(64, 4), (32, 2), (48, 3), (30, 1), (7, 1)])
+def test_attention_heads(hidden, heads):
+    assert attention_heads(hidden) == heads
+    assert hidden % attention_heads(hidden) == 0
+
+
+@pytest.fixture(scope="module")
+def corpus() -> Corpus:
+    return load_corpus(max_bytes=400_000)
+
+
+def test_local_training_lowers_the_loss(corpus):
+    session = TrainingSession(
+        local_model(manifest()), corpus, SessionSettings(project="p", batch_size=16, eval_batches=2)
+    )
+    before = session.evaluate()
+    for _ in range(60):
+        assert session.train_step() is not None
+    after = session.evaluate()
+    assert before > 5.0  # about ln 256 = 5.55 at the start
+    assert after < 0.75 * before
+    assert session.state.initial_loss == before
+    assert session.state.samples == 60 * 16
+
+
+def test_a_checkpoint_resumes_exactly(tmp_path, corpus):
+    settings = SessionSettings(project="p", batch_size=4, eval_batches=1)
+    first = TrainingSession(local_model(manifest()), corpus, settings, tmp_path)
+    first.evaluate()
+    for _ in range(3):
+        first.train_step()
+    first.save()
+    resumed = TrainingSession(local_model(manifest()), corpus, settings, tmp_path)
+    assert resumed.restore()
+    assert resumed.state == first.state
+    for p, q in zip(first.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    # the same next batch and the same optimizer state: the same next step
+    first.train_step()
+    resumed.train_step()
+    for p, q in zip(first.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.allclose(p, q)
+    other = TrainingSession(local_model(manifest()), corpus, SessionSettings(project="q"), tmp_path)
+    assert not other.restore()  # another project's checkpoint is not used
+
+
+def test_sign_flip_and_alie():
+    g = {"w": torch.tensor([1.0, -2.0])}
+    assert torch.equal(sign_flip(g)["w"], torch.tensor([-SIGN_FLIP_SCALE, 2 * SIGN_FLIP_SCALE]))
+    history = [{"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([3.0, 0.0])}]
+    out = alie(history[-1], history, z=1.0)["w"]
+    # mean 2, std sqrt(2) on the first coordinate; nothing to hide in on the second
+    assert torch.allclose(out, torch.tensor([2.0 - 2**0.5, 0.0]))
+    attack = Attack("alie")
+    sums = attack.poison("e", {"w": torch.tensor([4.0, 4.0])}, samples=4)
+    assert torch.allclose(sums["w"], torch.tensor([0.0, 0.0]))  # mean - |mean| at first
+    with pytest.raises(ValueError, match="unknown attack"):
+        Attack("nonsense")
+
+
+@pytest.mark.parametrize(
+    ("rule", "inputs", "kept"),
+    [
+        # three honest inputs near the aggregate and one a thousand times too large
+        (
+            "centered_clip",
+            {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [1.0, 1.0], "x": [-1000.0, -1000.0]},
+            {"a": 1.0, "b": 1.0, "c": 1.0, "x": 0.0005},
+        ),
+        ("mean", {"a": [1.0, 0.0], "x": [-1000.0, 0.0]}, {"a": 1.0, "x": 1.0}),
+        ("median", {"a": [1.0], "b": [2.0], "x": [100.0]}, {"a": 1.0, "b": 1.0, "x": 0.00508}),
+    ],
+)
+def test_influence(rule, inputs, kept):
+    aggregate = (
+        torch.tensor([0.5, 0.5]) if len(next(iter(inputs.values()))) == 2 else torch.tensor([1.5])
+    )
+    got = influence(
+        {k: torch.tensor(v) for k, v in inputs.items()}, aggregate, RobustSettings(rule=rule)
+    )
+    assert got == pytest.approx(kept, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "speed_class"),
+    [(None, 0), (0.002, 0), (0.01, 0), (0.015, 1), (0.03, 2), (0.11, 4), (0.5, 6)],
+)
+def test_latency_classes(seconds, speed_class):
+    assert _speed_class(seconds) == speed_class
+
+
+def test_a_slow_server_is_tried_after_a_fast_one():
+    finder = ExpertFinder(dht=None, project="p", grid=Grid("ffn", (2,)))  # type: ignore[arg-type]
+    fast, slow = (
+        ExpertServerRef(Identity.generate().peer_id),
+        ExpertServerRef(Identity.generate().peer_id),
+    )
+    finder.report_latency(slow, 0.12)
+    finder.report_latency(fast, 0.004)
+    finder.report_latency(fast, 0.006)
+    assert finder.latency(fast.peer_id) == pytest.approx(0.7 * 0.004 + 0.3 * 0.006)
+
+    async def records(_name: str) -> list[tuple[bytes, object]]:
+        return [
+            (ExpertAnnouncement("ffn.0", SERVING, 0, "", 0.0, 64).encode(), s.peer_id)
+            for s in (slow, fast)
+        ]
+
+    finder._records = records  # type: ignore[method-assign,assignment]
+    for _ in range(5):
+        servers = trio.run(finder.servers, "ffn.0")
+        assert [s.peer_id for s in servers] == [fast.peer_id, slow.peer_id]
