@@ -4,12 +4,15 @@ resume exactly; the attacks and the aggregator's influence measure."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import trio
 
 from core.aggregator.robust import RobustSettings, influence
 from core.contrib.attacks import SIGN_FLIP_SCALE, Attack, alie, sign_flip
+from core.errors import UserFacingError
 from core.experts.records import SERVING, ExpertAnnouncement
 from core.experts.registry import build_expert
 from core.experts.uid import Grid
@@ -25,6 +28,7 @@ from core.trainer.model import (
     build_model,
 )
 from core.trainer.session import SessionSettings, TrainingSession
+from core.trainer.train import check_trainer
 from net import Identity
 
 
@@ -203,3 +207,14 @@ def test_a_slow_server_is_tried_after_a_fast_one():
     for _ in range(5):
         servers = trio.run(finder.servers, "ffn.0")
         assert [s.peer_id for s in servers] == [fast.peer_id, slow.peer_id]
+
+
+def test_a_computer_that_is_not_a_trainer_of_the_project_is_told_what_to_do():
+    me, other = Identity.generate(), Identity.generate()
+    signed = SimpleNamespace(
+        project_id="f" * 32,
+        manifest=SimpleNamespace(trainers=[SimpleNamespace(key=other.public_key.hex())]),
+    )
+    check_trainer(signed, other)  # type: ignore[arg-type]
+    with pytest.raises(UserFacingError, match=r"add it to the manifest's \[\[trainers\]\]"):
+        check_trainer(signed, me)  # type: ignore[arg-type]
