@@ -271,7 +271,8 @@ async def _run(
         + (f" + {options.attackers} attackers ({options.attack})" if options.attackers else "")
         + (f", {options.slow} behind {options.slow_ms:.0f} ms links" if options.slow else "")
         + (", churn" if options.churn else "")
-        + f"; {options.steps} steps; every process's files in {swarm.root}"
+        + f"; {options.steps} steps; every process's files and log in {swarm.root}"
+        + ("" if options.workdir else " (removed at the end; --workdir keeps them)")
     )
     starting = Progress(
         TextColumn("{task.description}"),
