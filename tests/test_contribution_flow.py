@@ -67,6 +67,13 @@ async def test_gradients_travel_from_trainer_through_volunteer_to_a_new_version(
                 SenderConfig(project=PROJECT, every_samples=8, every_seconds=0.5),
             ).run
         )
+        flushed_with_device_held: list[bool] = []
+
+        async def flush_holding_the_device(uid: str) -> None:
+            # no backward pass may add old-version receipts between the flush and the swap
+            flushed_with_device_held.append(server.device.borrowed_tokens == 1)
+            await sender.flush(uid)
+
         puller = WeightsPuller(
             volunteer,
             PROJECT,
@@ -74,7 +81,7 @@ async def test_gradients_travel_from_trainer_through_volunteer_to_a_new_version(
             [aggregator.identity.public_key],
             ChunkStore(tmp_path / "vol-chunks"),
             server.device,
-            before_swap=sender.flush,
+            before_swap=flush_holding_the_device,
         )
         caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
         remote = RemoteExpert(
@@ -102,6 +109,7 @@ async def test_gradients_travel_from_trainer_through_volunteer_to_a_new_version(
             while not await puller.check(UID):
                 await trio.sleep(0.2)
         assert backend.version == 1
+        assert flushed_with_device_held == [True]
         assert backend.sha256 == core.weights_sha256(UID)
         newest = await puller.newest(UID)
         assert newest is not None

@@ -116,9 +116,11 @@ class WeightsPuller:
         module = await trio.to_thread.run_sync(_load, backend, blob)
         if backend.sha256_of(module) != record.sha256:
             raise FetchError(f"version {record.version} of {uid} has other weights than announced")
-        if self.before_swap is not None:
-            await self.before_swap(uid)
         async with self.device:  # between batches
+            # flushed while holding the device: no backward pass can add gradients (and
+            # receipts) of the old version between the flush and the swap
+            if self.before_swap is not None:
+                await self.before_swap(uid)
             backend.replace_weights(module, record.version)
         self.swaps += 1
         log.info("%s: now at version %d", uid, record.version)
