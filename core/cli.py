@@ -316,6 +316,9 @@ def owner_train(
         typer.Option(help="Checkpoints (default: <data dir>/trainer/<project>); reused to resume."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    device: Annotated[
+        str, typer.Option(help="Trainer-side layers on: auto (a GPU if any), cpu, cuda[:N].")
+    ] = "auto",
     listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
@@ -337,6 +340,7 @@ def owner_train(
         eval_every=eval_every,
         checkpoint_every=checkpoint_every,
         max_data_bytes=int(max_data_mb * 1024 * 1024),
+        device=device,
     )
     run = partial(
         run_trainer,

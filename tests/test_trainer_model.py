@@ -4,6 +4,7 @@ resume exactly; the attacks and the aggregator's influence measure."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -28,7 +29,7 @@ from core.trainer.model import (
     build_model,
 )
 from core.trainer.session import SessionSettings, TrainingSession
-from core.trainer.train import check_trainer
+from core.trainer.train import check_trainer, resolve_device
 from net import Identity
 
 
@@ -218,3 +219,23 @@ def test_a_computer_that_is_not_a_trainer_of_the_project_is_told_what_to_do():
     check_trainer(signed, other)  # type: ignore[arg-type]
     with pytest.raises(UserFacingError, match=r"add it to the manifest's \[\[trainers\]\]"):
         check_trainer(signed, me)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the table is for a machine without CUDA")
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("auto", "cpu"),
+        ("cpu", "cpu"),
+        ("cuda", "torch sees no CUDA GPU"),
+        ("cuda:1", "torch sees no CUDA GPU"),
+        ("nonsense", "--device 'nonsense'"),
+        ("meta", "use auto, cpu or cuda"),
+    ],
+)
+def test_the_trainer_device(name, expected):
+    if expected == "cpu":
+        assert resolve_device(name) == "cpu"
+        return
+    with pytest.raises(UserFacingError, match=re.escape(expected)):
+        resolve_device(name)

@@ -126,6 +126,7 @@ class RemoteMixtureOfExperts(nn.Module):
         coords = torch.tensor(
             [[_coords(u) for u in uids] + [pad] * (k - len(uids)) for uids in plan.uids],
             dtype=torch.long,
+            device=x.device,
         ).view(batch, k, len(self.grid.shape))
         chosen = sum(p.gather(1, coords[:, :, d]) for d, p in enumerate(per_dim))
         assert isinstance(chosen, torch.Tensor)

@@ -119,7 +119,11 @@ class LocalMixtureOfExperts(nn.Module):
             build_expert(spec, seed=seed_for(weights_seed, uid)) for uid in self.uids
         )
         self._index = {uid: i for i, uid in enumerate(self.uids)}
-        self._coords = torch.tensor([uid.coords for uid in grid])
+        # a buffer, so that it moves with the module to the trainer's device
+        self._coords: torch.Tensor
+        self.register_buffer(
+            "_coords", torch.tensor([uid.coords for uid in grid]), persistent=False
+        )
         self._alive = _full_grid(grid)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,7 +137,7 @@ class LocalMixtureOfExperts(nn.Module):
                 advance_beams(b, scores[d][i], self._alive, self.k_best, last=d == dims - 1)
                 for i, b in enumerate(beams)
             ]
-        chosen = torch.tensor([[self._index[uid] for uid, _ in b] for b in beams])
+        chosen = torch.tensor([[self._index[uid] for uid, _ in b] for b in beams], device=x.device)
         coords = self._coords[chosen]
         gate = sum(p.gather(1, coords[:, :, d]) for d, p in enumerate(per_dim))
         assert isinstance(gate, torch.Tensor)

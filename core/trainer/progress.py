@@ -57,7 +57,8 @@ class TrainingProgress:
             self.console.print(
                 f"project {event['name']} ({event['project']}): "
                 f"{event['data_bytes'] / 1e6:.1f} MB of text from {event['files']} files "
-                f"({event['data']})" + (f"; resuming at step {resumed}" if resumed else "")
+                f"({event['data']}); trainer-side layers on {event['device']}"
+                + (f"; resuming at step {resumed}" if resumed else "")
             )
             self.progress.update(
                 self.task, total=event["steps"], completed=resumed or 0, status="first evaluation"

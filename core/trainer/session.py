@@ -39,6 +39,8 @@ class SessionSettings:
     #: trainer-side gradients are clipped to this norm (the first steps of a fresh model
     #: can be large)
     clip_norm: float = 1.0
+    #: where the trainer-side layers compute ("cpu", "cuda", "cuda:1"); experts are remote
+    device: str = "cpu"
 
 
 @dataclass
@@ -60,7 +62,8 @@ class TrainingSession:
         settings: SessionSettings,
         checkpoints: Path | None = None,
     ) -> None:
-        self.model = model
+        self.device = torch.device(settings.device)
+        self.model = model.to(self.device)
         self.corpus = corpus
         self.settings = settings
         self.context = model.context
@@ -80,6 +83,7 @@ class TrainingSession:
         x, y = sample_batch(
             self.corpus.train, self.settings.batch_size, self.context, self.generator
         )
+        x, y = x.to(self.device), y.to(self.device)
         self.model.train()
         started = time.perf_counter()
         try:
@@ -105,6 +109,7 @@ class TrainingSession:
         try:
             with torch.no_grad():
                 for x, y in self._eval:
+                    x, y = x.to(self.device), y.to(self.device)
                     total += float(language_model_loss(self.model(x), y))
         except (MoEError, ExpertCallError) as exc:
             log.warning("evaluation failed: %s", exc)

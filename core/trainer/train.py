@@ -63,6 +63,25 @@ class TrainerOptions:
     timeout_after_k_min: float = 0.5
     #: give up when no step has succeeded for this long (no volunteers serve the project)
     patience_s: float = 600.0
+    #: where the trainer-side layers run: "auto" (a GPU when torch sees one), "cpu", "cuda:0"
+    device: str = "auto"
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` -> "cuda" when torch sees a GPU, else "cpu"; other names are checked."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise UserFacingError(f"--device {name!r}: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserFacingError(f"--device {name}: torch sees no CUDA GPU here (a CPU-only build?)")
+    if device.type not in ("cpu", "cuda"):
+        raise UserFacingError(f"--device {name}: use auto, cpu or cuda[:N]")
+    return str(device)
 
 
 def check_trainer(signed: SignedManifest, identity: Identity) -> None:
@@ -138,6 +157,7 @@ async def run_trainer(
                 learning_rate=options.learning_rate,
                 eval_batches=options.eval_batches,
                 seed=options.seed,
+                device=resolve_device(options.device),
             ),
             options.workdir / "checkpoints",
         )
@@ -153,6 +173,7 @@ async def run_trainer(
                 "resumed_at_step": session.state.step if resumed else None,
                 "steps": options.steps,
                 "peer": str(peer.peer_id),
+                "device": str(session.device),
             }
         )
         stop = trio.Event()
