@@ -256,3 +256,22 @@ async def test_hostile_dht_requests_get_bad_request_and_the_peer_keeps_serving()
                 await attacker.rpc.call(victim.host.peer_id, method, meta, tensors)
         await attacker.dht.put("/moehome/demo/after", b"still fine", ttl=60)
         assert [r.value for r in await victim.dht.get("/moehome/demo/after")] == [b"still fine"]
+
+
+async def test_a_get_that_finds_nothing_looks_wider_before_giving_up():
+    async with open_swarm(3) as swarm:
+        reader = swarm.peers[-1]
+        widths: list[int] = []
+        lookup = reader.dht._lookup
+
+        async def spy(target: int, **kw: Any) -> Any:
+            widths.append(kw["width"])
+            return await lookup(target, **kw)
+
+        reader.dht._lookup = spy  # type: ignore[method-assign]
+        await swarm.peers[0].dht.put("/moehome/demo/here", b"x", ttl=60)
+        assert [r.value for r in await reader.dht.get("/moehome/demo/here")] == [b"x"]
+        assert widths == [reader.dht.config.replicas]
+        widths.clear()
+        assert await reader.dht.get("/moehome/demo/nowhere") == []
+        assert widths == [reader.dht.config.replicas, reader.dht.config.k]

@@ -205,6 +205,10 @@ class DhtNode:
         found: dict[bytes, SignedRecord] = {}
         self._merge(self.store.get(key, self._clock_ms()), key, found)
         await self._lookup(key_id_of(key), width=self.config.replicas, key=key, found=found)
+        if not found and self.config.k > self.config.replicas:
+            # peers that joined after the record was stored may now be the closest to its
+            # key without holding it: look wider before saying there is none
+            await self._lookup(key_id_of(key), width=self.config.k, key=key, found=found)
         return sorted(found.values(), key=lambda r: r.timestamp_ms, reverse=True)
 
     async def announcers(self, key: str) -> dict[PeerID, SignedRecord]:
