@@ -84,8 +84,13 @@ class SwarmHost:
         return self._host
 
     def listen_addrs(self) -> list[str]:
-        """Addresses we listen on, without the /p2p/ part (what peers store for us)."""
-        return [str(a) for a in self._host.get_transport_addrs()]
+        """Addresses we listen on, without the /p2p/ part (what peers store for us);
+        none once the host stopped (libp2p then fails on the closed listening socket, and a
+        task still announcing must get an RPC error, not a crash)."""
+        try:
+            return [str(a) for a in self._host.get_transport_addrs()]
+        except OSError:
+            return []
 
     def addrs(self) -> list[str]:
         """Full addresses to give to others, e.g. as bootstrap peers."""
