@@ -846,6 +846,7 @@ def demo(
     """Train a small language model on a local swarm: a bootstrap peer, the owner
     publishing a project, an aggregator, volunteer nodes and a trainer, each its own
     process on 127.0.0.1. Live progress, then a summary. Ctrl-C stops everything."""
+    from core.aggregator.robust import RULES
     from core.contrib.attacks import ATTACKS
     from core.demo import DemoOptions, print_summary, run_demo
 
@@ -855,9 +856,8 @@ def demo(
     if slow > volunteers:
         typer.echo("error: --slow cannot exceed --volunteers", err=True)
         raise typer.Exit(2)
-    rules = ("centered_clip", "median", "trimmed_mean", "mean")
-    if rule not in rules:
-        typer.echo(f"error: --rule must be one of {', '.join(rules)}", err=True)
+    if rule not in RULES:
+        typer.echo(f"error: --rule must be one of {', '.join(RULES)}", err=True)
         raise typer.Exit(2)
     options = DemoOptions(
         volunteers=volunteers,

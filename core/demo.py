@@ -38,8 +38,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from core.errors import UserFacingError
-from core.trainer.progress import loss_text
-from net.identity import load_or_create
+from core.trainer.progress import TrainingProgress, loss_text
+from net.identity import load_or_create, peer_id_from_public_key
 
 log = logging.getLogger(__name__)
 
@@ -407,20 +407,11 @@ async def _follow_trainer(
     events: list[dict[str, Any]] = []
     summary: dict[str, Any] | None = None
     churned = False
-    progress = Progress(
-        TextColumn("training"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
     assert trainer.popen.stdout is not None
     async with trio.open_nursery() as nursery:
         if handle_signals:
             nursery.start_soon(_forward_ctrl_c, trainer, console)
-        with progress:
-            task = progress.add_task("train", total=options.steps, status="first evaluation")
+        with TrainingProgress(console) as show:
             while True:
                 line = await trio.to_thread.run_sync(
                     trainer.popen.stdout.readline, abandon_on_cancel=True
@@ -433,28 +424,18 @@ async def _follow_trainer(
                     continue
                 events.append(event)
                 kind = event.get("event")
-                if kind == "progress":
-                    progress.update(
-                        task,
-                        completed=event["step"],
-                        status=(
-                            f"loss {loss_text(event['loss'])}  "
-                            f"{event['samples_per_s']:.1f} samples/s  "
-                            f"{event['volunteers']} volunteers answering  "
-                            f"versions {event['version_min']}-{event['version_max']}"
-                        ),
-                    )
-                    if options.churn and not churned and event["step"] >= options.steps // 3:
-                        churned = True
-                        nursery.start_soon(_churn, swarm, volunteers, start_volunteer, console)
-                elif kind == "eval":
-                    console.print(
-                        f"step {event['step']}: validation loss {loss_text(event['loss'])}"
-                    )
-                elif kind == "waiting":
-                    progress.update(task, status="waiting for volunteers to serve the experts")
-                elif kind == "summary":
+                if kind == "summary":  # the demo prints its own, with the volunteers
                     summary = event
+                    continue
+                show(event)
+                if (
+                    kind == "progress"
+                    and options.churn
+                    and not churned
+                    and event["step"] >= options.steps // 3
+                ):
+                    churned = True
+                    nursery.start_soon(_churn, swarm, volunteers, start_volunteer, console)
         nursery.cancel_scope.cancel()
     code = await trio.to_thread.run_sync(trainer.popen.wait)
     if summary is None:
@@ -504,8 +485,6 @@ def _demo_summary(
         for reason, n in agg.get("rejected", {}).items():
             rejected[reason] = rejected.get(reason, 0) + int(n)
         contributors.update(agg.get("contributors", {}))
-    from net.identity import peer_id_from_public_key
-
     volunteers = []
     answered = trained.get("answered_by", {})
     for p in procs:

@@ -15,7 +15,7 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication, QPushButton, QWidget
 
 from app.dashboard import DashboardWindow
-from app.limits import LimitsDialog
+from app.limits import DEFAULTS, LimitsDialog
 from app.link import NodeLink
 from app.tray import Tray
 
@@ -112,17 +112,10 @@ def main(out: Path) -> None:
 
         limits = LimitsDialog(
             {
-                "idle_only": True,
-                "idle_minutes": 3.0,
-                "pause_above_c": 83.0,
-                "resume_below_c": 75.0,
-                "cpu_pause_above_c": 90.0,
-                "cpu_resume_below_c": 80.0,
+                **DEFAULTS,  # and a volunteer's own choices, so that every widget shows one
                 "duty_cycle": 0.8,
                 "schedule": [{"days": ["mon", "tue", "wed"], "start": "18:00", "end": "08:00"}],
-                "pause_on_battery": True,
                 "exclusive_apps": ["steam.exe", "obs"],
-                "gpus": "all",
                 "memory_cap_gb": 6.0,
             },
             lambda changes: ["resume_below_c: resume_below_c (90.0) must be below pause_above_c"],

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
 from PySide6.QtCore import Qt, QTime
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -24,7 +20,6 @@ from PySide6.QtWidgets import (
 from app.dashboard import DASH, MAX_EVENTS, DashboardWindow
 from app.limits import DEFAULTS, LimitsDialog, ScheduleEditor
 
-ROOT = Path(__file__).resolve().parent.parent
 W = TypeVar("W", bound=QWidget)
 
 PREFERENCES = {
@@ -416,17 +411,3 @@ def test_dashboard_lists_events_newest_first(qtbot):
     window.add_events([{"id": i, "kind": "preferences"} for i in range(10, 10 + MAX_EVENTS)])
     assert events.count() == MAX_EVENTS
     assert events.item(0).text() == "Preferences changed"
-
-
-@pytest.mark.parametrize("module", ["app.limits", "app.dashboard"])
-def test_widgets_import_neither_torch_nor_trio(module):
-    code = f"import {module}, sys; print('torch' in sys.modules, 'trio' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert out.stdout.split() == ["False", "False"]

@@ -16,9 +16,9 @@ from core.contrib.sender import ContributionSender, SenderConfig
 from core.experts.backend import ExpertBackend
 from core.experts.server import ExpertServer
 from core.project.chunks import ChunkStore
+from core.project.distribution import aggregator_peers
 from core.project.manifest import Manifest
 from net import Peer
-from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +39,11 @@ async def start_contributing(
     if not keys:
         log.warning("project %s lists no aggregators: gradients are not sent anywhere", project)
         return None
-    for entry in manifest.aggregators:  # where the owner says each aggregator listens
-        if entry.addrs:
-            peer.host.remember(
-                peer_id_from_public_key(bytes.fromhex(entry.key)),
-                [a.split("/p2p/")[0] for a in entry.addrs],
-            )
     sender: ContributionSender = await nursery.start(
         ContributionSender(
             peer,
             backends,
-            [peer_id_from_public_key(k) for k in keys],
+            aggregator_peers(peer, manifest),
             SenderConfig(
                 project=project,
                 every_samples=manifest.training.contribution_samples,

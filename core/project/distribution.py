@@ -14,6 +14,7 @@ import trio
 
 from core.errors import UserFacingError
 from core.project.chunks import ChunkStore, WeightsIndex, is_hash, sha256_hex
+from core.project.manifest import Manifest
 from core.project.pins import PinStore
 from core.project.records import (
     DIRECTORY_KEY,
@@ -26,6 +27,7 @@ from core.project.signed import ManifestRejected, SignedManifest
 from net import BadRequest, CallContext, DhtError, Peer, Reply, RpcError, Tensor
 from net._libp2p import PeerID
 from net.dht.records import RecordRejected
+from net.identity import peer_id_from_public_key
 from net.wire import pack
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,18 @@ async def find_manifest(peer: Peer, project_id: str, pins: PinStore) -> SignedMa
         detail = "; ".join(problems[:3]) if problems else "no record in the DHT"
         raise ProjectNotFound(f"no valid manifest for project {project_id}: {detail}")
     return best
+
+
+def aggregator_peers(peer: Peer, manifest: Manifest) -> list[PeerID]:
+    """The manifest's aggregators as peer ids, in its order; the addresses it lists for
+    them go into the peerstore, so that they can be dialled without a lookup."""
+    out = []
+    for entry in manifest.aggregators:
+        agg = peer_id_from_public_key(bytes.fromhex(entry.key))
+        if entry.addrs:
+            peer.host.remember(agg, [a.split("/p2p/")[0] for a in entry.addrs])
+        out.append(agg)
+    return out
 
 
 class WeightsFetcher:

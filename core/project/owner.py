@@ -14,7 +14,7 @@ import trio
 from core.experts.records import SERVING, ExpertAnnouncement, expert_key
 from core.files import replace_file
 from core.paths import config_dir
-from core.project.distribution import find_manifest
+from core.project.distribution import aggregator_peers, find_manifest
 from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError, fingerprint
 from core.project.pins import PinStore
 from core.project.records import ProviderAnnouncement, providers_key, rotation_key
@@ -134,13 +134,9 @@ async def aggregator_statistics(peer: Peer, manifest: Any) -> list[dict[str, Any
     could not be asked."""
     from core.aggregator.service import STATS
     from net import RpcError
-    from net.identity import peer_id_from_public_key
 
     out: list[dict[str, Any]] = []
-    for entry in manifest.aggregators:
-        agg = peer_id_from_public_key(bytes.fromhex(entry.key))
-        if entry.addrs:
-            peer.host.remember(agg, [a.split("/p2p/")[0] for a in entry.addrs])
+    for entry, agg in zip(manifest.aggregators, aggregator_peers(peer, manifest), strict=True):
         item: dict[str, Any] = {"key": entry.key, "peer": str(agg)}
         try:
             item.update((await peer.rpc.call(agg, STATS, timeout=5)).meta)

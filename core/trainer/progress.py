@@ -69,7 +69,7 @@ class TrainingProgress:
                 completed=event["step"],
                 status=(
                     f"loss {loss_text(event['loss'])}  {event['samples_per_s']:.1f} samples/s  "
-                    f"{event['volunteers']} volunteers  "
+                    f"{event['volunteers']} volunteers answering  "
                     f"versions {event['version_min']}-{event['version_max']}"
                 ),
             )
