@@ -9,7 +9,12 @@ lives here or next to the code that needs it, so no caller meets them:
   is 1: :func:`connection_config` sets it;
 * ``read_exactly`` gives up after 100 partial reads (fails above ~4-8 MiB) and Yamux resets a
   stream whose reader stalls for 5 s: net/ never uses libp2p's msgio helpers, and reads every
-  frame eagerly with its own loop (see :mod:`net.wire`).
+  frame eagerly with its own loop (see :mod:`net.wire`);
+* a Yamux frame written while its task is cancelled (a call's deadline) may leave half a
+  Noise message on the socket, which kills the connection and every stream on it: frames
+  are written whole below (:func:`_write_frames_whole`);
+* inbound connections leak their admission slot and libp2p's resource manager counts
+  leak with them: :mod:`net.inbound` replaces both.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import os
 # a profiler). Read at call time by libp2p, so setting it before any stream exists is enough.
 os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
 
+import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import Ed25519PrivateKey as _LibP2PPrivateKey
 from libp2p.crypto.ed25519 import Ed25519PublicKey as LibP2PPublicKey
@@ -31,6 +37,8 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.peer.id import ID as PeerID  # noqa: N811 - libp2p's name for the type
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.stream_muxer.exceptions import MuxedConnUnavailable
+from libp2p.stream_muxer.yamux.yamux import Yamux
 
 
 def _reconnect_libp2p_logging() -> None:
@@ -48,6 +56,42 @@ def _reconnect_libp2p_logging() -> None:
 
 
 _reconnect_libp2p_logging()
+
+#: The longest one Yamux frame (at most 256 KiB) may take to leave: a peer that stops
+#: reading its socket for this long loses the connection.
+FRAME_WRITE_SECONDS = 30.0
+
+
+def _write_frames_whole() -> None:
+    """Make every Yamux frame go out whole, whatever cancels the task writing it.
+
+    ``trio.SocketStream.send_all`` cancelled midway leaves part of the data sent; with
+    Noise on top, the peer then fails to decrypt everything after it (measured: a call
+    cancelled while writing a 2 MiB request broke the connection; the next call to that
+    peer failed with "connection reset"). A frame is now written shielded, within
+    FRAME_WRITE_SECONDS; past that the connection is closed, since half a frame may be on
+    the wire."""
+    original = Yamux._write_frame
+    if getattr(original, "_moehome_whole", False):
+        return
+
+    async def write_frame_whole(self: Yamux, data: bytes) -> None:
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + FRAME_WRITE_SECONDS
+            await original(self, data)
+        if scope.cancelled_caught:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                try:
+                    await self.secured_conn.close()
+                except Exception as exc:  # noqa: BLE001 - closing a broken connection
+                    logging.getLogger(__name__).debug("closing a stuck connection: %s", exc)
+            raise MuxedConnUnavailable(f"a frame took over {FRAME_WRITE_SECONDS:g} s to send")
+
+    write_frame_whole._moehome_whole = True  # type: ignore[attr-defined]
+    Yamux._write_frame = write_frame_whole  # type: ignore[method-assign]
+
+
+_write_frames_whole()
 
 __all__ = [
     "ConnectionConfig",

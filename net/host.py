@@ -23,7 +23,9 @@ from net._libp2p import (
     info_from_p2p_addr,
     new_host,
 )
+from net.admission import AdmissionLimits, AdmissionStatistics
 from net.identity import Identity
+from net.inbound import InboundGate, StreamGate, StreamLimits
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ class SwarmHost:
         listen: Sequence[str] = DEFAULT_LISTEN,
         *,
         dial_timeout: float = 10.0,
+        admission: AdmissionLimits | None = None,
+        streams: StreamLimits | None = None,
     ) -> None:
         self.identity = identity
         self._listen = [multiaddr.Multiaddr(a) for a in listen]
@@ -71,8 +75,17 @@ class SwarmHost:
         # One dial attempt per call of ours: connect() below owns retries and deadlines
         # (libp2p's own retries, 4 tries over ~0.7 s, would hide inside every call).
         network = self._host.get_network()
-        if isinstance(network, Swarm):
-            network.retry_config = RetryConfig(max_retries=0)
+        if not isinstance(network, Swarm):
+            raise TypeError(f"libp2p gave a {type(network).__name__}, not its Swarm")
+        network.retry_config = RetryConfig(max_retries=0)
+        # Inbound connections are admitted by our gate (net/inbound.py: libp2p's leaked
+        # a slot per connection and let idle sockets hold every slot).
+        self._gate = InboundGate(network, admission)
+        self._gate.install()
+        # Every inbound stream, ours and libp2p's own, passes a gate: bounded per peer,
+        # and no error a peer provokes in a handler reaches the swarm's nursery.
+        self.streams = StreamGate(network, streams)
+        self.streams.install()
         self._running = False
 
     @property
@@ -82,6 +95,10 @@ class SwarmHost:
     @property
     def libp2p_host(self) -> Any:
         return self._host
+
+    def admission_statistics(self) -> AdmissionStatistics:
+        """Inbound handshakes and connections: started, evicted, timed out, open."""
+        return self._gate.statistics()
 
     def listen_addrs(self) -> list[str]:
         """Addresses we listen on, without the /p2p/ part (what peers store for us);

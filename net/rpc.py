@@ -32,7 +32,10 @@ import trio
 from libp2p.exceptions import BaseLibp2pError
 
 from net._libp2p import PeerID
+from net.admission import source_of
+from net.budget import BudgetLimits, SharedBudget
 from net.host import DialError, SwarmHost
+from net.logs import ThrottledLog
 from net.ratelimit import Admission, PeerRateLimiter, RateLimits
 from net.wire import (
     KIND_REQUEST,
@@ -47,6 +50,7 @@ from net.wire import (
     Request,
     Response,
     StreamClosedEarly,
+    StreamStalled,
     Tensor,
     build_request,
     build_response,
@@ -176,16 +180,24 @@ class RpcConfig:
     default_timeout: float = 30.0
     #: Server: handlers of one peer running at once; more get ``Overloaded``.
     max_inflight_per_peer: int = 64
-    #: Server: request payloads held in memory at once, all peers together; requests
-    #: beyond it get ``Overloaded`` before their payload is read into memory.
+    #: Server: request payloads held in memory at once, all peers together. Memory is
+    #: taken as bytes arrive; a request that would pass its share gets ``Overloaded``.
     max_buffered_bytes: int = 1024 * MiB
+    #: Server: the share of that one peer, and one source address (a crowd of
+    #: identities from one address shares one share), may hold. None: a quarter.
+    max_buffered_per_peer: int | None = None
+    max_buffered_per_source: int | None = None
     #: Server: the longest a handler may run, whatever the caller asked.
     max_handler_seconds: float = 600.0
     #: Server: an inbound stream with no new request for this long is closed.
     server_idle_seconds: float = 300.0
-    #: Server: after refusing an oversized frame, read and drop at most this much of it so
-    #: that the sender can finish writing and read the refusal.
-    max_drain_bytes: int = 1024 * MiB
+    #: Server: once a request has begun, a gap this long without a byte resets the
+    #: stream, and its payload must arrive at least this fast (plus one gap).
+    stall_seconds: float = 20.0
+    min_upload_bytes_per_second: float = 128 * 1024
+    #: Server: a refused request's payload is read and dropped up to this size, so that
+    #: the sender can finish writing and read the refusal; larger ones are reset.
+    max_discard_bytes: int = 4 * MiB
     #: Client: streams to one peer at once (calls beyond wait for a free one).
     max_streams_per_peer: int = 64
     #: Client: idle streams kept per peer, and for how long.
@@ -234,7 +246,15 @@ class RpcService:
         self._pools: dict[PeerID, _PeerPool] = {}
         self._limiter: PeerRateLimiter[PeerID] = PeerRateLimiter(self.config.rate_limits)
         self._inflight: defaultdict[PeerID, int] = defaultdict(int)
-        self._buffered_bytes = 0
+        total = self.config.max_buffered_bytes
+        self._budget: SharedBudget[PeerID] = SharedBudget(
+            BudgetLimits(
+                total,
+                self.config.max_buffered_per_peer or total // 4,
+                self.config.max_buffered_per_source or total // 4,
+            )
+        )
+        self._log = ThrottledLog(log)
         self._next_sweep = 0.0
         self._serving: set[trio.CancelScope] = set()
         self.stats = RpcStatistics()
@@ -354,13 +374,12 @@ class RpcService:
                 ok = False
                 try:
                     try:
-                        await write_frame(entry.stream, encode_request(request))
-                    except (BaseLibp2pError, OSError) as exc:
+                        response, complete = await self._exchange(entry, request, peer_id)
+                    except _WriteFailed as exc:
                         if reused and attempt == 1:
                             continue
-                        raise PeerUnreachable(f"{method} on {peer_id}: {exc}") from exc
-                    response = await self._read_response(entry, request_id, peer_id)
-                    ok = not response.meta.get("fatal")
+                        raise PeerUnreachable(f"{method} on {peer_id}: {exc.__cause__}") from exc
+                    ok = complete and not response.meta.get("fatal")
                 finally:
                     if ok:
                         await self._checkin(pool, entry)
@@ -370,6 +389,40 @@ class RpcService:
                     raise remote_error(response.error)
                 return Reply(response.meta, response.tensors)
         raise AssertionError("unreachable")
+
+    async def _exchange(
+        self, entry: _PooledStream, request: Request, peer_id: PeerID
+    ) -> tuple[Response, bool]:
+        """Write the request and read the response: (response, whether the request was
+        written whole). A large request is written while the response is awaited, so a
+        server that refuses it from its header (memory, rate) is heard at once and the
+        rest is never sent. Raises _WriteFailed when the request could not be written."""
+        pieces = encode_request(request)
+        if sum(t.nbytes for t in request.tensors) <= _COALESCE_LIMIT:
+            try:
+                await write_frame(entry.stream, pieces)
+            except (BaseLibp2pError, OSError) as exc:
+                raise _WriteFailed from exc
+            return await self._read_response(entry, request.request_id, peer_id), True
+        written = False
+        failure: BaseException | None = None
+
+        async def write(done: trio.CancelScope) -> None:
+            nonlocal written, failure
+            try:
+                await write_frame(entry.stream, pieces)
+                written = True
+            except (BaseLibp2pError, OSError) as exc:
+                failure = exc
+                done.cancel()  # nothing more will come: stop waiting for a response
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write, nursery.cancel_scope)
+            response = await self._read_response(entry, request.request_id, peer_id)
+            nursery.cancel_scope.cancel()  # an early answer: the rest is not wanted
+        if failure is not None and not written:
+            raise _WriteFailed from failure
+        return response, written
 
     async def _close_stale_streams(self) -> None:
         """Close idle streams past their time, and forget peers left with none. Runs from
@@ -440,50 +493,67 @@ class RpcService:
 
     # ---- server side
 
+    def buffered_bytes(self) -> int:
+        """Request payload bytes held right now, all peers together."""
+        return self._budget.used
+
     async def _serve_stream(self, stream: Any) -> None:
         peer_id: PeerID = stream.muxed_conn.peer_id
+        source = source_of(_remote_host(stream))
         reader = FrameReader(stream, self.config.limits)
         with trio.CancelScope() as scope:
             self._serving.add(scope)
             try:
-                await self._serve_requests(stream, reader, peer_id)
+                await self._serve_requests(stream, reader, peer_id, source)
             except (BaseLibp2pError, OSError) as exc:
                 log.debug("rpc stream from %s ended: %s", peer_id, exc)
+                await _reset_quietly(stream)
+            except Exception as exc:  # noqa: BLE001 - last resort: one stream, never the node
+                self.stats.rejected["internal"] += 1
+                self._log.log(
+                    logging.ERROR,
+                    f"internal:{type(exc).__name__}",
+                    "rpc stream from %s failed: %r",
+                    peer_id,
+                    exc,
+                    exc_info=True,
+                )
                 await _reset_quietly(stream)
             finally:
                 self._serving.discard(scope)
         if scope.cancelled_caught:
             await _reset_quietly(stream)
 
-    async def _serve_requests(self, stream: Any, reader: FrameReader, peer_id: PeerID) -> None:
+    async def _serve_requests(
+        self, stream: Any, reader: FrameReader, peer_id: PeerID, source: str
+    ) -> None:
+        config = self.config
         while True:
             try:
-                with trio.fail_after(self.config.server_idle_seconds):
-                    header = await reader.read_header()
-                    if header is None:
-                        await _close_quietly(stream)
+                with trio.move_on_after(config.server_idle_seconds) as idle:
+                    header = await reader.read_header(stall_seconds=config.stall_seconds)
+                if idle.cancelled_caught:
+                    await _close_quietly(stream)
+                    return
+                if header is None:
+                    await _close_quietly(stream)
+                    return
+                if header.kind != KIND_REQUEST:
+                    raise FrameError("expected a request", header.request_id)
+                refusal = self._admit(peer_id, header)
+                if refusal is not None:
+                    if not await self._refuse_request(stream, reader, header, refusal):
                         return
-                    if header.kind != KIND_REQUEST:
-                        raise FrameError("expected a request", header.request_id)
-                    refusal = self._admit(peer_id, header)
-                    if refusal is not None:
-                        # refused before its payload is allocated; skipping it keeps the
-                        # stream in step, so the caller may use it again
-                        await reader.skip_payload(header)
-                        await write_frame(
-                            stream, encode_response(_error(header.request_id, refusal))
-                        )
-                        continue
-                    try:
-                        tensors = await reader.read_payload(header)
-                    except BaseException:
-                        self._release(peer_id, header)
-                        raise
-            except trio.TooSlowError:
-                await _close_quietly(stream)
-                return
+                    continue
+                tensors = await self._read_payload(stream, reader, header, peer_id, source)
+                if tensors is None:
+                    return
             except StreamClosedEarly:
                 self.stats.rejected["truncated"] += 1
+                await _reset_quietly(stream)
+                return
+            except StreamStalled:
+                self.stats.rejected["stalled"] += 1
                 await _reset_quietly(stream)
                 return
             except FrameError as exc:
@@ -492,27 +562,82 @@ class RpcService:
             try:
                 response = await self._dispatch(peer_id, build_request(header, tensors))
             finally:
-                self._release(peer_id, header)
+                self._release(peer_id, source, sum(t.nbytes for t in tensors))
             await write_frame(stream, encode_response(response))
+
+    async def _read_payload(
+        self, stream: Any, reader: FrameReader, header: FrameHeader, peer_id: PeerID, source: str
+    ) -> tuple[Tensor, ...] | None:
+        """The request's payload, its memory reserved as it arrives; None (the stream
+        reset, nothing held) when it would pass the peer's or the source's share, or
+        arrives too slowly."""
+        reserved = 0
+
+        def reserve(nbytes: int) -> None:
+            nonlocal reserved
+            if not self._budget.try_reserve(peer_id, source, nbytes):
+                raise _OverBudget
+            reserved += nbytes
+
+        config = self.config
+        seconds = config.stall_seconds + header.payload_bytes / config.min_upload_bytes_per_second
+        try:
+            with trio.fail_after(seconds):
+                return await reader.read_payload(
+                    header, reserve, stall_seconds=config.stall_seconds
+                )
+        except _OverBudget:
+            self.stats.rejected["memory"] += 1
+            refusal: RemoteError = Overloaded("too much data in flight; retry later")
+        except trio.TooSlowError:
+            self.stats.rejected["stalled"] += 1
+            refusal = DeadlineExceeded(f"payload slower than {seconds:.0f} s")
+        except BaseException:
+            self._release(peer_id, source, reserved)
+            raise
+        # refused mid-payload: nothing is kept, and the stream cannot be resynchronised
+        self._release(peer_id, source, reserved)
+        await self._send_error_quietly(stream, header.request_id, refusal.code, refusal.message)
+        await _reset_quietly(stream)
+        return None
+
+    async def _refuse_request(
+        self, stream: Any, reader: FrameReader, header: FrameHeader, refusal: RemoteError
+    ) -> bool:
+        """Answer a request refused from its header. A small payload is read and dropped
+        (the stream stays usable, and the caller reads the refusal); a large one is not
+        worth reading: the stream is reset. True when the stream goes on."""
+        if header.payload_bytes > self.config.max_discard_bytes:
+            await self._send_error_quietly(stream, header.request_id, refusal.code, refusal.message)
+            await _reset_quietly(stream)
+            return False
+        with trio.fail_after(
+            self.config.stall_seconds
+            + header.payload_bytes / self.config.min_upload_bytes_per_second
+        ):
+            await reader.discard_payload(header, stall_seconds=self.config.stall_seconds)
+        await write_frame(stream, encode_response(_error(header.request_id, refusal)))
+        return True
 
     async def _refuse_frame(self, stream: Any, peer_id: PeerID, exc: FrameError) -> None:
         """No resynchronising inside a broken or oversized frame: answer, let the sender
         finish writing (bounded) so that it can read the answer, then reset the stream."""
         self.stats.rejected[exc.code] += 1
-        log.info("rejecting a frame from %s: %s", peer_id, exc)
+        self._log.log(
+            logging.INFO, f"frame:{exc.code}", "rejecting a frame from %s: %s", peer_id, exc
+        )
         code = TooLarge.code if isinstance(exc, FrameTooLarge) else BadRequest.code
         await self._send_error_quietly(stream, exc.request_id or 0, code, str(exc))
         # Size unknown (broken header): drain until the sender, having read the answer,
-        # resets the stream, within the same bounds.
+        # resets the stream, within the same bounds. Drained bytes are dropped as read.
         declared = exc.declared_bytes if isinstance(exc, FrameTooLarge) else 0
-        drain = declared or self.config.max_drain_bytes
-        if drain <= self.config.max_drain_bytes:
-            await _drain_quietly(stream, drain, seconds=10.0)
+        drain = min(declared or self.config.max_discard_bytes, self.config.max_discard_bytes)
+        await _drain_quietly(stream, drain, seconds=self.config.stall_seconds)
         await _reset_quietly(stream)
 
     def _admit(self, peer_id: PeerID, header: FrameHeader) -> RemoteError | None:
         """Decide from the header alone whether to take a request. When it is taken, its
-        handler slot and payload memory are reserved (see _release)."""
+        handler slot is reserved (see _release); its memory is reserved as it arrives."""
         nbytes = header.payload_bytes
         admission = self._limiter.admit(peer_id, nbytes, trio.current_time())
         if admission is not Admission.ADMIT:
@@ -524,15 +649,18 @@ class RpcService:
         if self._inflight[peer_id] >= self.config.max_inflight_per_peer:
             self.stats.rejected["overloaded"] += 1
             return Overloaded(f"more than {self.config.max_inflight_per_peer} calls in flight")
-        if self._buffered_bytes + nbytes > self.config.max_buffered_bytes:
+        if not self._budget.could_ever_fit(nbytes):
+            self.stats.rejected["too_large"] += 1
+            return TooLarge(f"{nbytes} bytes exceed what one peer may send at once")
+        if self._budget.used + nbytes > self._budget.limits.total:
+            # it may fit later: no memory is held for it now in any case
             self.stats.rejected["memory"] += 1
             return Overloaded("too much data in flight; retry later")
         self._inflight[peer_id] += 1
-        self._buffered_bytes += nbytes
         return None
 
-    def _release(self, peer_id: PeerID, header: FrameHeader) -> None:
-        self._buffered_bytes -= header.payload_bytes
+    def _release(self, peer_id: PeerID, source: str, reserved: int) -> None:
+        self._budget.release(peer_id, source, reserved)
         self._inflight[peer_id] -= 1
         if not self._inflight[peer_id]:
             del self._inflight[peer_id]
@@ -568,6 +696,26 @@ class RpcService:
         with trio.move_on_after(2):
             with contextlib.suppress(BaseLibp2pError, OSError):
                 await write_frame(stream, encode_response(response))
+
+
+#: Requests with more payload than this are written while their response is awaited.
+_COALESCE_LIMIT: Final = 64 * 1024
+
+
+class _WriteFailed(Exception):
+    """A request could not be written (the stream or connection broke)."""
+
+
+class _OverBudget(Exception):
+    """A request's payload would pass its holder's share of the memory budget."""
+
+
+def _remote_host(stream: Any) -> str | None:
+    try:
+        remote = stream.get_remote_address()
+    except (BaseLibp2pError, OSError, AttributeError):
+        return None
+    return str(remote[0]) if remote else None
 
 
 def _error(request_id: int, error: RemoteError) -> Response:

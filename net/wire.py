@@ -10,20 +10,21 @@ tensors, back to back::
 The header declares every tensor's dtype and shape, so the receiver knows the size of
 everything that follows and checks it against its limits *before* it allocates a byte.
 Nothing in a frame is executable: tensors are raw little-endian bytes, the header is plain
-msgpack with extension types refused. This module has no I/O except the two small
-``read_*``/``write_*`` coroutines at the bottom, which work on any object with libp2p's
-stream interface (``read(n)``, ``write(data)``).
+msgpack with extension types refused. This module has no I/O except the reader and writer
+at the bottom, which work on any object with libp2p's stream interface (``read(n)``,
+``write(data)``).
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import msgpack
+import trio
 
 MiB: Final = 1024 * 1024
 MAGIC: Final = b"MH"
@@ -91,6 +92,12 @@ class StreamClosedEarly(FrameError):
     """The stream ended in the middle of a frame."""
 
     code = "truncated"
+
+
+class StreamStalled(FrameError):
+    """The sender stopped sending in the middle of a frame."""
+
+    code = "stalled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,8 +308,9 @@ def _parse_specs(
         if not (isinstance(item, list) and len(item) == 2):
             raise FrameError("tensor spec must be [dtype, shape]", request_id)
         dtype, shape = item
-        if dtype not in DTYPE_SIZES:
-            raise FrameError(f"dtype {dtype!r} is not allowed", request_id)
+        # isinstance first: a list or map is unhashable, and `in` would raise TypeError
+        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+            raise FrameError(f"dtype {str(dtype)[:40]!r} is not allowed", request_id)
         if not isinstance(shape, list) or len(shape) > limits.max_ndim:
             raise FrameError(f"shape must be a list of at most {limits.max_ndim} sizes", request_id)
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
@@ -368,7 +376,13 @@ class FrameReader:
         self._limits = limits
         self._pending = memoryview(b"")
 
-    async def _read_into(self, buf: bytearray | memoryview, *, at_boundary: bool = False) -> bool:
+    async def _read_into(
+        self,
+        buf: bytearray | memoryview,
+        *,
+        at_boundary: bool = False,
+        stall_seconds: float | None = None,
+    ) -> bool:
         """Fill ``buf`` completely. False only at a clean end of stream on a frame boundary.
 
         Reads ask for at least READ_AHEAD_BYTES: a small frame then arrives in one read
@@ -383,10 +397,7 @@ class FrameReader:
             self._pending = self._pending[take:]
             filled = take
         while filled < len(view):
-            try:
-                chunk = await self._stream.read(max(len(view) - filled, READ_AHEAD_BYTES))
-            except EOFError:  # libp2p's StreamEOF derives from it
-                chunk = b""
+            chunk = await self._read_raw(len(view) - filled, stall_seconds)
             if not chunk:
                 if at_boundary and filled == 0:
                     return False
@@ -405,34 +416,75 @@ class FrameReader:
             return None
         return header, await self.read_payload(header)
 
-    async def read_header(self) -> FrameHeader | None:
+    async def read_header(self, *, stall_seconds: float | None = None) -> FrameHeader | None:
         """Prefix and header of the next frame (the payload is still to be read or
-        skipped), or None when the stream ended cleanly between frames."""
+        discarded), or None when the stream ended cleanly between frames. Waiting for a
+        frame to begin has no limit here; once it has begun, a gap of ``stall_seconds``
+        raises StreamStalled."""
         prefix = bytearray(PREFIX_BYTES)
         if not await self._read_into(prefix, at_boundary=True):
             return None
         kind, header_len = parse_prefix(bytes(prefix), self._limits)
         header_bytes = bytearray(header_len)
-        await self._read_into(header_bytes)
+        await self._read_into(header_bytes, stall_seconds=stall_seconds)
         return parse_header(kind, bytes(header_bytes), self._limits)
 
-    async def read_payload(self, header: FrameHeader) -> tuple[Tensor, ...]:
+    async def _read_raw(self, n: int, stall_seconds: float | None) -> bytes:
+        """One read of the stream (b"" at its end); StreamStalled after a silent gap."""
+        with trio.move_on_after(math.inf if stall_seconds is None else stall_seconds):
+            try:
+                return await self._stream.read(max(n, READ_AHEAD_BYTES))
+            except EOFError:  # libp2p's StreamEOF derives from it
+                return b""
+        raise StreamStalled(f"no byte for {stall_seconds:g} s inside a frame")
+
+    async def _read_chunk(self, limit: int, stall_seconds: float | None) -> memoryview:
+        """Up to ``limit`` bytes of what arrives next (at least one byte)."""
+        if self._pending:
+            view = self._pending[:limit]
+            self._pending = self._pending[len(view) :]
+            return view
+        chunk = await self._read_raw(limit, stall_seconds)
+        if not chunk:
+            raise StreamClosedEarly("stream ended inside a payload")
+        view = memoryview(chunk)
+        if len(view) > limit:
+            self._pending = view[limit:]
+            view = view[:limit]
+        return view
+
+    async def read_payload(
+        self,
+        header: FrameHeader,
+        reserve: Callable[[int], None] | None = None,
+        *,
+        stall_seconds: float | None = None,
+    ) -> tuple[Tensor, ...]:
+        """The frame's tensors. Memory is taken as bytes arrive, never as declared: a
+        header may declare 256 MiB and then send nothing. ``reserve(n)`` is called
+        before each ``n`` bytes are kept and may raise to refuse them; a stream silent
+        for ``stall_seconds`` raises StreamStalled."""
         tensors = []
         for dtype, shape, nbytes in header.specs:
-            data = bytearray(nbytes)  # size already checked against the limits
-            await self._read_into(data)
+            data = bytearray()
+            while len(data) < nbytes:
+                chunk = await self._read_chunk(
+                    min(nbytes - len(data), WRITE_CHUNK_BYTES), stall_seconds
+                )
+                if reserve is not None:
+                    reserve(len(chunk))
+                data += chunk
             tensors.append(Tensor(dtype, shape, data))
         return tuple(tensors)
 
-    async def skip_payload(self, header: FrameHeader) -> None:
-        """Read past the payload without keeping it: the stream stays in step, and a
-        refused request costs no memory."""
-        scratch = bytearray(min(header.payload_bytes, WRITE_CHUNK_BYTES))
+    async def discard_payload(
+        self, header: FrameHeader, *, stall_seconds: float | None = None
+    ) -> None:
+        """Read past the payload keeping nothing (each chunk is dropped as it comes):
+        the stream stays in step, and a refused request holds no memory."""
         left = header.payload_bytes
         while left:
-            view = memoryview(scratch)[: min(left, len(scratch))]
-            await self._read_into(view)
-            left -= len(view)
+            left -= len(await self._read_chunk(min(left, WRITE_CHUNK_BYTES), stall_seconds))
 
 
 async def write_frame(stream: ByteStream, pieces: list[bytes | memoryview]) -> None:

@@ -417,20 +417,39 @@ async def test_connect_has_no_fixed_250_ms_dial_delay():
 
 
 async def test_requests_beyond_the_memory_budget_are_refused_before_their_payload_is_read():
-    async with rpc_pair(server_config=RpcConfig(max_buffered_bytes=1 * MiB)) as (client, server):
+    config = RpcConfig(
+        max_buffered_bytes=4 * MiB, max_buffered_per_peer=4 * MiB, max_buffered_per_source=4 * MiB
+    )
+    async with rpc_pair(server_config=config) as (client, server):
+        release = trio.Event()
+
+        async def hold(ctx):
+            await release.wait()
+            return Reply({"n": ctx.request.tensors[0].nbytes})
+
+        server.register("hold", hold)
         server.register("echo", echo)
-        big = bytes(2 * MiB)
-        with pytest.raises(Overloaded, match="too much data"):
-            await client.call(
-                server.host.peer_id, "echo", tensors=[Tensor("uint8", (len(big),), big)]
+        peer = server.host.peer_id
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                client.call, peer, "hold", {}, [Tensor("uint8", (3 * MiB,), bytes(3 * MiB))]
             )
-        small = bytes(1000)
-        reply = await client.call(
-            server.host.peer_id, "echo", tensors=[Tensor("uint8", (1000,), small)]
-        )
-        assert bytes(reply.tensors[0].data) == small
+            with trio.fail_after(10):
+                while server.buffered_bytes() < 3 * MiB:
+                    await trio.sleep(0.01)
+            big = bytes(2 * MiB)
+            with pytest.raises(Overloaded, match="too much data"):
+                await client.call(peer, "echo", tensors=[Tensor("uint8", (len(big),), big)])
+            small = bytes(1000)
+            reply = await client.call(peer, "echo", tensors=[Tensor("uint8", (1000,), small)])
+            assert bytes(reply.tensors[0].data) == small
+            release.set()
         assert server.stats.rejected["memory"] == 1
-        assert client.stats.streams_opened == 1  # the refused request left the stream in step
+        assert server.buffered_bytes() == 0
+        # the refused request left its stream in step: two streams served three calls
+        assert client.stats.streams_opened == 2
+        with pytest.raises(TooLarge, match="one peer"):
+            await client.call(peer, "echo", tensors=[Tensor("uint8", (5 * MiB,), bytes(5 * MiB))])
 
 
 async def test_unknown_method_with_a_payload_keeps_the_stream_usable():
@@ -461,3 +480,18 @@ async def test_idle_streams_are_closed_and_forgotten_after_their_time():
             await client.call(server.host.peer_id, "echo")  # sweeps on the way
             assert set(client._pools) == {server.host.peer_id}
             assert client.stats.streams_opened == 3
+
+
+async def test_a_call_cancelled_while_writing_leaves_the_connection_usable():
+    """A deadline that fires in the middle of a large request used to cut a Noise
+    message in half: the connection died, and with it every later call to that peer."""
+    async with rpc_pair() as (client, server):
+        server.register("echo", echo)
+        peer = server.host.peer_id
+        await client.call(peer, "echo", {"warm": 1})
+        big = Tensor("uint8", (32 * MiB,), bytes(32 * MiB))
+        for timeout in (0.01, 0.03, 0.1):
+            with pytest.raises(RpcTimeout):
+                await client.call(peer, "echo", tensors=[big], timeout=timeout)
+        for _ in range(3):
+            assert (await client.call(peer, "echo", {"after": 1}, timeout=10)).meta == {"after": 1}

@@ -1,0 +1,192 @@
+"""Our handler of inbound connections, in place of py-libp2p 0.8.1's.
+
+Measured with 0.8.1 (issue 14): ``Swarm._handle_inbound_connection`` takes a slot of an
+inbound limiter (max_connections - min_connections = 250) and, after a successful
+upgrade, waits for the *swarm* to stop before giving it back. After 250 connections in a
+node's lifetime (13.7 s for an attacker; honest churn gets a bootstrap peer there too)
+every newcomer is refused, although none of those connections is still open. Pending
+handshakes held a slot for the whole 10 s upgrade timeout, so 260 idle TCP sockets kept
+everyone out.
+
+Here a connection's bookkeeping ends when *it* closes, and admission follows
+:mod:`net.admission` (bounds per source address, short handshake deadline, the oldest
+stalled handshake dropped first). libp2p's own resource manager is switched off: its
+counters are what leaked, and these limits replace it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from libp2p.network.connection.raw_connection import RawConnection
+from libp2p.network.swarm import Swarm
+
+from net.admission import (
+    AdmissionLimits,
+    AdmissionStatistics,
+    FairSlots,
+    InboundAdmission,
+    source_of,
+)
+from net.logs import ThrottledLog
+
+log = logging.getLogger(__name__)
+
+
+class InboundGate:
+    """Installs itself as ``swarm``'s inbound handler; one per host."""
+
+    def __init__(self, swarm: Swarm, limits: AdmissionLimits | None = None) -> None:
+        self._swarm = swarm
+        self.policy: InboundAdmission[trio.CancelScope] = InboundAdmission(limits)
+        self._evicted: set[trio.CancelScope] = set()
+
+    def install(self) -> None:
+        # The listener's callback looks the method up on the instance at each connection.
+        self._swarm._handle_inbound_connection = self.handle  # type: ignore[method-assign]
+        # Its counters leaked (see above) and every limit it enforced is ours now.
+        self._swarm._resource_manager = None
+
+    def statistics(self) -> AdmissionStatistics:
+        return self.policy.stats
+
+    async def handle(self, read_write_closer: Any, maddr: Any) -> None:
+        source = source_of(_remote_host(read_write_closer))
+        limits = self.policy.limits
+        if not self.policy.admits(source, trio.current_time()):
+            await _close_quietly(read_write_closer)
+            return
+        scope = trio.CancelScope(deadline=trio.current_time() + limits.handshake_seconds)
+        for old in self.policy.begin_handshake(source, scope):
+            self._evicted.add(old)
+            old.cancel()
+        muxed: Any = None
+        try:
+            with scope:
+                muxed = await self._swarm.upgrade_inbound_raw_conn(
+                    RawConnection(read_write_closer, False), maddr
+                )
+        except Exception as exc:  # noqa: BLE001 - any failed handshake only ends this connection
+            self.policy.stats.handshakes_failed += 1
+            log.debug("inbound handshake from %s failed: %s", source, exc)
+        finally:
+            self.policy.end_handshake(source, scope)
+            evicted = scope in self._evicted
+            self._evicted.discard(scope)
+        if muxed is None:
+            if scope.cancelled_caught and not evicted:
+                self.policy.stats.handshakes_timed_out += 1
+            await _close_quietly(read_write_closer)
+            return
+        self.policy.stats.handshakes_completed += 1
+        self.policy.connection_opened(source)
+        try:
+            await _wait_closed(muxed)
+        finally:
+            self.policy.connection_closed(source)
+
+
+def _remote_host(stream: Any) -> str | None:
+    with contextlib.suppress(Exception):
+        remote = stream.get_remote_address()
+        if remote:
+            return str(remote[0])
+    return None
+
+
+async def _wait_closed(muxed: Any) -> None:
+    event = muxed.event_closed  # Yamux's, set however the connection ends
+    assert isinstance(event, trio.Event)
+    await event.wait()
+
+
+async def _close_quietly(stream: Any) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(Exception):
+        await stream.close()
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """Inbound streams open at once (negotiating or served). Yamux buffers up to a
+    receive window (256 KiB, growing) per stream, and each stream holds a task: a peer
+    that opens streams and says nothing must not hold them all."""
+
+    max_streams_per_peer: int = 128
+    max_streams: int = 2048
+
+
+@dataclass
+class StreamStatistics:
+    opened: int = 0
+    #: reset to make room (the peer over its share, or the heaviest when all are full)
+    dropped: int = 0
+    #: a handler failed with an error nobody caught (logged, the stream reset)
+    failed: int = 0
+
+
+class StreamGate:
+    """Wraps the swarm's handler of every inbound stream (ours and libp2p's own, such as
+    identify): bounded per peer and in total, and a last-resort guard, so that no error
+    a peer provokes in any handler can reach the swarm's nursery and stop the node."""
+
+    def __init__(self, swarm: Swarm, limits: StreamLimits | None = None) -> None:
+        self._swarm = swarm
+        self.limits = limits or StreamLimits()
+        self._slots: FairSlots[Any, trio.CancelScope] = FairSlots(
+            self.limits.max_streams_per_peer, self.limits.max_streams
+        )
+        self._dropped: set[trio.CancelScope] = set()
+        self.stats = StreamStatistics()
+        self._log = ThrottledLog(log)
+
+    def install(self) -> None:
+        inner = self._swarm.common_stream_handler
+
+        async def guarded(stream: Any) -> None:
+            await self._handle(inner, stream)
+
+        self._swarm.common_stream_handler = guarded
+        # libp2p's global stream semaphore queued inbound streams behind idle ones.
+        self._swarm._stream_semaphore = None
+
+    def open_streams(self) -> int:
+        return len(self._slots)
+
+    async def _handle(self, inner: Callable[[Any], Awaitable[None]], stream: Any) -> None:
+        peer = getattr(getattr(stream, "muxed_conn", None), "peer_id", None)
+        scope = trio.CancelScope()
+        self.stats.opened += 1
+        for old in self._slots.add(peer, scope):
+            self._dropped.add(old)
+            old.cancel()
+        try:
+            with scope:
+                await inner(stream)
+        except Exception as exc:  # noqa: BLE001 - the last resort: log, reset, go on
+            self.stats.failed += 1
+            self._log.log(
+                logging.ERROR,
+                f"failure:{type(exc).__name__}",
+                "a stream from %s failed in its handler: %r",
+                peer,
+                exc,
+                exc_info=True,
+            )
+            await _reset_quietly(stream)
+        finally:
+            self._slots.remove(peer, scope)
+            dropped = scope in self._dropped
+            self._dropped.discard(scope)
+        if dropped:
+            self.stats.dropped += 1
+            await _reset_quietly(stream)
+
+
+async def _reset_quietly(stream: Any) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(Exception):
+        await stream.reset()

@@ -1,0 +1,95 @@
+"""Admission of inbound connections (net/admission.py): pure, table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from net.admission import AdmissionLimits, InboundAdmission, source_of
+
+LIMITS = AdmissionLimits(
+    max_handshakes=6,
+    max_handshakes_per_source=3,
+    max_inbound_per_source=2,
+    connections_per_second=1.0,
+    connection_burst=4.0,
+)
+
+
+@pytest.mark.parametrize(
+    ("host", "source"),
+    [
+        ("198.18.0.7", "198.18.0.7"),
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff::1", "2001:db8:1:2::/64"),  # same /64: one home line
+        ("::ffff:198.18.0.7", "198.18.0.7"),
+        ("fe80::1%eth0", "fe80::/64"),
+        (None, "?"),
+        ("not an address", "not an address"),
+    ],
+)
+def test_sources_are_addresses_or_ipv6_networks(host, source):
+    assert source_of(host) == source
+
+
+def test_a_source_over_its_share_of_handshakes_loses_its_oldest():
+    gate: InboundAdmission[str] = InboundAdmission(LIMITS)
+    assert gate.begin_handshake("a", "a1") == []
+    assert gate.begin_handshake("a", "a2") == []
+    assert gate.begin_handshake("a", "a3") == []
+    assert gate.begin_handshake("a", "a4") == ["a1"]
+    assert gate.begin_handshake("a", "a5") == ["a2"]
+    assert gate.pending("a") == 3
+    assert gate.stats.handshakes_evicted == 2
+
+
+def test_when_all_sources_together_are_full_the_heaviest_source_loses_its_oldest():
+    gate: InboundAdmission[str] = InboundAdmission(LIMITS)
+    for handle in ("a1", "a2", "a3", "b1", "b2", "c1"):
+        assert gate.begin_handshake(handle[0], handle) == []
+    # a newcomer from a fourth source: "a" holds the most, its oldest goes
+    assert gate.begin_handshake("d", "d1") == ["a1"]
+    # then "a" and "b" hold two each; the first of them found goes, never the newcomer
+    assert gate.begin_handshake("e", "e1") in (["a2"], ["b1"])
+    assert gate.pending() == LIMITS.max_handshakes
+
+
+def test_a_finished_handshake_frees_its_place_and_ending_twice_is_harmless():
+    gate: InboundAdmission[str] = InboundAdmission(LIMITS)
+    gate.begin_handshake("a", "a1")
+    gate.end_handshake("a", "a1")
+    gate.end_handshake("a", "a1")
+    gate.end_handshake("z", "never")
+    assert gate.pending() == 0
+    assert gate.pending("a") == 0
+
+
+def test_connections_per_source_are_capped_and_freed_when_they_close():
+    gate: InboundAdmission[str] = InboundAdmission(LIMITS)
+    assert gate.admits("a", now=0.0)
+    gate.connection_opened("a")
+    gate.connection_opened("a")
+    assert not gate.admits("a", now=0.0)
+    assert gate.admits("b", now=0.0)  # another source is not affected
+    gate.connection_closed("a")
+    assert gate.admits("a", now=0.0)
+    assert gate.stats.refused_per_source == 1
+    gate.connection_closed("a")
+    gate.connection_closed("a")  # closing more than opened never goes negative
+    assert gate.inbound("a") == 0
+    assert gate.inbound() == 0
+
+
+def test_a_source_opening_connections_too_fast_is_refused_until_its_bucket_refills():
+    gate: InboundAdmission[str] = InboundAdmission(LIMITS)
+    assert [gate.admits("a", now=0.0) for _ in range(5)] == [True] * 4 + [False]
+    assert gate.admits("b", now=0.0)  # per source
+    assert not gate.admits("a", now=0.5)
+    assert gate.admits("a", now=1.6)
+    assert gate.stats.refused_rate == 2
+
+
+def test_remembered_sources_are_bounded():
+    gate: InboundAdmission[str] = InboundAdmission(AdmissionLimits(max_sources=10))
+    for i in range(1000):
+        gate.admits(f"198.18.{i // 256}.{i % 256}", now=0.0)
+    assert len(gate._rates) == 10

@@ -1,0 +1,147 @@
+"""Strangers against a real host on 127.0.0.1 (issue 14, findings 1-3): a frame that
+used to kill the process, connections that used to leak their slot, idle sockets that
+used to keep everyone out. Attackers dial from other loopback addresses (127.0.0.x), as
+a stranger on the internet comes from an address of its own."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from net.host import SwarmHost
+from net.identity import Identity
+from net.rpc import Reply, RpcService
+from net.wire import KIND_RESPONSE, FrameReader, Limits, build_response
+from tests.strangers import frame, hold_sockets, send_raw, settle, stranger, tcp_target
+
+
+async def echo(ctx):
+    return Reply(ctx.request.meta, ctx.request.tensors)
+
+
+@asynccontextmanager
+async def echo_server():
+    host = SwarmHost(Identity.generate())
+    async with host.running():
+        rpc = RpcService(host)
+        rpc.register("echo", echo)
+        rpc.attach()
+        try:
+            yield host, rpc
+        finally:
+            rpc.close()
+
+
+async def honest_call(server: SwarmHost, *, timeout: float = 10.0) -> dict:
+    """A newcomer (fresh identity, 127.0.0.1) connects and makes one call."""
+    host = SwarmHost(Identity.generate(), listen=[])
+    async with host.running():
+        rpc = RpcService(host)
+        host.remember(server.peer_id, server.listen_addrs())
+        reply = await rpc.call(server.peer_id, "echo", {"n": 1}, timeout=timeout)
+        return dict(reply.meta)
+
+
+WRONG_TYPES = [
+    [[[], [4]]],  # the 37-byte frame of the red-team pass: a list as dtype
+    [[{"a": 1}, [4]]],  # a map as dtype
+    [[b"float32", [4]]],  # bytes as dtype
+    [[None, [4]]],
+    [["float32", {"0": 4}]],  # a map as shape
+    [["float32", [[4]]]],  # a list inside a shape
+    [["float32", [4.0]]],
+    [["float32", "4"]],
+    [["float32"]],
+    [[]],
+    ["float32"],
+    {"float32": [4]},
+]
+
+
+@pytest.mark.parametrize("specs", WRONG_TYPES)
+async def test_a_tensor_spec_of_the_wrong_type_is_refused_and_the_server_keeps_serving(specs):
+    async with echo_server() as (server, _), stranger() as attacker:
+        stream = await send_raw(attacker, server, frame({"id": 3, "m": "echo", "t": specs}))
+        with trio.fail_after(10):
+            reply = await FrameReader(stream, Limits()).read_frame()
+        assert reply is not None
+        header, tensors = reply
+        assert header.kind == KIND_RESPONSE
+        assert build_response(header, tensors).error.code == "bad_request"
+        assert await honest_call(server) == {"n": 1}
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"id": 1, "m": ["echo"]},
+        {"id": 1, "m": "echo", "meta": [1, 2]},
+        {"id": 1, "m": "echo", "to": "soon"},
+        {"id": 1, "m": "echo", "to": float("nan")},
+        {"id": [1], "m": "echo"},
+        {"id": -1, "m": "echo"},
+        {"id": 1, "m": "echo", "t": [["float32", [2**62, 2**62]]]},
+    ],
+)
+async def test_headers_of_the_wrong_type_are_refused_and_the_server_keeps_serving(header):
+    async with echo_server() as (server, _), stranger() as attacker:
+        stream = await send_raw(attacker, server, frame(header))
+        with trio.fail_after(10):
+            reply = await FrameReader(stream, Limits()).read_frame()
+        assert reply is not None
+        assert build_response(*reply).error is not None
+        assert await honest_call(server) == {"n": 1}
+
+
+@pytest.mark.slow
+async def test_300_connections_opened_and_closed_then_a_newcomer_gets_in():
+    """py-libp2p 0.8.1 kept an inbound slot per connection until the host stopped: after
+    250 connections in a node's lifetime every newcomer was refused."""
+    async with echo_server() as (server, _):
+        addrs = server.listen_addrs()
+
+        async def cycles(i: int) -> None:
+            async with stranger(f"127.0.0.{10 + i}") as host:
+                for _ in range(31):
+                    await host.connect(server.peer_id, addrs, timeout=10)
+                    await host.libp2p_host.get_network().close_peer(server.peer_id)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(10):
+                nursery.start_soon(cycles, i)
+        assert await honest_call(server, timeout=5) == {"n": 1}
+        stats = server.admission_statistics()
+        assert stats.handshakes_completed >= 311
+        await settle(lambda: stats.inbound_open == 0)
+
+
+@pytest.mark.slow
+async def test_idle_sockets_from_another_address_do_not_keep_newcomers_out():
+    """260 sockets that never handshake, reopened as soon as they are closed, used to
+    hold every inbound slot (0 of 39 newcomers got in)."""
+    async with echo_server() as (server, _), trio.open_nursery() as nursery:
+        closed = await nursery.start(hold_sockets, tcp_target(server), 260, "127.0.0.2")
+        for _ in range(20):
+            assert await honest_call(server, timeout=5) == {"n": 1}
+        stats = server.admission_statistics()
+        assert closed[0] > 0  # the attacker's sockets were being dropped...
+        assert stats.refused_rate + stats.handshakes_evicted > 0
+        assert server.admission_statistics().handshakes_completed >= 20  # ...not newcomers
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_idle_sockets_from_the_same_address_are_dropped_oldest_first():
+    """A NAT (or loopback) shares one address between an attacker and honest peers: the
+    attacker's stalled handshakes go first, so a newcomer still gets in."""
+    async with echo_server() as (server, _), trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: hold_sockets(
+                tcp_target(server), 260, "127.0.0.1", reopen=False, task_status=task_status
+            )
+        )
+        for _ in range(5):
+            assert await honest_call(server, timeout=5) == {"n": 1}
+        nursery.cancel_scope.cancel()
