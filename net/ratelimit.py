@@ -58,7 +58,9 @@ class PeerRateLimiter(Generic[K]):
         self._limits = limits
         self._buckets: OrderedDict[K, tuple[TokenBucket, TokenBucket]] = OrderedDict()
 
-    def admit(self, peer: K, nbytes: int, now: float) -> Admission:
+    def admit(self, peer: K, nbytes: int, now: float, requests: float = 1.0) -> Admission:
+        """Take ``requests`` request tokens and ``nbytes`` byte tokens from ``peer``'s
+        buckets (records in a batch count as requests of their own, for instance)."""
         pair = self._buckets.pop(peer, None)
         if pair is None:
             lim = self._limits
@@ -69,8 +71,8 @@ class PeerRateLimiter(Generic[K]):
         self._buckets[peer] = pair  # most recently seen last
         while len(self._buckets) > self._limits.max_peers:
             self._buckets.popitem(last=False)
-        requests, volume = pair
-        if not requests.try_take(1.0, now):
+        request_bucket, volume = pair
+        if not request_bucket.try_take(requests, now):
             return Admission.TOO_MANY_REQUESTS
         if not volume.try_take(float(nbytes), now):
             return Admission.TOO_MANY_BYTES

@@ -168,6 +168,8 @@ class Reply:
 class CallContext:
     peer_id: PeerID
     request: Request
+    #: the caller's address as limits count it (net.admission.source_of)
+    source: str = "?"
 
 
 Handler = Callable[[CallContext], Awaitable[Reply]]
@@ -560,7 +562,7 @@ class RpcService:
                 await self._refuse_frame(stream, peer_id, exc)
                 return
             try:
-                response = await self._dispatch(peer_id, build_request(header, tensors))
+                response = await self._dispatch(peer_id, source, build_request(header, tensors))
             finally:
                 self._release(peer_id, source, sum(t.nbytes for t in tensors))
             await write_frame(stream, encode_response(response))
@@ -665,14 +667,14 @@ class RpcService:
         if not self._inflight[peer_id]:
             del self._inflight[peer_id]
 
-    async def _dispatch(self, peer_id: PeerID, request: Request) -> Response:
+    async def _dispatch(self, peer_id: PeerID, source: str, request: Request) -> Response:
         handler = self._handlers[request.method]
         budget = min(
             request.timeout or self.config.max_handler_seconds, self.config.max_handler_seconds
         )
         try:
             with trio.move_on_after(budget) as scope:
-                reply = await handler(CallContext(peer_id, request))
+                reply = await handler(CallContext(peer_id, request, source))
                 if self.config.reply_delay > 0:
                     await trio.sleep(self.config.reply_delay)
             if scope.cancelled_caught:
@@ -684,8 +686,15 @@ class RpcService:
             return Response(request.request_id, reply.meta, reply.tensors)
         except RemoteError as exc:
             return _error(request.request_id, exc)
-        except Exception:
-            log.exception("handler for %s failed on a request from %s", request.method, peer_id)
+        except Exception:  # noqa: BLE001 - a handler's bug is an error reply, never a crash
+            self._log.log(
+                logging.ERROR,
+                f"handler:{request.method}",
+                "handler for %s failed on a request from %s",
+                request.method,
+                peer_id,
+                exc_info=True,
+            )
             return _error(request.request_id, InternalError(f"{request.method} failed"))
 
     async def _send_error_quietly(

@@ -75,27 +75,102 @@ def record(
     return sign_record(identity, key, value, ttl, now)
 
 
-def test_store_keeps_the_newest_record_per_author_and_bounds_authors():
-    a, b, c = Identity.generate(), Identity.generate(), Identity.generate()
-    store = RecordStore(StoreLimits(max_keys=10, max_authors_per_key=2))
+def test_store_keeps_the_newest_record_per_author():
+    a = Identity.generate()
+    store = RecordStore()
     assert store.put(record(a, value=b"1", now=NOW), NOW)
     assert store.put(record(a, value=b"2", now=NOW + 1), NOW)
     assert not store.put(record(a, value=b"old", now=NOW - 5), NOW)
-    assert store.put(record(b, ttl=10), NOW)
-    # full: c's record lives longer than b's, so b's (sooner to expire) makes room
-    assert store.put(record(c, ttl=100), NOW)
-    assert {r.value for r in store.get("/moehome/demo/k", NOW)} == {b"2", b"v"}
-    assert [r.author for r in store.get("/moehome/demo/k", NOW + 70_000)] == [c.public_key]
-    assert store.sweep(NOW + 200_000) == 1
-    assert len(store) == 0
+    assert [r.value for r in store.get("/moehome/demo/k", NOW)] == [b"2"]
+    assert store.get("/moehome/demo/k", NOW + 70_000) == []
+    assert len(store) == 0  # expired records found by a get are dropped
+    assert store.put(record(a, ttl=1), NOW)
+    assert store.sweep(NOW + 2_000) == 1
+    assert store.weight == 0
 
 
-def test_store_refuses_new_keys_when_full():
+def test_a_crowd_under_one_key_loses_its_own_oldest_and_long_lifetimes_buy_nothing():
+    honest = Identity.generate()
+    store = RecordStore(StoreLimits(max_authors_per_key=4, max_authors_per_source=3))
+    assert store.put(record(honest, ttl=30), NOW, source="198.18.0.1")
+    crowd = [Identity.generate() for _ in range(10)]
+    for who in crowd:  # long-lived records from one address
+        store.put(record(who, ttl=3600), NOW, source="198.18.9.9")
+    authors = {r.author for r in store.get("/moehome/demo/k", NOW)}
+    assert honest.public_key in authors
+    assert authors - {honest.public_key} == {who.public_key for who in crowd[-3:]}
+    assert store.stats.evicted["key_source"] == 7
+    # a second address fills the key: the heaviest address (the crowd) makes room
+    store.put(record(Identity.generate()), NOW, source="198.18.0.2")
+    assert len(store.get("/moehome/demo/k", NOW)) == 4
+    assert honest.public_key in {r.author for r in store.get("/moehome/demo/k", NOW)}
+    store.put(record(Identity.generate()), NOW, source="198.18.0.3")
+    assert honest.public_key in {r.author for r in store.get("/moehome/demo/k", NOW)}
+    assert store.stats.evicted["key"] == 2
+
+
+def test_one_address_cannot_fill_the_store_and_new_keys_from_others_still_get_in():
+    """The red-team pass filled a store with 100,000 tiny records from one peer: every
+    new key was refused for an hour."""
+    limits = StoreLimits(max_weight=100 * 700, source_share=1 / 4)
+    store = RecordStore(limits)
+    spammer = Identity.generate()
+    for i in range(200):
+        store.put(record(spammer, key=f"/moehome/demo/spam{i}"), NOW, source="198.18.9.9")
+    assert store.weight_from("198.18.9.9") <= limits.max_weight / 4
+    assert store.stats.evicted["source"] > 0
+    honest = Identity.generate()
+    for i in range(20):
+        assert store.put(record(honest, key=f"/moehome/demo/new{i}"), NOW, source="198.18.0.1")
+    assert len(store.get("/moehome/demo/new0", NOW)) == 1
+
+
+def test_when_the_store_is_full_the_heaviest_address_makes_room():
+    limits = StoreLimits(max_weight=40 * 700, source_share=1.0)
+    store = RecordStore(limits, namespace_share=lambda namespace: 2.0)
+    light, heavy = Identity.generate(), Identity.generate()
+    for i in range(5):
+        store.put(record(light, key=f"/moehome/demo/l{i}"), NOW, source="198.18.0.1")
+    for i in range(100):
+        store.put(record(heavy, key=f"/moehome/demo/h{i}"), NOW, source="198.18.9.9")
+    assert all(store.get(f"/moehome/demo/l{i}", NOW) for i in range(5))
+    assert store.weight <= limits.max_weight
+    assert store.stats.evicted["full"] > 0
+
+
+def test_noise_in_an_open_namespace_never_pushes_out_the_records_that_matter():
+    shares = {"demo": 1 / 16, "peer": 1.0}
+    store = RecordStore(StoreLimits(max_weight=200 * 700, source_share=1.0), shares.__getitem__)
+    owner = Identity.generate()
+    own_key = f"/moehome/peer/{owner.peer_id.to_base58()}"
+    assert store.put(record(owner, key=own_key), NOW, source="198.18.0.1")
+    for i in range(500):
+        who = Identity.from_seed(i.to_bytes(32, "big"))
+        store.put(record(who, key=f"/moehome/demo/n{i}"), NOW, source=f"198.18.1.{i % 250}")
+    assert store.get(own_key, NOW)
+    assert store.stats.evicted["namespace"] > 0
+
+
+def test_an_author_over_its_weight_loses_its_oldest_records():
+    store = RecordStore(StoreLimits(max_author_weight=3 * 700))
     a = Identity.generate()
-    store = RecordStore(StoreLimits(max_keys=2))
-    assert store.put(record(a, key="/moehome/demo/1"), NOW)
-    assert store.put(record(a, key="/moehome/demo/2"), NOW)
-    assert not store.put(record(a, key="/moehome/demo/3"), NOW)
+    for i in range(6):
+        store.put(record(a, key=f"/moehome/demo/{i}"), NOW, source="198.18.0.1")
+    assert [bool(store.get(f"/moehome/demo/{i}", NOW)) for i in range(6)] == [False] * 3 + [
+        True
+    ] * 3
+
+
+def test_a_get_hears_every_address_before_any_twice():
+    store = RecordStore()
+    crowd = [Identity.generate() for _ in range(20)]
+    for who in crowd:
+        store.put(record(who), NOW, source="198.18.9.9")
+    others = [Identity.generate() for _ in range(3)]
+    for i, who in enumerate(others):
+        store.put(record(who), NOW, source=f"198.18.0.{i}")
+    first = store.get("/moehome/demo/k", NOW, limit=4)
+    assert {who.public_key for who in others} <= {r.author for r in first}
 
 
 ALICE = Identity.from_seed(b"a" * 32)

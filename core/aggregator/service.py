@@ -59,7 +59,9 @@ def _check_version(record: SignedRecord) -> None:
 
 
 VERSION_NAMESPACE: Final = "version"
-VERSION_RULE: Final = NamespaceRule(max_ttl_s=3600.0, max_value_bytes=8192, check=_check_version)
+VERSION_RULE: Final = NamespaceRule(
+    max_ttl_s=3600.0, max_value_bytes=8192, check=_check_version, store_share=1 / 4
+)
 
 
 class Refused(RemoteError):

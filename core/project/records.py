@@ -121,12 +121,20 @@ def _check_providers(record: SignedRecord) -> None:
 
 
 RULES: Final = {
+    # store shares (net/dht/store.py): what each namespace may fill of a peer's store
     "project": NamespaceRule(
-        max_ttl_s=24 * 3600.0, max_value_bytes=MAX_RECORD_BYTES, check=_check_project
+        max_ttl_s=24 * 3600.0,
+        max_value_bytes=MAX_RECORD_BYTES,
+        check=_check_project,
+        store_share=1 / 4,
     ),
     "rotation": NamespaceRule(
-        max_ttl_s=30 * 24 * 3600.0, max_value_bytes=1024, check=_check_rotation
+        max_ttl_s=30 * 24 * 3600.0, max_value_bytes=1024, check=_check_rotation, store_share=1 / 32
     ),
-    "weights": NamespaceRule(max_ttl_s=3600.0, max_value_bytes=16 * 1024, check=_check_providers),
-    "directory": NamespaceRule(max_ttl_s=24 * 3600.0, max_value_bytes=2048, check=_check_directory),
+    "weights": NamespaceRule(
+        max_ttl_s=3600.0, max_value_bytes=16 * 1024, check=_check_providers, store_share=1 / 8
+    ),
+    "directory": NamespaceRule(
+        max_ttl_s=24 * 3600.0, max_value_bytes=2048, check=_check_directory, store_share=1 / 32
+    ),
 }

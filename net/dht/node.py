@@ -31,7 +31,16 @@ from net.dht.routing import Contact, RoutingTable, key_id_of, node_id_of
 from net.dht.store import RecordStore, StoreLimits
 from net.host import DialError, SwarmHost
 from net.identity import Identity
-from net.rpc import BadRequest, CallContext, PeerUnreachable, Reply, RpcError, RpcService
+from net.ratelimit import Admission, PeerRateLimiter, RateLimits
+from net.rpc import (
+    BadRequest,
+    CallContext,
+    PeerUnreachable,
+    RateLimited,
+    Reply,
+    RpcError,
+    RpcService,
+)
 from net.wire import Tensor, pack, unpack_bounded
 
 log = logging.getLogger(__name__)
@@ -60,6 +69,12 @@ class DhtConfig:
     max_record_bytes: int = 32 * 1024
     max_records_per_message: int = 1024
     store_limits: StoreLimits = field(default_factory=StoreLimits)
+    #: Records one source address may make us verify (a signature each), per second
+    #: and in a burst; beyond, its stores are refused before any signature is checked.
+    records_per_second_per_source: float = 2000.0
+    record_burst_per_source: float = 8192.0
+    #: Batches larger than this are verified in a worker thread, off the event loop.
+    verify_in_thread_above: int = 32
     #: False for peers that cannot be reached from outside: they query but never serve.
     server_mode: bool = True
 
@@ -95,7 +110,14 @@ class DhtNode:
         self._clock_ms = clock_ms
         self.node_id = node_id_of(host.peer_id.to_bytes())
         self.routing: RoutingTable[PeerID] = RoutingTable(self.node_id, k=self.config.k)
-        self.store = RecordStore(self.config.store_limits)
+        self.store = RecordStore(self.config.store_limits, self.validator.store_share)
+        self._verify_limiter = trio.CapacityLimiter(1)
+        self._record_rates: PeerRateLimiter[str] = PeerRateLimiter(
+            RateLimits(
+                requests_per_second=self.config.records_per_second_per_source,
+                request_burst=self.config.record_burst_per_source,
+            )
+        )
         self.stats = DhtStatistics()
         self._bootstrap_addrs: list[str] = []
         self._bootstrapped = trio.Event()
@@ -203,7 +225,7 @@ class DhtNode:
     async def get(self, key: str) -> list[SignedRecord]:
         """Every live, verified record under ``key`` (one per author), newest first."""
         found: dict[bytes, SignedRecord] = {}
-        self._merge(self.store.get(key, self._clock_ms()), key, found)
+        await self._merge(self.store.get(key, self._clock_ms()), key, found)
         await self._lookup(key_id_of(key), width=self.config.replicas, key=key, found=found)
         if not found and self.config.k > self.config.replicas:
             # peers that joined after the record was stored may now be the closest to its
@@ -259,7 +281,7 @@ class DhtNode:
                     candidates[peer] = Contact(peer, node_id, addrs)
                     self.host.remember(peer, addrs)
             if key is not None and found is not None:
-                self._merge(self._decode_records(reply.tensors), key, found)
+                await self._merge(self._decode_records(reply.tensors), key, found)
 
         with trio.move_on_after(self.config.lookup_timeout):
             while True:
@@ -273,23 +295,41 @@ class DhtNode:
                         nursery.start_soon(ask, contact)
         return sorted(answered.values(), key=lambda c: c.node_id ^ target)
 
-    def _merge(
-        self, records: Iterable[SignedRecord], key: str, found: dict[bytes, SignedRecord]
+    async def _merge(
+        self, records: Sequence[SignedRecord], key: str, found: dict[bytes, SignedRecord]
     ) -> None:
         """Keep each author's newest valid record. Everything is re-verified, our own
         store included: what reaches a caller has always had its signature checked."""
-        now = self._clock_ms()
-        for record in records:
-            if record.key != key:
-                continue
-            try:
-                self.validator.validate(record, now)
-            except RecordRejected as exc:
-                self._count_refusal(exc.reason)
+        verdicts = await self._validate_all([r for r in records if r.key == key])
+        for record, refusal in verdicts:
+            if refusal is not None:
+                self._count_refusal(refusal.reason)
                 continue
             current = found.get(record.author)
             if current is None or record.newer_than(current):
                 found[record.author] = record
+
+    async def _validate_all(
+        self, records: Sequence[SignedRecord]
+    ) -> list[tuple[SignedRecord, RecordRejected | None]]:
+        """Each record with its refusal (None: valid). A signature check costs ~50-100
+        us; a large batch is checked in a worker thread so that the event loop (every
+        other call) never waits behind it."""
+        now = self._clock_ms()
+
+        def check_all() -> list[tuple[SignedRecord, RecordRejected | None]]:
+            out: list[tuple[SignedRecord, RecordRejected | None]] = []
+            for record in records:
+                try:
+                    self.validator.validate(record, now)
+                    out.append((record, None))
+                except RecordRejected as exc:
+                    out.append((record, exc))
+            return out
+
+        if len(records) <= self.config.verify_in_thread_above:
+            return check_all()
+        return await trio.to_thread.run_sync(check_all, limiter=self._verify_limiter)
 
     async def _query(
         self,
@@ -354,31 +394,35 @@ class DhtNode:
         if not isinstance(key, str) or len(key) > 256:
             raise BadRequest("key must be a string of at most 256 characters")
         self._note_sender(ctx)
-        records = self.store.get(key, self._clock_ms())[: self.config.max_records_per_message]
+        records = self.store.get(key, self._clock_ms(), limit=self.config.max_records_per_message)
         peers = self._closest_contacts(key_id_of(key), ctx.peer_id)
         return Reply({"peers": peers}, (_records_tensor(records),) if records else ())
 
     async def _handle_store(self, ctx: CallContext) -> Reply:
         self._require_server()
         self._note_sender(ctx)
+        items = self._decode_record_list(ctx.request.tensors)
+        # a signature check each: a source's rate is taken before any is checked
+        admission = self._record_rates.admit(
+            ctx.source, 0, trio.current_time(), requests=float(len(items))
+        )
+        if admission is not Admission.ADMIT:
+            self._count_refusal("rate_limited")
+            raise RateLimited(f"more than {self.config.records_per_second_per_source:g} records/s")
+        decoded = [r for r in items if isinstance(r, SignedRecord)]
+        verdicts = iter(await self._validate_all(decoded))
         stored: list[bool] = []
         errors: list[str | None] = []
         now = self._clock_ms()
-        for item in self._decode_record_list(ctx.request.tensors):
-            if isinstance(item, RecordRejected):
+        for item in items:
+            refusal = item if isinstance(item, RecordRejected) else next(verdicts)[1]
+            if refusal is not None:
                 stored.append(False)
-                errors.append(str(item))
-                self._count_refusal(item.reason)
+                errors.append(str(refusal))
+                self._count_refusal(refusal.reason)
                 continue
-            try:
-                self.validator.validate(item, now)
-            except RecordRejected as exc:
-                stored.append(False)
-                errors.append(str(exc))
-                self._count_refusal(exc.reason)
-                log.info("refused a record from %s: %s", ctx.peer_id, exc)
-                continue
-            stored.append(self.store.put(item, now))
+            assert isinstance(item, SignedRecord)
+            stored.append(self.store.put(item, now, ctx.source))
             errors.append(None)
         return Reply({"stored": stored, "errors": errors})
 

@@ -136,14 +136,17 @@ class NamespaceRule:
     owner_in_key: bool = False
     #: Extra check of the value (schema); raise RecordRejected to refuse.
     check: Callable[[SignedRecord], None] | None = None
+    #: Share of a peer's record store this namespace may fill: an open namespace's
+    #: noise never pushes out the records that matter (net/dht/store.py).
+    store_share: float = 0.5
 
 
 #: Namespaces the network layer itself uses.
 BUILTIN_NAMESPACES: Final[Mapping[str, NamespaceRule]] = {
     # /moehome/peer/<peer id>: a peer's own announcements (addresses, role, load)
-    "peer": NamespaceRule(max_ttl_s=3600.0, owner_in_key=True),
+    "peer": NamespaceRule(max_ttl_s=3600.0, owner_in_key=True, store_share=1 / 8),
     # /moehome/demo/<anything>: open namespace for demos, benchmarks and tests
-    "demo": NamespaceRule(max_ttl_s=3600.0),
+    "demo": NamespaceRule(max_ttl_s=3600.0, store_share=1 / 16),
 }
 
 
@@ -187,4 +190,13 @@ class NamespacedValidator:
             if owner != record.author_peer_id.to_base58():
                 raise RecordRejected("wrong_author", f"only {owner} may write {record.key}")
         if rule.check is not None:
-            rule.check(record)
+            try:
+                rule.check(record)
+            except RecordRejected:
+                raise
+            except Exception as exc:  # a check's own slip is still a refusal
+                raise RecordRejected("schema", f"{type(exc).__name__}: {exc}"[:200]) from exc
+
+    def store_share(self, namespace: str) -> float:
+        rule = self.rules.get(namespace)
+        return rule.store_share if rule is not None else 0.0
