@@ -70,25 +70,40 @@ def _write_frames_whole() -> None:
     cancelled while writing a 2 MiB request broke the connection; the next call to that
     peer failed with "connection reset"). A frame is now written shielded, within
     FRAME_WRITE_SECONDS; past that the connection is closed, since half a frame may be on
-    the wire."""
-    original = Yamux._write_frame
-    if getattr(original, "_moehome_whole", False):
+    the wire. Closing the connection cancels the writes in flight (a peer that stopped
+    reading must not hold a shutdown for FRAME_WRITE_SECONDS)."""
+    original_write = Yamux._write_frame
+    original_close = Yamux.close
+    if getattr(original_write, "_moehome_whole", False):
         return
 
     async def write_frame_whole(self: Yamux, data: bytes) -> None:
+        writes: set[trio.CancelScope] = self.__dict__.setdefault("_moehome_writes", set())
+        closing = self.__dict__.get("_moehome_closing", False)
         with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + FRAME_WRITE_SECONDS
-            await original(self, data)
+            scope.deadline = trio.current_time() + (1.0 if closing else FRAME_WRITE_SECONDS)
+            writes.add(scope)
+            try:
+                await original_write(self, data)
+            finally:
+                writes.discard(scope)
         if scope.cancelled_caught:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 try:
                     await self.secured_conn.close()
                 except Exception as exc:  # noqa: BLE001 - closing a broken connection
                     logging.getLogger(__name__).debug("closing a stuck connection: %s", exc)
-            raise MuxedConnUnavailable(f"a frame took over {FRAME_WRITE_SECONDS:g} s to send")
+            raise MuxedConnUnavailable("a frame could not be sent whole; connection closed")
+
+    async def close_promptly(self: Yamux, error_code: int = 0) -> None:
+        self.__dict__["_moehome_closing"] = True
+        for scope in list(self.__dict__.get("_moehome_writes", ())):
+            scope.cancel()
+        await original_close(self, error_code)
 
     write_frame_whole._moehome_whole = True  # type: ignore[attr-defined]
     Yamux._write_frame = write_frame_whole  # type: ignore[method-assign]
+    Yamux.close = close_promptly  # type: ignore[method-assign]
 
 
 _write_frames_whole()

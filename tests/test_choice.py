@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from core.experts.registry import ExpertSpec
-from core.node.capacity import choose_device, experts_that_fit, memory_budget, parameter_count
+from core.node.capacity import (
+    choose_device,
+    experts_that_fit,
+    graph_cache_bytes,
+    memory_budget,
+    parameter_count,
+)
 from core.node.choice import choose_experts, rebalance
 
 ORDER = ["a", "b", "c", "d"]
@@ -75,14 +81,22 @@ def test_memory_budget(free, cap_gb, expected):
 @pytest.mark.parametrize(
     ("params", "budget", "wanted", "expected"),
     [
-        (1_000_000, 200_000_000, None, 10),  # 20 MB each (4 B x 5)
+        (1_000_000, 200_000_000, None, 7),  # 20 MB each (4 B x 5), a quarter for graphs
         (1_000_000, 200_000_000, 3, 3),  # the volunteer asked for fewer
-        (1_000_000, 10_000_000, 3, 0),  # not even one fits
+        (1_000_000, 20_000_000, 3, 0),  # not even one fits beside the graphs' share
         (10, 10**12, None, 16),  # tiny experts: at most MOST_EXPERTS
     ],
 )
 def test_experts_that_fit(params, budget, wanted, expected):
     assert experts_that_fit(params, 4, budget, wanted) == expected
+
+
+@pytest.mark.parametrize(
+    ("budget", "experts", "expected"),
+    [(4_000_000, 1, 1_000_000), (4_000_000, 4, 250_000), (4_000_000, 0, 1_000_000)],
+)
+def test_kept_graphs_get_a_quarter_of_the_budget_shared_by_the_experts(budget, experts, expected):
+    assert graph_cache_bytes(budget, experts) == expected
 
 
 def test_parameter_count_needs_no_memory():

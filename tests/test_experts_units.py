@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 import torch
 import trio
+import trio.testing
 
 from core.experts.backend import CacheMiss, ExpertBackend, GraphCache
-from core.experts.batching import TaskPool
+from core.experts.batching import STRANGER, TRAINER, FairQueue, QueueFull, TaskPool
 from core.experts.records import ExpertAnnouncement, PrefixAnnouncement, prefix_children
 from core.experts.registry import ExpertSpec, SpecError, build_expert
 from core.experts.uid import ExpertUID, Grid, UIDError
@@ -171,8 +173,8 @@ async def test_a_batch_never_exceeds_the_limit():
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         async with trio.open_nursery() as inner:
-            for n in (6, 6, 3, 10):
-                inner.start_soon(pool.submit, torch.zeros(n, 1))
+            for i, n in enumerate((6, 6, 3, 10)):
+                inner.start_soon(partial(pool.submit, torch.zeros(n, 1), owner=i))
         nursery.cancel_scope.cancel()
     assert max(sizes) <= 10
     assert sum(sizes) == 25
@@ -193,3 +195,96 @@ def test_backend_backward_matches_kept_graph_backward():
     for name in sums:
         torch.testing.assert_close(kept_sums[name], sums[name])
     assert samples == 5
+
+
+# ---------------------------------------------------------------- fairness (issue 14)
+
+
+def test_fair_queue_serves_trainers_first_then_callers_in_turn():
+    queue: FairQueue[str] = FairQueue(max_per_caller=100, max_strangers=100)
+    for i in range(3):
+        queue.push("crowd-a", f"a{i}", 10, STRANGER)
+        queue.push("crowd-b", f"b{i}", 10, STRANGER)
+    queue.push("trainer", "t0", 10, TRAINER)
+    queue.push("trainer", "t1", 10, TRAINER)
+    assert queue.take_batch(30) == ["t0", "t1", "a0"]
+    assert queue.take_batch(30) == ["b0", "a1", "b1"]
+    assert queue.take_batch(1000) == ["a2", "b2"]
+    assert queue.take_batch(1000) == []
+    assert queue.samples == 0
+
+
+def test_fair_queue_caps_each_caller_and_the_strangers_together():
+    queue: FairQueue[str] = FairQueue(max_per_caller=20, max_strangers=30)
+    queue.push("a", "a0", 20, STRANGER)
+    with pytest.raises(QueueFull, match="one caller"):
+        queue.push("a", "a1", 1, STRANGER)
+    queue.push("b", "b0", 10, STRANGER)
+    with pytest.raises(QueueFull, match="strangers"):
+        queue.push("c", "c0", 1, STRANGER)
+    queue.push("trainer", "t0", 20, TRAINER)  # the strangers' share is not the trainers'
+    assert queue.queued_for("a") == 20
+    assert queue.take_batch(100) == ["t0", "a0", "b0"]
+    queue.push("c", "c0", 1, STRANGER)  # room again
+
+
+def test_a_request_larger_than_what_is_left_starts_the_next_batch():
+    queue: FairQueue[str] = FairQueue(max_per_caller=100, max_strangers=100)
+    queue.push("a", "big", 60, TRAINER)
+    queue.push("b", "small", 30, TRAINER)
+    queue.push("c", "next", 50, TRAINER)
+    assert queue.take_batch(100) == ["big", "small"]
+    assert queue.take_batch(100) == ["next"]
+
+
+async def test_a_trainer_arriving_behind_a_crowd_runs_in_the_next_batch():
+    ran: list[list[str]] = []
+
+    def process(inputs, keep, owner, extras):
+        ran.append([str(e) for e in extras])
+        return inputs[0], None
+
+    pool = TaskPool(
+        "t",
+        process,
+        trio.CapacityLimiter(1),
+        max_batch_size=8,
+        priority=lambda owner: TRAINER if owner == "trainer" else STRANGER,
+        max_queued_strangers=1000,
+    )
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as callers:
+            for i in range(40):  # a crowd of identities, one full batch each
+                callers.start_soon(
+                    partial(pool.submit, torch.zeros(8, 1), owner=f"s{i}", extra=f"s{i}")
+                )
+            await trio.testing.wait_all_tasks_blocked()
+            callers.start_soon(partial(pool.submit, torch.zeros(2, 1), owner="trainer", extra="t"))
+            await trio.testing.wait_all_tasks_blocked()
+            await outer.start(pool.run)
+        outer.cancel_scope.cancel()
+    assert ran[0] == ["t"]  # the trainer's request ran first, ahead of 40 batches
+    assert len(ran) == 41
+
+
+def test_kept_graphs_of_a_crowd_never_push_out_another_callers_graph():
+    cache = GraphCache(max_bytes=1000, max_entries=100)
+    x = torch.zeros(1)
+    mine = cache.put("me", x, x, 100)
+    assert mine is not None
+    for i in range(50):  # each stranger keeps forward graphs as fast as it can
+        cache.put(f"stranger{i % 5}", x, x, 100)
+    assert cache.nbytes <= 1000
+    cache.pop("me", mine)  # still there
+    assert cache.evicted > 0
+
+
+def test_one_caller_holds_at_most_its_share_of_kept_graphs():
+    cache = GraphCache(max_bytes=1000, max_entries=100, max_owner_bytes=300)
+    x = torch.zeros(1)
+    handles = [cache.put("greedy", x, x, 100) for _ in range(10)]
+    assert cache.held_by("greedy") == 300
+    with pytest.raises(CacheMiss):
+        cache.pop("greedy", handles[0])  # its own oldest went first
+    cache.pop("greedy", handles[-1])
+    assert cache.put("other", x, x, 301) is None  # larger than anyone's share

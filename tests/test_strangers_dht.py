@@ -9,7 +9,6 @@ import time
 
 import psutil
 import pytest
-import trio
 
 from net.dht import SignedRecord, sign_record
 from net.dht.node import STORE
@@ -81,7 +80,7 @@ async def test_tiny_records_from_one_address_never_fill_the_store_for_others():
             sign_record(spammer, f"/moehome/demo/s{i}", b"", 3600, stamp) for i in range(100_000)
         ]
         batches = [records[i : i + batch_size] for i in range(0, len(records), batch_size)]
-        stored, refused = await flood(rpc, victim, batches)
+        _, refused = await flood(rpc, victim, batches)
         assert refused > 0  # a source may not make us check 100,000 signatures at once
         assert victim.dht.store.weight_from("127.0.0.2") <= victim.dht.store.limits.max_weight / 8
         # a newcomer's new key is stored and found
@@ -103,7 +102,9 @@ async def test_large_records_from_a_crowd_of_identities_stay_within_the_addresss
         stamp = now_ms()
         batches = [
             [
-                sign_record(crowd[(b * 64 + i) % 250], f"/moehome/demo/b{b}-{i}", value, 3600, stamp)
+                sign_record(
+                    crowd[(b * 64 + i) % 250], f"/moehome/demo/b{b}-{i}", value, 3600, stamp
+                )
                 for i in range(64)
             ]
             for b in range(320)
@@ -140,5 +141,5 @@ async def test_large_batches_of_signatures_are_checked_off_the_event_loop():
             await RpcService(attacker).call(
                 victim.host.peer_id, STORE, {}, [records_tensor(batch)], timeout=30
             )
-        assert threads and loop_thread not in threads
-        assert trio.lowlevel.current_task() is not None
+        assert threads
+        assert loop_thread not in threads

@@ -7,7 +7,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +20,10 @@ from core.experts.uid import ExpertUID
 from core.experts.weights import weights_hash
 
 log = logging.getLogger(__name__)
+
+
+#: Kept forward graphs one expert holds when nobody sized it from a memory plan.
+DEFAULT_GRAPH_CACHE_BYTES = 64 * 1024 * 1024
 
 
 class InvalidInput(ValueError):
@@ -47,34 +51,64 @@ class _Graph:
 class GraphCache:
     """Autograd graphs of recent forward passes, so that a backward pass need not
     recompute them (a remote forward+backward then costs what a local one does).
-    Bounded in bytes and entries, oldest dropped first, each kept at most ``ttl`` s."""
+    Bounded in bytes and entries, each kept at most ``ttl`` s. One owner may hold at
+    most ``max_owner_bytes``; when the cache is full, the owner holding the most loses
+    its oldest graph, so no caller's keep-forwards push out another's graphs."""
 
-    def __init__(self, max_bytes: int, max_entries: int = 256, ttl: float = 60.0) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        max_entries: int = 256,
+        ttl: float = 60.0,
+        max_owner_bytes: int | None = None,
+    ) -> None:
         self.max_bytes, self.max_entries, self.ttl = max_bytes, max_entries, ttl
+        self.max_owner_bytes = max_bytes // 2 if max_owner_bytes is None else max_owner_bytes
         self._graphs: OrderedDict[int, _Graph] = OrderedDict()
         self._bytes = 0
+        self._by_owner: Counter[object] = Counter()
         self._next = itertools.count(1)
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.evicted = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def held_by(self, owner: object) -> int:
+        return self._by_owner[owner]
 
     def put(
         self, owner: object, inputs: torch.Tensor, outputs: torch.Tensor, nbytes: int
     ) -> int | None:
-        if nbytes > self.max_bytes:
+        if nbytes > min(self.max_bytes, self.max_owner_bytes):
             return None
         with self._lock:
             now = time.monotonic()
-            while self._graphs and (
-                self._bytes + nbytes > self.max_bytes
-                or len(self._graphs) >= self.max_entries
-                or next(iter(self._graphs.values())).created < now - self.ttl
-            ):
-                _, old = self._graphs.popitem(last=False)
-                self._bytes -= old.nbytes
+            for handle in [h for h, g in self._graphs.items() if g.created < now - self.ttl]:
+                self._drop(handle)
             handle = next(self._next)
             self._graphs[handle] = _Graph(owner, inputs, outputs, nbytes, now)
             self._bytes += nbytes
-            return handle
+            self._by_owner[owner] += nbytes
+            while self._by_owner[owner] > self.max_owner_bytes:
+                self._drop_oldest_of(owner)
+            while self._bytes > self.max_bytes or len(self._graphs) > self.max_entries:
+                self._drop_oldest_of(max(self._by_owner, key=self._by_owner.__getitem__))
+            return handle if handle in self._graphs else None
+
+    def _drop_oldest_of(self, owner: object) -> None:
+        handle = next(h for h, g in self._graphs.items() if g.owner == owner)
+        self._drop(handle)
+        self.evicted += 1
+
+    def _drop(self, handle: int) -> _Graph:
+        graph = self._graphs.pop(handle)
+        self._bytes -= graph.nbytes
+        self._by_owner[graph.owner] -= graph.nbytes
+        if self._by_owner[graph.owner] <= 0:
+            del self._by_owner[graph.owner]
+        return graph
 
     def pop(self, owner: object, handle: int) -> _Graph:
         with self._lock:
@@ -82,11 +116,10 @@ class GraphCache:
             if graph is None or graph.owner != owner:
                 self.misses += 1
                 raise CacheMiss(handle)
-            del self._graphs[handle]
+            self._drop(handle)
             if graph.created < time.monotonic() - self.ttl:
                 self.misses += 1
                 raise CacheMiss(handle)
-            self._bytes -= graph.nbytes
             self.hits += 1
             return graph
 
@@ -143,7 +176,7 @@ class ExpertBackend:
         version: int = 0,
         device: torch.device | str | None = None,
         max_batch_size: int = 4096,
-        graph_cache_bytes: int = 512 * 1024 * 1024,
+        graph_cache_bytes: int = DEFAULT_GRAPH_CACHE_BYTES,
     ) -> None:
         self.uid = uid
         self.spec = spec
@@ -167,7 +200,8 @@ class ExpertBackend:
         self.module.requires_grad_(True)
         self.version = version
         self.sha256 = weights_hash(module)
-        self.graphs = GraphCache(self.graphs.max_bytes, self.graphs.max_entries, self.graphs.ttl)
+        old = self.graphs
+        self.graphs = GraphCache(old.max_bytes, old.max_entries, old.ttl, old.max_owner_bytes)
 
     # ---- checks (called on the network side, before anything is queued)
 

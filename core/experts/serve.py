@@ -79,7 +79,10 @@ async def _serve_project_experts(
 
     signed, backends = await join_project(peer, project, uids, data_dir=data_dir)
     log.info("joined %s (%s)", signed.manifest.project.name, project)
+    trainers = frozenset(bytes.fromhex(t.key) for t in signed.manifest.trainers)
     server = await nursery.start(
-        ExpertServer(peer, backends, replace(server_config, require_receipts=True)).run
+        ExpertServer(
+            peer, backends, replace(server_config, require_receipts=True, trainers=trainers)
+        ).run
     )
     await start_contributing(nursery, peer, project, signed.manifest, backends, server, data_dir)

@@ -14,7 +14,7 @@ import trio
 
 from core.contrib.messages import MessageError, Receipt, tensor_digest
 from core.experts.backend import CacheMiss, ExpertBackend, InvalidInput
-from core.experts.batching import TaskPool
+from core.experts.batching import STRANGER, TRAINER, Process, TaskPool
 from core.experts.protocol import BACKWARD, FORWARD, GRAPH_GONE, INFO
 from core.experts.records import (
     SERVING,
@@ -27,6 +27,7 @@ from core.experts.records import (
 )
 from core.experts.wire import from_wire, to_wire
 from net import BadRequest, CallContext, DhtError, Peer, RemoteError, Reply, Unavailable
+from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,15 @@ class ServerConfig:
     #: Refuse backward requests without a valid receipt of the trainer (needed for the
     #: parameter gradients to become contributions; off for the demo project).
     require_receipts: bool = False
+    #: The project's trainers (public keys, from the manifest). Their requests are
+    #: served before strangers', and only theirs may keep forward graphs here (a
+    #: stranger's backward pass would need a trainer's receipt anyway). Empty: every
+    #: caller is treated alike (the demo project).
+    trainers: frozenset[bytes] = frozenset()
+    #: Samples one caller, and all strangers together, may have waiting per expert and
+    #: operation (None: 2x and 4x max_batch_size).
+    max_queued_per_caller: int | None = None
+    max_queued_strangers: int | None = None
 
 
 class ExpertServer:
@@ -60,27 +70,14 @@ class ExpertServer:
         self.backends = dict(backends)
         self.config = config or ServerConfig()
         check_project(self.config.project)
+        self._trainers = frozenset(peer_id_from_public_key(k) for k in self.config.trainers)
         self._device = trio.CapacityLimiter(1)  # one batch on the device at a time
         self._forward_pools = {
-            uid: TaskPool(
-                f"{uid}.forward",
-                partial(_run_forward, b),
-                self._device,
-                max_batch_size=self.config.max_batch_size,
-                max_wait=self.config.max_wait,
-                refuse=self._refusal,
-            )
+            uid: self._pool(f"{uid}.forward", partial(_run_forward, b))
             for uid, b in self.backends.items()
         }
         self._backward_pools = {
-            uid: TaskPool(
-                f"{uid}.backward",
-                partial(_run_backward, b),
-                self._device,
-                max_batch_size=self.config.max_batch_size,
-                max_wait=self.config.max_wait,
-                refuse=self._refusal,
-            )
+            uid: self._pool(f"{uid}.backward", partial(_run_backward, b))
             for uid, b in self.backends.items()
         }
         self._paused = paused
@@ -111,6 +108,26 @@ class ExpertServer:
                 await self._announce(withdraw=True)
             for method in handlers:  # another server may take over this peer's methods
                 self.peer.rpc.unregister(method)
+
+    def _pool(self, name: str, process: Process) -> TaskPool:
+        config = self.config
+        return TaskPool(
+            name,
+            process,
+            self._device,
+            max_batch_size=config.max_batch_size,
+            max_wait=config.max_wait,
+            refuse=self._refusal,
+            priority=self._priority,
+            max_queued_per_caller=config.max_queued_per_caller,
+            max_queued_strangers=config.max_queued_strangers,
+        )
+
+    def _is_trainer(self, caller: object) -> bool:
+        return not self._trainers or caller in self._trainers
+
+    def _priority(self, caller: object) -> int:
+        return TRAINER if self._is_trainer(caller) else STRANGER
 
     def _refusal(self) -> BaseException | None:
         return Unavailable("this volunteer is paused") if self._paused else None
@@ -224,7 +241,7 @@ class ExpertServer:
             backend.check_inputs(x)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        keep = ctx.request.meta.get("keep") is True
+        keep = ctx.request.meta.get("keep") is True and self._is_trainer(ctx.peer_id)
         pool = self._forward_pools[str(backend.uid)]
         y, handle = await pool.submit(x, keep=keep, owner=ctx.peer_id)
         meta = self._identity(backend)
@@ -250,7 +267,9 @@ class ExpertServer:
         receipt = self._receipt(
             ctx, backend, tensor_digest([x]) if self.config.require_receipts else b"", grad
         )
-        grad_x, _ = await self._backward_pools[str(backend.uid)].submit(x, grad, extra=receipt)
+        grad_x, _ = await self._backward_pools[str(backend.uid)].submit(
+            x, grad, owner=ctx.peer_id, extra=receipt
+        )
         return Reply(self._identity(backend), (to_wire(grad_x),))
 
     def _receipt(

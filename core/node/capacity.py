@@ -21,6 +21,9 @@ FOOTPRINT_FACTOR = 5.0
 DEFAULT_SHARE = 0.5
 #: Most experts one node serves whatever its memory (a project wants many volunteers).
 MOST_EXPERTS = 16
+#: Share of the budget kept for forward graphs that wait for their backward pass (the
+#: trainers' keep-forwards): counted here, so serving never outgrows what was allowed.
+GRAPH_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,13 @@ def experts_that_fit(
     """How many experts to serve: what fits in the budget, at most ``wanted`` (None: as
     many as fit, up to MOST_EXPERTS). Zero when not even one fits."""
     footprint = max(1.0, params_per_expert * bytes_per_param * FOOTPRINT_FACTOR)
-    fit = int(budget_bytes // footprint)
+    fit = int(budget_bytes * (1 - GRAPH_SHARE) // footprint)
     return max(0, min(fit, wanted if wanted is not None else MOST_EXPERTS))
+
+
+def graph_cache_bytes(budget_bytes: int, experts: int) -> int:
+    """Bytes of kept forward graphs each of ``experts`` served experts may hold."""
+    return int(budget_bytes * GRAPH_SHARE // max(1, experts))
 
 
 def parameter_count(spec: ExpertSpec) -> int:

@@ -28,7 +28,13 @@ from core.experts.server import ExpertServer, ServerConfig
 from core.files import replace_file
 from core.namespaces import moehome_validator
 from core.node.bench import cached_benchmark, network_rtt_ms
-from core.node.capacity import DevicePlan, experts_that_fit, parameter_count, plan_device
+from core.node.capacity import (
+    DevicePlan,
+    experts_that_fit,
+    graph_cache_bytes,
+    parameter_count,
+    plan_device,
+)
 from core.node.choice import choose_experts, rebalance
 from core.node.control_server import NodeControl, serve_control
 from core.node.governor import Governor
@@ -306,12 +312,17 @@ class Node:
                 chosen,
                 data_dir=self.options.data_dir,
                 device=self.device_plan.device,
+                graph_cache_bytes=graph_cache_bytes(self.device_plan.budget_bytes, len(chosen)),
             )
             decision = self.governor.decision
             server = ExpertServer(
                 self.peer,
                 backends,
-                ServerConfig(project=project, require_receipts=True),
+                ServerConfig(
+                    project=project,
+                    require_receipts=True,
+                    trainers=frozenset(bytes.fromhex(t.key) for t in manifest.trainers),
+                ),
                 paused=decision is None or not decision.run,
             )
             sender: ContributionSender | None = None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from core.experts.backend import ExpertBackend
+from core.experts.backend import DEFAULT_GRAPH_CACHE_BYTES, ExpertBackend
 from core.experts.registry import build_expert
 from core.experts.uid import ExpertUID
 from core.experts.weights import WeightsError, load_weights, save_weights
@@ -122,6 +122,7 @@ async def join_project(
     cache_bytes: int = 8 * 2**30,
     progress: Progress | None = None,
     device: str | None = None,
+    graph_cache_bytes: int = DEFAULT_GRAPH_CACHE_BYTES,
 ) -> tuple[SignedManifest, dict[str, ExpertBackend]]:
     """Volunteer side: find the project, verify its manifest (pinning the owner key),
     fetch and verify the weights of ``uids``, and build their experts."""
@@ -136,13 +137,19 @@ async def join_project(
     files = await fetcher.fetch(signed, uids, progress)
     # a volunteer that holds weights can pass them on
     await WeightsService.of(peer, store).announce(project_id, signed.weights_index, uids)
-    return signed, await trio.to_thread.run_sync(backends_from_files, manifest, files, device)
+    return signed, await trio.to_thread.run_sync(
+        backends_from_files, manifest, files, device, graph_cache_bytes
+    )
 
 
 def backends_from_files(
-    manifest: Manifest, files: dict[str, bytes], device: str | None = None
+    manifest: Manifest,
+    files: dict[str, bytes],
+    device: str | None = None,
+    graph_cache_bytes: int = DEFAULT_GRAPH_CACHE_BYTES,
 ) -> dict[str, ExpertBackend]:
-    """Experts built from their weights files, on ``device`` (None: CUDA when present)."""
+    """Experts built from their weights files, on ``device`` (None: CUDA when present),
+    each keeping forward graphs up to ``graph_cache_bytes``."""
     spec = manifest.model.expert.spec()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,6 +159,11 @@ def backends_from_files(
             module = build_expert(spec)
             info = load_weights(module, path)
             out[uid] = ExpertBackend(
-                ExpertUID.parse(uid), spec, module, version=info.version, device=device
+                ExpertUID.parse(uid),
+                spec,
+                module,
+                version=info.version,
+                device=device,
+                graph_cache_bytes=graph_cache_bytes,
             )
     return out
