@@ -284,7 +284,10 @@ def test_one_caller_holds_at_most_its_share_of_kept_graphs():
     x = torch.zeros(1)
     handles = [cache.put("greedy", x, x, 100) for _ in range(10)]
     assert cache.held_by("greedy") == 300
+    first, last = handles[0], handles[-1]
+    assert first is not None
+    assert last is not None
     with pytest.raises(CacheMiss):
-        cache.pop("greedy", handles[0])  # its own oldest went first
-    cache.pop("greedy", handles[-1])
+        cache.pop("greedy", first)  # its own oldest went first
+    cache.pop("greedy", last)
     assert cache.put("other", x, x, 301) is None  # larger than anyone's share

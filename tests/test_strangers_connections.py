@@ -34,7 +34,7 @@ async def echo_server():
             rpc.close()
 
 
-async def honest_call(server: SwarmHost, *, timeout: float = 10.0) -> dict:
+async def honest_call(server: SwarmHost, *, timeout: float = 10.0) -> dict[str, object]:
     """A newcomer (fresh identity, 127.0.0.1) connects and makes one call."""
     host = SwarmHost(Identity.generate(), listen=[])
     async with host.running():
@@ -69,7 +69,9 @@ async def test_a_tensor_spec_of_the_wrong_type_is_refused_and_the_server_keeps_s
         assert reply is not None
         header, tensors = reply
         assert header.kind == KIND_RESPONSE
-        assert build_response(header, tensors).error.code == "bad_request"
+        error = build_response(header, tensors).error
+        assert error is not None
+        assert error.code == "bad_request"
         assert await honest_call(server) == {"n": 1}
 
 
