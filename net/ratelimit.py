@@ -58,6 +58,14 @@ class PeerRateLimiter(Generic[K]):
         self._limits = limits
         self._buckets: OrderedDict[K, tuple[TokenBucket, TokenBucket]] = OrderedDict()
 
+    def exhausted(self, peer: K, now: float) -> bool:
+        """Whether ``peer`` has less than one request token left (takes none)."""
+        pair = self._buckets.get(peer)
+        if pair is None:
+            return False
+        bucket = pair[0]
+        return not bucket.try_take(0.0, now) or bucket.tokens < 1.0
+
     def admit(self, peer: K, nbytes: int, now: float, requests: float = 1.0) -> Admission:
         """Take ``requests`` request tokens and ``nbytes`` byte tokens from ``peer``'s
         buckets (records in a batch count as requests of their own, for instance)."""

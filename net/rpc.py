@@ -176,6 +176,24 @@ Handler = Callable[[CallContext], Awaitable[Reply]]
 
 
 @dataclass(frozen=True)
+class RequestHead:
+    """What is known of a request before its payload is read: enough to refuse it
+    without holding a byte of that payload."""
+
+    peer_id: PeerID
+    source: str
+    method: str
+    meta: Mapping[str, Any]
+    payload_bytes: int
+
+
+#: Decides from a request's head alone: an error to refuse it with, or None to read it.
+#: Runs on the event loop for every request of its method: it must be cheap (no
+#: signature checks).
+Screen = Callable[[RequestHead], RemoteError | None]
+
+
+@dataclass(frozen=True)
 class RpcConfig:
     limits: Limits = field(default_factory=Limits)
     rate_limits: RateLimits = field(default_factory=RateLimits)
@@ -198,8 +216,11 @@ class RpcConfig:
     stall_seconds: float = 20.0
     min_upload_bytes_per_second: float = 128 * 1024
     #: Server: a refused request's payload is read and dropped up to this size, so that
-    #: the sender can finish writing and read the refusal; larger ones are reset.
+    #: the sender can finish writing and read the refusal (the stream stays usable).
     max_discard_bytes: int = 4 * MiB
+    #: Server: of a larger refused payload, at most this much is read (and dropped)
+    #: while the sender reads the refusal, before the stream is reset.
+    max_refused_drain_bytes: int = 64 * MiB
     #: Client: streams to one peer at once (calls beyond wait for a free one).
     max_streams_per_peer: int = 64
     #: Client: idle streams kept per peer, and for how long.
@@ -244,6 +265,7 @@ class RpcService:
         self.host = host
         self.config = config or RpcConfig()
         self._handlers: dict[str, Handler] = {}
+        self._screens: dict[str, Screen] = {}
         self._ids = itertools.count(1)
         self._pools: dict[PeerID, _PeerPool] = {}
         self._limiter: PeerRateLimiter[PeerID] = PeerRateLimiter(self.config.rate_limits)
@@ -263,16 +285,21 @@ class RpcService:
 
     # ---- registration
 
-    def register(self, method: str, handler: Handler) -> None:
+    def register(self, method: str, handler: Handler, *, screen: Screen | None = None) -> None:
+        """Serve ``method``. ``screen`` sees each request's head before its payload is
+        read, and may refuse it (junk that would otherwise be buffered whole)."""
         if not 0 < len(method) <= self.config.limits.max_method_chars:
             raise ValueError(f"method name {method!r} is empty or too long")
         if method in self._handlers:
             raise ValueError(f"method {method!r} is already registered")
         self._handlers[method] = handler
+        if screen is not None:
+            self._screens[method] = screen
 
     def unregister(self, method: str) -> None:
         """Stop answering ``method`` (calls get UnknownMethod); calls running go on."""
         self._handlers.pop(method, None)
+        self._screens.pop(method, None)
 
     def attach(self) -> None:
         """Start accepting RPC streams on the host."""
@@ -542,7 +569,7 @@ class RpcService:
                     return
                 if header.kind != KIND_REQUEST:
                     raise FrameError("expected a request", header.request_id)
-                refusal = self._admit(peer_id, header)
+                refusal = self._admit(peer_id, source, header)
                 if refusal is not None:
                     if not await self._refuse_request(stream, reader, header, refusal):
                         return
@@ -608,9 +635,16 @@ class RpcService:
     ) -> bool:
         """Answer a request refused from its header. A small payload is read and dropped
         (the stream stays usable, and the caller reads the refusal); a large one is not
-        worth reading: the stream is reset. True when the stream goes on."""
+        kept in step: the stream is reset once the caller had the answer. True when the
+        stream goes on."""
         if header.payload_bytes > self.config.max_discard_bytes:
+            # Answer, then drop what comes until the caller (which reads while it writes)
+            # has read the answer and resets the stream. Resetting first would lose the
+            # answer: Yamux drops a stream's unread data when a reset arrives.
             await self._send_error_quietly(stream, header.request_id, refusal.code, refusal.message)
+            await _drain_quietly(
+                stream, self.config.max_refused_drain_bytes, seconds=self.config.stall_seconds
+            )
             await _reset_quietly(stream)
             return False
         with trio.fail_after(
@@ -637,7 +671,7 @@ class RpcService:
         await _drain_quietly(stream, drain, seconds=self.config.stall_seconds)
         await _reset_quietly(stream)
 
-    def _admit(self, peer_id: PeerID, header: FrameHeader) -> RemoteError | None:
+    def _admit(self, peer_id: PeerID, source: str, header: FrameHeader) -> RemoteError | None:
         """Decide from the header alone whether to take a request. When it is taken, its
         handler slot is reserved (see _release); its memory is reserved as it arrives."""
         nbytes = header.payload_bytes
@@ -658,6 +692,20 @@ class RpcService:
             # it may fit later: no memory is held for it now in any case
             self.stats.rejected["memory"] += 1
             return Overloaded("too much data in flight; retry later")
+        screen = self._screens.get(header.method)
+        if screen is not None:
+            meta = header.fields.get("meta", {})
+            head = RequestHead(peer_id, source, header.method, meta, nbytes)
+            try:
+                refusal = screen(head)
+            except Exception:  # noqa: BLE001 - a screen's bug refuses one request, no more
+                self._log.log(
+                    logging.ERROR, f"screen:{header.method}", "screen failed", exc_info=True
+                )
+                refusal = InternalError(f"{header.method} failed")
+            if refusal is not None:
+                self.stats.rejected[f"screened:{refusal.code}"] += 1
+                return refusal
         self._inflight[peer_id] += 1
         return None
 
@@ -776,10 +824,12 @@ __all__ = [
     "RateLimited",
     "RemoteError",
     "Reply",
+    "RequestHead",
     "RpcConfig",
     "RpcError",
     "RpcService",
     "RpcTimeout",
+    "Screen",
     "TooLarge",
     "Unavailable",
     "UnknownMethod",

@@ -96,7 +96,10 @@ def edited(**changes: object) -> tuple[Contribution, list[torch.Tensor]]:
     ("build", "context", "reason"),
     [
         (lambda: make(signature=bytes(64)), {}, "bad_signature"),
-        (lambda: edited(samples=80), {}, "bad_signature"),  # edited after signing
+        # edited after signing: its claim no longer adds up, which is checked before any
+        # signature (claims are cheap; a stranger's junk costs no signature check)
+        (lambda: edited(samples=80), {}, "inflated_samples"),
+        (lambda: edited(timestamp=int(time.time()) + 1), {}, "bad_signature"),
         (
             lambda: make(receipts=[Receipt.sign(MALLORY, "p1", "ffn0.0.0", 3, [], [], 8)]),
             {},

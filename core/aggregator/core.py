@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +22,7 @@ from torch import nn
 
 from core.aggregator.journal import Journal
 from core.aggregator.robust import ExpertRoundState, RobustSettings, influence, robust_round
-from core.aggregator.verify import Rejected, VerifyContext, verify
+from core.aggregator.verify import Rejected, VerifyContext, check_claims, check_payload
 from core.checkpoints import (
     CheckpointStore,
     load_optimizer_state,
@@ -35,6 +35,11 @@ from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
 
 log = logging.getLogger(__name__)
+
+#: Contributors whose statistics are kept without any accepted contribution, and
+#: identities whose strikes and bans are remembered (the oldest are forgotten).
+MAX_CONTRIBUTORS = 1024
+MAX_TRACKED = 10_000
 
 
 @dataclass(frozen=True)
@@ -121,8 +126,9 @@ class AggregatorCore:
         self.seen_batches: set[bytes] = set()
         self.applied: set[bytes] = set()
         self.stats = AggregatorStatistics()
-        self._invalid: dict[str, list[float]] = defaultdict(list)
-        self._banned_until: dict[str, float] = {}
+        # per contributor (hex key), bounded: identities are free to make
+        self._invalid: OrderedDict[str, list[float]] = OrderedDict()
+        self._banned_until: OrderedDict[str, float] = OrderedDict()
         self._checkpoints = CheckpointStore(folder / "checkpoints")
         self._checkpoint_number = 0
         for uid in settings.uids:
@@ -142,18 +148,8 @@ class AggregatorCore:
 
     # ------------------------------------------------------------ accepting
 
-    def submit(
-        self, contribution: Contribution, parts: Sequence[torch.Tensor], now: float | None = None
-    ) -> None:
-        """Verify and, if valid, make durable. Returns normally only once the contribution
-        is in the fsynced journal; raises Rejected (with its reason) otherwise."""
-        now = time.time() if now is None else now
-        who = contribution.contributor.hex()
-        until = self._banned_until.get(who, 0.0)
-        if until > now:
-            self.stats.rejected["banned"] += 1
-            raise Banned(until - now)
-        ctx = VerifyContext(
+    def _context(self, now: float) -> VerifyContext:
+        return VerifyContext(
             project=self.settings.project,
             params=self._params,
             current_version=self.versions,
@@ -163,21 +159,90 @@ class AggregatorCore:
             seen_batches=self.seen_batches,
             now=now,
         )
+
+    def screen(
+        self,
+        contribution: Contribution,
+        now: float,
+        *,
+        payload_bytes: int | None = None,
+        authenticated: bool = False,
+    ) -> None:
+        """The checks that need no signature and no payload (cheap: run on a request's
+        header, before its payload is read). Raises Rejected. ``authenticated``: the
+        sender is known to hold the contributor's key (the connection proved it), so a
+        refusal counts against that contributor; otherwise it counts only once the
+        message's own signature is checked."""
+        who = contribution.contributor.hex()
+        until = self._banned_until.get(who, 0.0)
+        if until > now:
+            self.stats.rejected["banned"] += 1
+            raise Banned(until - now)
         try:
-            grads = verify(contribution, parts, ctx)
+            check_claims(contribution, self._context(now), payload_bytes)
         except Rejected as exc:
-            self.stats.rejected[exc.reason] += 1
-            # an unsigned message names a contributor it cannot prove: counting or banning
-            # it would let anyone get an honest volunteer banned
-            if exc.reason != "bad_signature":
-                self.stats.contributors[who].rejected[exc.reason] += 1
-                if exc.reason != "replay":  # a retry of something accepted is no offence
-                    self._strike(who, now)
+            attributable = authenticated or contribution.verify_signature()
+            self.refused(contribution, exc, now, attributable=attributable)
             raise
+
+    def refused(
+        self, contribution: Contribution, exc: Rejected, now: float, *, attributable: bool
+    ) -> None:
+        """Count a refusal; against its contributor only when ``attributable`` (an
+        unsigned message names a contributor it cannot prove: counting or banning it
+        would let anyone get an honest volunteer banned)."""
+        self.stats.rejected[exc.reason] += 1
+        if not attributable or exc.reason == "bad_signature":
+            return
+        who = contribution.contributor.hex()
+        entry = self._contributor(who)
+        if entry is not None:
+            entry.rejected[exc.reason] += 1
+        if exc.reason != "replay":  # a retry of something accepted is no offence
+            self._strike(who, now)
+
+    def accept(
+        self,
+        contribution: Contribution,
+        parts: Sequence[torch.Tensor],
+        grads: dict[str, torch.Tensor],
+        now: float,
+    ) -> None:
+        """Make durable a contribution whose payload checked out (``grads``: its decoded
+        ``parts``). Its claims are checked again against the state now (another copy may
+        have been accepted meanwhile). Returns once it is in the fsynced journal; raises
+        Rejected otherwise."""
+        self.screen(contribution, now, authenticated=True)
         self._journal.append(["c", contribution.encode(), [_tensor_record(p) for p in parts]])
         self._remember(contribution, grads)
         self.stats.accepted += 1
-        self.stats.contributors[who].accepted += 1
+        entry = self._contributor(contribution.contributor.hex(), create=True)
+        assert entry is not None
+        entry.accepted += 1
+
+    def submit(
+        self, contribution: Contribution, parts: Sequence[torch.Tensor], now: float | None = None
+    ) -> None:
+        """Verify and, if valid, make durable: screen, payload, accept in one call (the
+        network service runs the three steps apart, the payload outside the engine).
+        Returns normally only once the contribution is in the fsynced journal; raises
+        Rejected (with its reason) otherwise."""
+        now = time.time() if now is None else now
+        self.screen(contribution, now)
+        try:
+            grads = check_payload(contribution, parts)
+        except Rejected as exc:
+            self.refused(contribution, exc, now, attributable=True)
+            raise
+        self.accept(contribution, parts, grads, now)
+
+    def _contributor(self, who: str, *, create: bool = False) -> ContributorStatistics | None:
+        """Statistics of a contributor. Identities cost nothing, so entries of ones that
+        never had a contribution accepted are made only while there is room."""
+        entry = self.stats.contributors.get(who)
+        if entry is None and (create or len(self.stats.contributors) < MAX_CONTRIBUTORS):
+            entry = self.stats.contributors[who] = ContributorStatistics()
+        return entry
 
     def _remember(self, c: Contribution, grads: dict[str, torch.Tensor]) -> None:
         self.seen_nonces.add(c.nonce)
@@ -187,11 +252,17 @@ class AggregatorCore:
         self.pending[c.uid].append(_Pending(c.contributor.hex(), c.samples, c.nonce, grads))
 
     def _strike(self, who: str, now: float) -> None:
-        strikes = [t for t in self._invalid[who] if t > now - self.settings.ban_window] + [now]
-        self._invalid[who] = strikes
+        window = now - self.settings.ban_window
+        strikes = [t for t in self._invalid.pop(who, []) if t > window] + [now]
+        self._invalid[who] = strikes  # most recent last
+        while len(self._invalid) > MAX_TRACKED:  # throwaway identities: the oldest go
+            self._invalid.popitem(last=False)
         if len(strikes) >= self.settings.max_invalid:
             self._banned_until[who] = now + self.settings.ban_seconds
-            self._invalid[who] = []
+            self._banned_until.move_to_end(who)
+            while len(self._banned_until) > MAX_TRACKED:
+                self._banned_until.popitem(last=False)
+            del self._invalid[who]
             self.stats.banned_peers += 1
             log.warning(
                 "banning %s for %.0f s after %d invalid contributions",
@@ -199,6 +270,14 @@ class AggregatorCore:
                 self.settings.ban_seconds,
                 len(strikes),
             )
+
+    def prune(self, now: float) -> None:
+        """Forget strikes and bans that ended (called now and then)."""
+        for who in [w for w, t in self._banned_until.items() if t <= now]:
+            del self._banned_until[who]
+        window = now - self.settings.ban_window
+        for who in [w for w, strikes in self._invalid.items() if strikes[-1] <= window]:
+            del self._invalid[who]
 
     # ------------------------------------------------------------ rounds
 

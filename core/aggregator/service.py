@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -12,7 +14,7 @@ import torch
 import trio
 
 from core.aggregator.core import AggregatorCore
-from core.aggregator.verify import Rejected
+from core.aggregator.verify import Rejected, check_payload
 from core.contrib.messages import Contribution, MessageError
 from core.contrib.sender import CONTRIBUTE
 from core.experts.weights import save_weights
@@ -27,15 +29,24 @@ from net import (
     RecordRejected,
     RemoteError,
     Reply,
+    RequestHead,
     SignedRecord,
 )
+from net._libp2p import PeerID
 from net.identity import peer_id_from_public_key
+from net.ratelimit import PeerRateLimiter, RateLimits
 from net.wire import pack, unpack_bounded
 
 log = logging.getLogger(__name__)
 
 STATS: Final = "agg.stats"
 MAX_CONTRIBUTORS_LISTED: Final = 256
+#: Refused contributions one source address may send per second, and in a burst,
+#: before its contributions are refused from the header on.
+JUNK_PER_SECOND: Final = 1.0
+JUNK_BURST: Final = 60.0
+#: How often ended strikes and bans are forgotten.
+PRUNE_SECONDS: Final = 60.0
 
 
 def version_key(project: str, uid: str) -> str:
@@ -86,7 +97,14 @@ class AggregatorService:
         self.store = store  # where new versions' chunks go, served by a WeightsService
         self.version_ttl = version_ttl
         self._engine = trio.CapacityLimiter(1)  # the core is used by one thread at a time
-        peer.rpc.register(CONTRIBUTE, self._contribute)
+        # signatures, digests and decoding run outside the engine, one thread at a time
+        self._checker = trio.CapacityLimiter(1)
+        # refusals per source address: a source that keeps sending junk (from any number
+        # of throwaway identities) is refused from the header on, for a while
+        self._junk: PeerRateLimiter[str] = PeerRateLimiter(
+            RateLimits(requests_per_second=JUNK_PER_SECOND, request_burst=JUNK_BURST)
+        )
+        peer.rpc.register(CONTRIBUTE, self._contribute, screen=self._screen)
         peer.rpc.register(STATS, self._stats)
 
     async def run(
@@ -95,11 +113,15 @@ class AggregatorService:
         for uid in self.core.settings.uids:
             await self._announce_version(uid)
         task_status.started(self)
+        next_prune = trio.current_time() + PRUNE_SECONDS
         while True:
             for uid in self.core.settings.uids:
                 if self.core.due(uid):
                     await trio.to_thread.run_sync(self.core.run_round, uid, limiter=self._engine)
                     await self._announce_version(uid)
+            if trio.current_time() >= next_prune:
+                next_prune = trio.current_time() + PRUNE_SECONDS
+                self.core.prune(time.time())
             await trio.sleep(0.2)
 
     async def _announce_version(self, uid: str) -> None:
@@ -127,20 +149,59 @@ class AggregatorService:
             save_weights(self.core.modules[uid], path, version=self.core.versions[uid])
             return split_file(path.read_bytes(), self.store)
 
-    async def _contribute(self, ctx: CallContext) -> Reply:
-        raw = ctx.request.meta.get("header")
+    def _decode(self, meta: Mapping[str, Any], peer_id: PeerID) -> Contribution:
+        raw = meta.get("header")
         if not isinstance(raw, bytes):
             raise BadRequest("a contribution needs its header")
         try:
             contribution = Contribution.decode(raw)
         except MessageError as exc:
             raise Refused("malformed", str(exc)) from exc
-        if ctx.peer_id != peer_id_from_public_key(contribution.contributor):
+        if peer_id != peer_id_from_public_key(contribution.contributor):
             raise Refused("not_yours", "contributions are sent by the volunteer that signed them")
+        return contribution
+
+    def _screen(self, head: RequestHead) -> RemoteError | None:
+        """Refuse junk from its header, before its payload is buffered: a source that
+        sent too much junk lately, a malformed header, or any claim that cannot hold
+        (unknown expert, receipts of no trainer, a payload of the wrong size...)."""
+        if self._junk_exhausted(head.source):
+            return Refused("source_limited", "too many refused contributions; slow down")
+        try:
+            contribution = self._decode(head.meta, head.peer_id)
+            # the connection proved the sender holds the contributor's key
+            self.core.screen(
+                contribution, time.time(), payload_bytes=head.payload_bytes, authenticated=True
+            )
+        except Rejected as exc:
+            self._count_junk(head.source)
+            return Refused(exc.reason, str(exc))
+        except RemoteError as exc:
+            self._count_junk(head.source)
+            return exc
+        return None
+
+    def _junk_exhausted(self, source: str) -> bool:
+        return self._junk.exhausted(source, trio.current_time())
+
+    def _count_junk(self, source: str) -> None:
+        self._junk.admit(source, 0, trio.current_time())
+
+    async def _contribute(self, ctx: CallContext) -> Reply:
+        contribution = self._decode(ctx.request.meta, ctx.peer_id)
         parts: list[torch.Tensor] = [from_wire(t) for t in ctx.request.tensors]
+        now = time.time()
+        try:
+            grads = await trio.to_thread.run_sync(
+                check_payload, contribution, parts, limiter=self._checker
+            )
+        except Rejected as exc:
+            self.core.refused(contribution, exc, now, attributable=True)
+            self._count_junk(ctx.source)
+            raise Refused(exc.reason, str(exc)) from exc
         try:
             await trio.to_thread.run_sync(
-                self.core.submit, contribution, parts, limiter=self._engine
+                self.core.accept, contribution, parts, grads, now, limiter=self._engine
             )
         except Rejected as exc:
             raise Refused(exc.reason, str(exc)) from exc

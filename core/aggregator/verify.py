@@ -41,8 +41,14 @@ def verify(
     c: Contribution, parts: Sequence[torch.Tensor], ctx: VerifyContext
 ) -> dict[str, torch.Tensor]:
     """The decoded gradient sums (parameter name -> flat float32), or Rejected."""
-    if not c.verify_signature():
-        raise Rejected("bad_signature", "contribution not signed by its contributor")
+    check_claims(c, ctx)
+    return check_payload(c, parts)
+
+
+def check_claims(c: Contribution, ctx: VerifyContext, payload_bytes: int | None = None) -> None:
+    """Every check that needs neither a signature nor the payload: cheap enough to run
+    on a request's header before its payload is read. ``payload_bytes``: what the
+    request says will follow (checked against what the codec makes of the params)."""
     if c.project != ctx.project:
         raise Rejected("wrong_project", c.project)
     expected = ctx.params.get(c.uid)
@@ -63,7 +69,8 @@ def verify(
         raise Rejected("no_receipts")
     batches = set()
     for r in c.receipts:
-        if r.trainer not in ctx.trainers or not r.verify():
+        # membership first: a receipt of no trainer of ours costs no signature check
+        if r.trainer not in ctx.trainers:
             raise Rejected("foreign_receipt", "a receipt not signed by a trainer of this project")
         if r.project != c.project or r.uid != c.uid or r.version != c.base_version:
             raise Rejected("foreign_receipt", "a receipt for another expert or version")
@@ -77,12 +84,27 @@ def verify(
         )
     if [(p.name, p.numel) for p in c.params] != list(expected.items()):
         raise Rejected("shape", "parameters do not match the expert's")
-    if tensor_digest(parts) != c.payload_sha256:
-        raise Rejected("payload_mismatch", "tensors do not match the signed digest")
     try:
         chosen = codec(c.codec)
     except CodecError as exc:
         raise Rejected("codec", str(exc)) from exc
+    if payload_bytes is not None:
+        size = sum(chosen.encoded_bytes(p.numel) for p in c.params)
+        if payload_bytes != size:
+            raise Rejected("shape", f"{payload_bytes} payload bytes, {c.codec} makes {size}")
+
+
+def check_payload(c: Contribution, parts: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Signatures (the contribution's and every receipt's), the payload's digest, the
+    decoded gradients. Needs no state of the aggregator: runs in any worker thread."""
+    if not c.verify_signature():
+        raise Rejected("bad_signature", "contribution not signed by its contributor")
+    for r in c.receipts:
+        if not r.verify():
+            raise Rejected("foreign_receipt", "a receipt not signed by a trainer of this project")
+    if tensor_digest(parts) != c.payload_sha256:
+        raise Rejected("payload_mismatch", "tensors do not match the signed digest")
+    chosen = codec(c.codec)
     per_param = len(parts) // len(c.params) if c.params else 0
     if per_param * len(c.params) != len(parts) or per_param == 0:
         raise Rejected("shape", "wrong number of tensor parts")

@@ -28,6 +28,10 @@ class Codec(Protocol):
 
     def decode(self, parts: Sequence[torch.Tensor], numel: int) -> torch.Tensor: ...
 
+    def encoded_bytes(self, numel: int) -> int:
+        """Bytes of the parts of a tensor of ``numel`` values (known before any arrive)."""
+        ...
+
 
 def _expect(parts: Sequence[torch.Tensor], specs: list[tuple[torch.dtype, int]]) -> None:
     if len(parts) != len(specs):
@@ -47,6 +51,9 @@ class Float32Codec:
         _expect(parts, [(torch.float32, numel)])
         return parts[0].reshape(-1)
 
+    def encoded_bytes(self, numel: int) -> int:
+        return 4 * numel
+
 
 class Float16Codec:
     name = "fp16"
@@ -58,6 +65,9 @@ class Float16Codec:
     def decode(self, parts: Sequence[torch.Tensor], numel: int) -> torch.Tensor:
         _expect(parts, [(torch.float16, numel)])
         return parts[0].reshape(-1).to(torch.float32)
+
+    def encoded_bytes(self, numel: int) -> int:
+        return 2 * numel
 
 
 class Int8BlockwiseCodec:
@@ -80,6 +90,9 @@ class Int8BlockwiseCodec:
         pad = nblocks * BLOCK - numel
         blocks = torch.nn.functional.pad(codes.to(torch.float32), (0, pad)).reshape(-1, BLOCK)
         return (blocks * scales[:, None]).reshape(-1)[:numel]
+
+    def encoded_bytes(self, numel: int) -> int:
+        return numel + 4 * -(-numel // BLOCK)
 
 
 CODECS: Final[dict[str, Codec]] = {
