@@ -10,7 +10,6 @@ import trio
 
 from core.aggregator.core import MAX_TRACKED
 from core.aggregator.service import AggregatorService
-from core.contrib.codecs import codec
 from core.contrib.messages import Contribution, ParamSpec, Receipt
 from core.contrib.sender import CONTRIBUTE
 from core.experts.wire import to_wire
@@ -23,7 +22,7 @@ from tests.test_aggregator_core import TRAINER, UID, contribution, make_core, se
 MiB = 1024 * 1024
 
 
-def junk(who: Identity, core, payload_bytes: int) -> tuple[Contribution, list]:
+def junk(who: Identity, core, payload_bytes: int) -> tuple[Contribution, list[torch.Tensor]]:
     """A contribution whose receipts no trainer signed, with a large payload."""
     module = core.modules[UID]
     blob = torch.zeros(payload_bytes // 4)
