@@ -94,3 +94,47 @@ async def test_control_api(tmp_path):
     assert restarted.preferences.idle_minutes == 10
     assert restarted.preferences.exclusive_apps == ["game.exe"]
     assert restarted.preferences != Preferences()
+
+
+async def test_malformed_requests_get_clear_errors_never_500(tmp_path):
+    """Behind the token, but still: NaN, infinity, JSON nested 100,000 deep, a body of
+    megabytes, a foreign Host header, and booleans written as "yes" or 1 (issue 14)."""
+    import httpx
+
+
+
+    control, governor = make_control(tmp_path)
+    data = tmp_path / "data"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(governor.run)
+        url = await nursery.start(serve_control, control, data)
+        headers = {"Authorization": f"Bearer {token_file(data).read_text().strip()}"}
+
+        def request(method: str, path: str, **kw: Any) -> httpx.Response:
+            with httpx.Client(base_url=url, headers=headers, timeout=10) as http:
+                return http.request(method, path, **kw)
+
+        async def call(method: str, path: str, **kw: Any) -> httpx.Response:
+            return await trio.to_thread.run_sync(partial(request, method, path, **kw))
+
+        for query in ("since=nan", "since=inf", "since=-inf", "since=1e300", "since=x"):
+            assert (await call("GET", f"/v1/history?{query}")).status_code == 400, query
+        for query in ("wait=nan", "wait=inf", "wait=-1", "since=1.5"):
+            assert (await call("GET", f"/v1/events?{query}")).status_code == 400, query
+        deep, deeper = "[" * 30_000 + "]" * 30_000, "[" * 100_000 + "]" * 100_000
+        for path in ("/v1/preferences", "/v1/snooze"):
+            method = "PUT" if path == "/v1/preferences" else "POST"
+            response = await call(method, path, content=deep)
+            assert response.status_code in (400, 422), (path, response.status_code)
+            assert (await call(method, path, content=deeper)).status_code == 413
+            big = await call(method, path, content=b"{" + b" " * (1 << 20) + b"}")
+            assert big.status_code == 413, path
+        for value in ("yes", 1, "true", None):
+            response = await call("PUT", "/v1/preferences", json={"idle_only": value})
+            assert response.status_code == 422, value
+            assert response.json()["problems"][0].startswith("idle_only")
+        foreign = await call("GET", "/v1/status", headers={**headers, "Host": "evil.example"})
+        assert foreign.status_code == 403
+        assert (await call("GET", "/v1/status")).status_code == 200
+        assert control.preferences == Preferences()  # nothing above changed anything
+        nursery.cancel_scope.cancel()

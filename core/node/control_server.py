@@ -3,8 +3,11 @@ every request checked against a random token (constant-time comparison)."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import json
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -92,6 +95,10 @@ class NodeControl:
 def build_app(control: NodeControl, token: str) -> Starlette:
     class TokenGate(BaseHTTPMiddleware):
         async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+            # a page that rebinds its own name to 127.0.0.1 sends its own Host: refused
+            # before the token is even looked at
+            if _host_name(request.headers.get("host", "")) not in LOCAL_HOSTS:
+                return JSONResponse({"error": "the control API answers on 127.0.0.1 only"}, 403)
             given = request.headers.get("authorization", "").removeprefix("Bearer ")
             if not hmac.compare_digest(given.encode(), token.encode()):
                 return JSONResponse({"error": "missing or wrong token"}, status_code=401)
@@ -103,9 +110,11 @@ def build_app(control: NodeControl, token: str) -> Starlette:
     async def events(request: Request) -> JSONResponse:
         try:
             since = int(request.query_params.get("since", "0"))
-            wait = float(request.query_params.get("wait", "0"))
+            wait = _number(request.query_params.get("wait", "0"), 0.0, 3600.0)
         except ValueError:
-            return JSONResponse({"error": "since and wait must be numbers"}, status_code=400)
+            return JSONResponse(
+                {"error": "since must be an integer, wait a number of seconds"}, status_code=400
+            )
         return JSONResponse(await control.events_after(since, wait))
 
     def command(action: Callable[[], None]) -> Callable[[Request], Awaitable[JSONResponse]]:
@@ -119,6 +128,8 @@ def build_app(control: NodeControl, token: str) -> Starlette:
 
     async def snooze(request: Request) -> JSONResponse:
         body = await _json(request)
+        if isinstance(body, JSONResponse):
+            return body
         seconds = body.get("seconds") if isinstance(body, dict) else None
         if (
             not isinstance(seconds, (int, float))
@@ -141,6 +152,8 @@ def build_app(control: NodeControl, token: str) -> Starlette:
         if request.method == "GET":
             return JSONResponse(control.preferences.model_dump(mode="json"))
         body = await _json(request)
+        if isinstance(body, JSONResponse):
+            return body
         if not isinstance(body, dict):
             return JSONResponse({"error": "send a JSON object of preferences"}, status_code=400)
         try:
@@ -158,6 +171,8 @@ def build_app(control: NodeControl, token: str) -> Starlette:
             control.leave()
             return JSONResponse(control.status())
         body = await _json(request)
+        if isinstance(body, JSONResponse):
+            return body
         project_id = body.get("project") if isinstance(body, dict) else None
         if not isinstance(project_id, str):
             return JSONResponse(
@@ -193,7 +208,7 @@ def build_app(control: NodeControl, token: str) -> Starlette:
         if control.history is None:
             return JSONResponse({"hours": [], "temperatures": []})
         try:
-            since = float(request.query_params.get("since", "0"))
+            since = _number(request.query_params.get("since", "0"), 0.0, time.time() + 86400)
         except ValueError:
             return JSONResponse({"error": "since must be a unix time"}, status_code=400)
         return JSONResponse(control.history(since))
@@ -214,10 +229,41 @@ def build_app(control: NodeControl, token: str) -> Starlette:
     return Starlette(routes=routes, middleware=[Middleware(TokenGate)])
 
 
+#: Names the control API answers to (its Host header): the loopback address only.
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
+#: The largest request body read (preferences are a few hundred bytes).
+MAX_BODY_BYTES = 64 * 1024
+
+
+def _host_name(host: str) -> str:
+    """``host`` of a Host header ``host:port`` (IPv6 in brackets kept as is)."""
+    if host.startswith("["):
+        return host.split("]", 1)[0] + "]"
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _number(text: str, low: float, high: float) -> float:
+    """A finite number within [low, high] (NaN and infinity are no numbers here)."""
+    value = float(text)
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{text!r} is outside {low:g}..{high:g}")
+    return value
+
+
 async def _json(request: Request) -> Any:
+    """The body as JSON; None when it is not JSON (too deep counts as not JSON), or a
+    413 response when it is larger than MAX_BODY_BYTES (read no further)."""
+    body = bytearray()
+    async with contextlib.aclosing(request.stream()) as chunks:
+        async for chunk in chunks:
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                return JSONResponse(
+                    {"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413
+                )
     try:
-        return await request.json()
-    except ValueError:
+        return json.loads(body)
+    except (ValueError, RecursionError):
         return None
 
 

@@ -28,7 +28,7 @@ class PreferencesError(ValueError):
 class Window(BaseModel):
     """Work is allowed on ``days`` from ``start`` to ``end`` (end < start spans midnight)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     days: Annotated[list[Day], Field(min_length=1)] = list(_DAYS)
     start: HHMM = "00:00"
     end: HHMM = "23:59"
@@ -48,7 +48,8 @@ class Window(BaseModel):
 
 
 class Preferences(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_assignment=True)
+    # strict: "yes" or 1 is no boolean, "3" no number (a typo must not pass as a choice)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_assignment=True, strict=True)
 
     idle_only: bool = True
     idle_minutes: Annotated[float, Field(ge=0, le=24 * 60)] = 3.0
