@@ -237,30 +237,38 @@ def pack(obj: Any) -> bytes:
     return data
 
 
+class NotMsgpack(ValueError):
+    """Bytes that are not bounded, plain msgpack (whatever msgpack itself raised)."""
+
+
 def _refuse_ext(code: int, data: bytes) -> Any:
-    raise FrameError(f"msgpack extension type {code} is not allowed")
+    raise NotMsgpack(f"msgpack extension type {code} is not allowed")
 
 
 def unpack_bounded(data: bytes, max_bytes: int) -> Any:
-    """msgpack decode with every container bounded and extension types refused."""
-    return msgpack.unpackb(
-        data,
-        raw=False,
-        strict_map_key=True,
-        ext_hook=_refuse_ext,
-        max_str_len=max_bytes,
-        max_bin_len=max_bytes,
-        max_array_len=max_bytes,
-        max_map_len=max_bytes,
-    )
+    """msgpack decode with every container bounded and extension types refused. Any
+    failure is a NotMsgpack (a ValueError): msgpack raises many types on garbage."""
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=_refuse_ext,
+            max_str_len=max_bytes,
+            max_bin_len=max_bytes,
+            max_array_len=max_bytes,
+            max_map_len=max_bytes,
+        )
+    except NotMsgpack:
+        raise
+    except Exception as exc:
+        raise NotMsgpack(str(exc)[:200]) from exc
 
 
 def parse_header(kind: int, data: bytes, limits: Limits) -> FrameHeader:
     try:
         obj = unpack_bounded(data, limits.max_header_bytes)
-    except FrameError:
-        raise
-    except Exception as exc:  # msgpack raises many types for garbage input
+    except NotMsgpack as exc:
         raise FrameError(f"header is not valid msgpack: {exc}") from exc
     if not isinstance(obj, dict):
         raise FrameError("header is not a map")

@@ -101,8 +101,6 @@ async def test_malformed_requests_get_clear_errors_never_500(tmp_path):
     megabytes, a foreign Host header, and booleans written as "yes" or 1 (issue 14)."""
     import httpx
 
-
-
     control, governor = make_control(tmp_path)
     data = tmp_path / "data"
     async with trio.open_nursery() as nursery:

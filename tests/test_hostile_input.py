@@ -102,3 +102,122 @@ def test_random_tensor_specs_never_allocate_past_the_limit(specs):
 def test_random_records(data):
     with contextlib.suppress(RecordRejected):
         SignedRecord.decode(data, 4096)
+
+
+# ---------------------------------------------------------------- wrong types everywhere
+#
+# Issue 14: the 37-byte frame that stopped a node had a list where a string belonged.
+# Values of any type, in every position, for every decoder and every namespace's check:
+# each either succeeds or raises its own error type.
+
+import time  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+
+from core.contrib.messages import Contribution, MessageError, Receipt  # noqa: E402
+from core.experts.records import ExpertAnnouncement, PrefixAnnouncement  # noqa: E402
+from core.experts.registry import ExpertSpec, SpecError  # noqa: E402
+from core.namespaces import moehome_validator  # noqa: E402
+from core.project.chunks import WeightsIndex  # noqa: E402
+from core.project.keys import KeyRotation  # noqa: E402
+from core.project.records import ProviderAnnouncement, directory_ids  # noqa: E402
+from core.project.signed import ManifestRejected, SignedManifest  # noqa: E402
+from net.dht.node import DhtNode  # noqa: E402
+from net.dht.records import sign_record  # noqa: E402
+from net.identity import Identity  # noqa: E402
+
+any_value = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.binary(max_size=40),
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner, max_size=6)
+    ),
+    max_leaves=24,
+)
+
+
+def packed(value) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def lists_of(n: int):
+    """A message of the right shape (a list of n fields) with fields of any type."""
+    return st.lists(any_value, min_size=n, max_size=n)
+
+
+def garbage(shape_fields: int | None = None):
+    strategies = [st.binary(max_size=200), any_value]
+    if shape_fields is not None:
+        strategies.append(lists_of(shape_fields))
+    return st.one_of(*strategies).map(lambda v: v if isinstance(v, bytes) else packed(v))
+
+
+DECODERS = [
+    ("record", lambda b: SignedRecord.decode(b, 4096), RecordRejected, 6),
+    ("receipt", Receipt.decode, MessageError, 9),
+    ("contribution", Contribution.decode, MessageError, 12),
+    ("expert announcement", ExpertAnnouncement.decode, RecordRejected, None),
+    ("prefix announcement", PrefixAnnouncement.decode, RecordRejected, None),
+    ("provider announcement", ProviderAnnouncement.decode, RecordRejected, None),
+    ("directory", directory_ids, RecordRejected, None),
+    ("signed manifest", SignedManifest.decode, ManifestRejected, 7),
+    ("weights index", WeightsIndex.decode, ValueError, None),
+    ("key rotation", KeyRotation.decode, ValueError, 4),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "decode", "error", "fields"), DECODERS, ids=[d[0] for d in DECODERS]
+)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_every_decoder_raises_only_its_own_error(name, decode, error, fields, data):
+    blob = data.draw(garbage(fields))
+    with contextlib.suppress(error):
+        decode(blob)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(list(ExpertSpec.__dataclass_fields__)), any_value))
+def test_an_expert_spec_of_any_types_is_a_spec_error(fields):
+    with contextlib.suppress(SpecError):
+        ExpertSpec.from_dict(fields)
+
+
+SIGNER = Identity.from_seed(b"s" * 32)
+KEYS = [
+    "/moehome/expert/demo/ffn.0.1",
+    "/moehome/expert/demo/ffn.0.",
+    "/moehome/version/demo/ffn.0.1",
+    f"/moehome/project/{'a' * 32}",
+    f"/moehome/rotation/{SIGNER.public_key.hex()}",
+    f"/moehome/weights/{'b' * 32}",
+    "/moehome/directory/projects",
+    f"/moehome/peer/{SIGNER.peer_id.to_base58()}",
+    "/moehome/demo/anything",
+]
+
+
+@pytest.mark.parametrize("key", KEYS)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_every_namespace_check_refuses_any_value_with_a_record_rejected(key, data):
+    """A record whose signature is good reaches its namespace's schema check: whatever
+    its value holds, the check says no with RecordRejected (never another error)."""
+    value = data.draw(garbage())
+    now = int(time.time() * 1000)
+    record = sign_record(SIGNER, key, value, 60, now)
+    with contextlib.suppress(RecordRejected):
+        moehome_validator().validate(record, now)
+
+
+@settings(max_examples=200, deadline=None)
+@given(any_value)
+def test_contacts_in_a_dht_reply_of_any_shape_are_skipped_not_raised(raw):
+    fake = SimpleNamespace(config=SimpleNamespace(k=20))
+    list(DhtNode._parse_contacts(fake, raw))  # type: ignore[arg-type]

@@ -40,6 +40,15 @@ class ExpertSpec:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        # isinstance first: a list or map from a peer is unhashable, `in` would raise
+        for name in ("kind", "activation", "dtype"):
+            if not isinstance(getattr(self, name), str):
+                raise SpecError(
+                    f"{name}: must be a string, got {type(getattr(self, name)).__name__}"
+                )
+        for name in ("hidden", "inner", "heads"):
+            if isinstance(getattr(self, name), bool):
+                raise SpecError(f"{name}: must be an integer, got a boolean")
         if self.kind not in EXPERT_TYPES:
             raise SpecError(f"kind: {self.kind!r} is not one of {sorted(EXPERT_TYPES)}")
         if not isinstance(self.hidden, int) or not 1 <= self.hidden <= MAX_HIDDEN:

@@ -258,9 +258,7 @@ async def _json(request: Request) -> Any:
         async for chunk in chunks:
             body += chunk
             if len(body) > MAX_BODY_BYTES:
-                return JSONResponse(
-                    {"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413
-                )
+                return JSONResponse({"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413)
     try:
         return json.loads(body)
     except (ValueError, RecursionError):

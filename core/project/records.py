@@ -37,7 +37,10 @@ MAX_DIRECTORY_IDS: Final = 16
 
 
 def directory_ids(value: bytes) -> list[str]:
-    obj: Any = unpack_bounded(value, 2048)
+    try:
+        obj: Any = unpack_bounded(value, 2048)
+    except ValueError as exc:
+        raise RecordRejected("schema", f"not a directory record ({exc})") from exc
     if (
         not isinstance(obj, list)
         or len(obj) > MAX_DIRECTORY_IDS
@@ -96,7 +99,10 @@ class ProviderAnnouncement:
 
     @classmethod
     def decode(cls, data: bytes) -> ProviderAnnouncement:
-        obj: Any = unpack_bounded(data, 16 * 1024)
+        try:
+            obj: Any = unpack_bounded(data, 16 * 1024)
+        except ValueError as exc:
+            raise RecordRejected("schema", f"not a provider record ({exc})") from exc
         if not isinstance(obj, dict) or not is_hash(obj.get("index")):
             raise RecordRejected("schema", "provider record needs an index hash")
         uids = obj.get("uids", [])
