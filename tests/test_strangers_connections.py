@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from net.host import SwarmHost
+from net.host import SwarmHost, parse_peer_addr
 from net.identity import Identity
 from net.rpc import Reply, RpcService
 from net.wire import KIND_RESPONSE, FrameReader, Limits, build_response
@@ -147,3 +147,36 @@ async def test_idle_sockets_from_the_same_address_are_dropped_oldest_first():
         for _ in range(5):
             assert await honest_call(server, timeout=5) == {"n": 1}
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_a_bootstrap_peer_process_outlives_every_hostile_frame():
+    """`moehome peer` exited with code 1 on one 37-byte frame (a list as a dtype), and
+    nothing restarts a bootstrap peer."""
+    from net.peer import PING
+    from net.rpc import RPC_PROTOCOL
+    from tests.processes import stop_processes
+    from tests.test_multiprocess import start_peer
+
+    proc, addr = start_peer([])
+    try:
+        target = parse_peer_addr(addr)
+        async with stranger() as attacker:
+            attacker.remember(target.peer_id, [str(a) for a in target.addrs])
+            frames = [frame({"id": 3, "m": "net.ping", "t": specs}) for specs in WRONG_TYPES]
+            frames.append(b"\x00" * 37)
+            frames.append(frame({"id": 1, "m": "net.ping", "t": [["uint8", [256 << 20]]]}))
+            for data in frames:
+                stream = await attacker.new_stream(target.peer_id, RPC_PROTOCOL)
+                await stream.write(data)
+                with trio.move_on_after(5):
+                    await FrameReader(stream, Limits()).read_frame()
+                await stream.reset()
+        assert proc.poll() is None, "the peer process exited"
+        async with stranger("127.0.0.1") as honest:
+            honest.remember(target.peer_id, [str(a) for a in target.addrs])
+            reply = await RpcService(honest).call(target.peer_id, PING, timeout=10)
+            assert reply.meta == {"bytes": 0}
+        assert proc.poll() is None
+    finally:
+        stop_processes([proc])
