@@ -435,6 +435,8 @@ class RpcService:
             return await self._read_response(entry, request.request_id, peer_id), True
         written = False
         failure: BaseException | None = None
+        response: Response | None = None
+        read_error: RpcError | None = None
 
         async def write(done: trio.CancelScope) -> None:
             nonlocal written, failure
@@ -445,13 +447,22 @@ class RpcService:
                 failure = exc
                 done.cancel()  # nothing more will come: stop waiting for a response
 
+        # Errors stay inside: a nursery would wrap them in an ExceptionGroup, which no
+        # caller's `except RpcError` catches.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(write, nursery.cancel_scope)
-            response = await self._read_response(entry, request.request_id, peer_id)
+            try:
+                response = await self._read_response(entry, request.request_id, peer_id)
+            except RpcError as exc:
+                read_error = exc
             nursery.cancel_scope.cancel()  # an early answer: the rest is not wanted
+        if response is not None:
+            return response, written
         if failure is not None and not written:
             raise _WriteFailed from failure
-        return response, written
+        if read_error is not None:
+            raise read_error
+        raise _WriteFailed("the request was not written")
 
     async def _close_stale_streams(self) -> None:
         """Close idle streams past their time, and forget peers left with none. Runs from

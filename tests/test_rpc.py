@@ -495,3 +495,20 @@ async def test_a_call_cancelled_while_writing_leaves_the_connection_usable():
                 await client.call(peer, "echo", tensors=[big], timeout=timeout)
         for _ in range(3):
             assert (await client.call(peer, "echo", {"after": 1}, timeout=10)).meta == {"after": 1}
+
+
+async def test_a_large_call_to_a_peer_that_hangs_up_fails_with_an_rpc_error():
+    """A large request is written while its response is awaited; the error of a peer
+    that closes the stream without answering must still be an RpcError (it once came
+    out wrapped in an ExceptionGroup, which stopped a trainer)."""
+    async with rpc_pair() as (client, server):
+
+        async def hang_up(stream) -> None:
+            await stream.read(1024)
+            await stream.close()
+
+        server.host.set_stream_handler(RPC_PROTOCOL, hang_up)
+        big = Tensor("uint8", (4 * MiB,), bytes(4 * MiB))
+        for _ in range(3):
+            with pytest.raises(PeerUnreachable):
+                await client.call(server.host.peer_id, "echo", tensors=[big], timeout=10)
