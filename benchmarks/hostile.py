@@ -1,0 +1,630 @@
+"""Strangers against a real node process (issue 14): each attack beside an honest caller
+measured before, during and after it, in the same run.
+
+    python benchmarks/hostile.py [--quick] [--attacks name,name,...]
+
+Three processes, as on the internet: the *target* (a volunteer's expert server, its DHT,
+and an aggregator, in one process; pinned to CPU 0), the *attacker* (its own process,
+dialling from 127.0.0.2 and other loopback addresses, as a stranger comes from an
+address of its own; CPU 1), and this one, the *honest caller* (127.0.0.1; CPU 1). For
+each attack the honest caller makes the calls that attack threatens (a trainer's
+forward and backward through a kept graph, a newcomer's first call, a DHT store and get,
+a volunteer's contribution) before the attack, while it runs at full strength, and after
+it stopped; the target's memory (RSS) is sampled every 20 ms.
+
+Prints one JSON line: per attack, ``success`` (share of honest calls that succeeded) and
+``median_ms`` for before / during / after, ``latency_ratio`` (during / before), the
+target's ``rss_mb`` before and peak during, and whether the target was still running.
+Goals (issue 14): success 1.0 during every attack, latency ratio <= 3, no exit, memory
+within the configured budgets (``budgets_mb``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import psutil
+import torch
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.service import AggregatorService
+from core.contrib.codecs import codec
+from core.contrib.messages import Contribution, ParamSpec, Receipt
+from core.contrib.sender import CONTRIBUTE
+from core.experts.backend import ExpertBackend
+from core.experts.protocol import BACKWARD, FORWARD
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.server import ExpertServer, ServerConfig
+from core.experts.uid import ExpertUID
+from core.experts.wire import from_wire, to_wire
+from core.namespaces import moehome_validator
+from net import Identity, Peer, PeerConfig, RemoteError, RpcService, SwarmHost, parse_peer_addr
+from net.dht import sign_record
+from net.dht.node import GET, STORE
+from net.peer import PING
+from net.rpc import RPC_PROTOCOL, RpcConfig, RpcError
+from net.wire import Tensor, pack
+
+log = logging.getLogger("benchmarks.hostile")
+MiB = 1024 * 1024
+SPEC = ExpertSpec("ffn", hidden=256, inner=1024)
+UID = "ffn.0.0"
+PROJECT = "bench"
+TRAINER = Identity.from_seed(b"hostile-benchmark-trainer".ljust(32, b"."))
+VOLUNTEER = Identity.from_seed(b"hostile-benchmark-volunteer".ljust(32, b"."))
+RPC_BUDGET = 1024 * MiB  # RpcConfig.max_buffered_bytes, the default
+
+ATTACKS = (
+    "bad_frames",
+    "connection_churn",
+    "idle_sockets",
+    "declared_payloads",
+    "stalled_refusals",
+    "dht_flood",
+    "expert_crowd",
+    "aggregator_junk",
+)
+
+
+# ------------------------------------------------------------------ target process
+
+
+def aggregator_settings() -> AggregatorSettings:
+    return AggregatorSettings(
+        project=PROJECT,
+        spec=SPEC,
+        uids=(UID,),
+        trainers=frozenset({TRAINER.public_key}),
+        optimizer="sgd",
+        round_samples=1 << 30,
+        round_seconds=1e9,
+    )
+
+
+async def run_target(workdir: Path) -> None:
+    backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1), device="cpu")
+    core = AggregatorCore(aggregator_settings(), workdir / "aggregator")
+    config = PeerConfig(listen=("/ip4/127.0.0.1/tcp/0",), rpc=RpcConfig())
+    async with trio.open_nursery() as nursery:
+        peer: Peer = await nursery.start(
+            Peer(Identity.generate(), config, validator=moehome_validator()).run
+        )
+        server_config = ServerConfig(project=PROJECT, trainers=frozenset({TRAINER.public_key}))
+        await nursery.start(ExpertServer(peer, {UID: backend}, server_config).run)
+        await nursery.start(AggregatorService(peer, core).run)
+        print("READY", peer.addrs()[0], flush=True)
+        await trio.sleep_forever()
+
+
+# ------------------------------------------------------------------ attacker process
+
+
+def dial_from(host: SwarmHost, source_ip: str) -> SwarmHost:
+    from libp2p.transport.tcp.tcp import TCP
+
+    for transport in host.libp2p_host.get_network().transport_manager.get_transports():
+        if isinstance(transport, TCP):
+            transport.dial = partial(transport.dial_with_source, source=(source_ip, 0))  # type: ignore[method-assign]
+    return host
+
+
+def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    raw: bytes = msgpack.packb(header, use_bin_type=True)
+    return struct.pack(">2sBBI", b"MH", 1, 1, len(raw)) + raw + payload
+
+
+@contextlib.asynccontextmanager
+async def stranger(target: Any, source_ip: str = "127.0.0.2") -> Any:
+    host = dial_from(SwarmHost(Identity.generate(), listen=[]), source_ip)
+    async with host.running():
+        host.remember(target.peer_id, [str(a) for a in target.addrs])
+        yield host
+
+
+async def quietly(fn: Callable[[], Awaitable[Any]]) -> None:
+    """Run one attacker action; whatever the target does to it is fine."""
+    with contextlib.suppress(Exception):
+        await fn()
+
+
+async def forever(action: Callable[[], Awaitable[Any]], pause: float = 0.0) -> None:
+    while True:
+        await quietly(action)
+        await trio.sleep(pause)
+
+
+async def attack_bad_frames(target: Any, started: trio.Event) -> None:
+    frames = [
+        frame({"id": 3, "m": FORWARD, "t": specs})
+        for specs in ([[[], [4]]], [[{"a": 1}, [4]]], [["float32", [[4]]]], {"x": 1}, [[None, 1]])
+    ] + [b"\x00" * 37, frame({"id": [1], "m": "x"})]
+
+    async def one(i: int) -> None:
+        async with stranger(target) as host:
+
+            async def send() -> None:
+                stream = await host.new_stream(target.peer_id, RPC_PROTOCOL)
+                await stream.write(frames[i % len(frames)])
+                with trio.move_on_after(2):
+                    await stream.read(65536)
+                await stream.reset()
+
+            await forever(send)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(one, i)
+        started.set()
+
+
+async def attack_connection_churn(target: Any, started: trio.Event) -> None:
+    async def one(i: int) -> None:
+        async with stranger(target, f"127.0.0.{10 + i}") as host:
+            swarm = host.libp2p_host.get_network()
+
+            async def cycle() -> None:
+                await host.connect(target.peer_id, timeout=5)
+                await swarm.close_peer(target.peer_id)
+
+            await forever(cycle)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(one, i)
+        started.set()
+
+
+async def attack_idle_sockets(target: Any, started: trio.Event) -> None:
+    ip, port = str(target.addrs[0]).split("/")[2], int(str(target.addrs[0]).split("/")[4])
+
+    async def hold() -> None:
+        sock = trio.socket.socket()
+        await sock.bind(("127.0.0.2", 0))
+        await sock.connect((ip, port))
+        async with trio.SocketStream(sock) as stream:
+            while await stream.receive_some(4096):
+                pass
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(260):
+            nursery.start_soon(forever, hold, 0.01)
+        started.set()
+
+
+async def attack_declared_payloads(target: Any, started: trio.Event) -> None:
+    header = frame({"id": 1, "m": FORWARD, "t": [["float32", [64 * MiB]]]})  # 256 MiB
+
+    async def one(i: int) -> None:
+        async with stranger(target) as host:
+
+            async def hold() -> None:
+                stream = await host.new_stream(target.peer_id, RPC_PROTOCOL)
+                await stream.write(header)
+                await stream.read(65536)  # until the target gives up on it
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(8):
+                    nursery.start_soon(forever, hold, 0.05)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(16):
+            nursery.start_soon(one, i)
+        started.set()
+
+
+async def attack_stalled_refusals(target: Any, started: trio.Event) -> None:
+    header = frame({"id": 1, "m": "no.such.method", "t": [["uint8", [2 * MiB]]]})
+
+    async def one(i: int) -> None:
+        async with stranger(target) as host:
+
+            async def hold() -> None:
+                stream = await host.new_stream(target.peer_id, RPC_PROTOCOL)
+                await stream.write(header)
+                await stream.read(65536)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(200):
+                    nursery.start_soon(forever, hold, 0.05)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(one, i)
+        started.set()
+
+
+def records_tensor(records: list[Any]) -> Tensor:
+    blob = pack([r.encode() for r in records])
+    return Tensor("uint8", (len(blob),), blob)
+
+
+async def attack_dht_flood(target: Any, started: trio.Event) -> None:
+    crowd = [Identity.generate() for _ in range(250)]
+    value = bytes(8 * 1024 - 64)
+    now = int(time.time() * 1000)
+    big = [
+        [
+            sign_record(crowd[(b * 64 + i) % 250], f"/moehome/demo/b{b}-{i}", value, 3600, now)
+            for i in range(64)
+        ]
+        for b in range(640)  # 40,960 records of 8 KiB
+    ]
+    sybil = [sign_record(who, "/moehome/demo/honest-key", b"sybil", 3600, now) for who in crowd]
+    tiny_author = Identity.generate()
+    round_ = [0]
+
+    async def sender(i: int) -> None:
+        async with stranger(target) as host:
+            rpc = RpcService(host)
+
+            async def send() -> None:
+                n = round_[0] = round_[0] + 1
+                if n % 3 == 0:
+                    batch = sybil
+                elif n % 3 == 1:
+                    batch = big[n % len(big)]
+                else:
+                    stamp = int(time.time() * 1000)
+                    batch = [
+                        sign_record(tiny_author, f"/moehome/demo/t{n}-{j}", b"", 3600, stamp)
+                        for j in range(500)
+                    ]
+                await rpc.call(target.peer_id, STORE, {}, [records_tensor(batch)], timeout=30)
+
+            await forever(send)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(4):
+            nursery.start_soon(sender, i)
+        started.set()
+
+
+async def attack_expert_crowd(target: Any, started: trio.Event) -> None:
+    x = to_wire(torch.randn(4096, SPEC.hidden))
+
+    async def one(i: int) -> None:
+        async with stranger(target) as host:
+            rpc = RpcService(host)
+
+            async def call() -> None:
+                await rpc.call(target.peer_id, FORWARD, {"uid": UID, "keep": True}, [x], timeout=60)
+
+            await forever(call)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(40):
+            nursery.start_soon(one, i)
+        started.set()
+
+
+async def attack_aggregator_junk(target: Any, started: trio.Event) -> None:
+    module = build_expert(SPEC)
+    params = [ParamSpec(n, p.numel()) for n, p in module.named_parameters()]
+    blob = torch.zeros(4 * MiB)  # 16 MiB of junk payload
+
+    async def one(i: int) -> None:
+        who = Identity.generate()
+        host = dial_from(SwarmHost(who, listen=[]), "127.0.0.2")
+        async with host.running():
+            host.remember(target.peer_id, [str(a) for a in target.addrs])
+            rpc = RpcService(host)
+
+            async def send() -> None:
+                receipts = [Receipt.sign(who, PROJECT, UID, 0, [], [], 4)]
+                msg = Contribution.create(
+                    who,
+                    project=PROJECT,
+                    uid=UID,
+                    base_version=0,
+                    codec="fp32",
+                    params=params,
+                    receipts=receipts,
+                    parts=[blob],
+                )
+                await rpc.call(
+                    target.peer_id,
+                    CONTRIBUTE,
+                    {"header": msg.encode()},
+                    [to_wire(blob)],
+                    timeout=30,
+                )
+
+            await forever(send, 0.01)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(200):
+            nursery.start_soon(one, i)
+        started.set()
+
+
+async def run_attacker(name: str, target_addr: str) -> None:
+    target = parse_peer_addr(target_addr)
+    started = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(globals()[f"attack_{name}"], target, started)
+        await started.wait()
+        await trio.sleep(2.0)  # let it reach full strength
+        print("ATTACKING", flush=True)
+
+
+# ------------------------------------------------------------------ honest caller
+
+
+class Honest:
+    """The calls each attack threatens, made the way honest peers make them."""
+
+    def __init__(self, target_addr: str) -> None:
+        self.target = parse_peer_addr(target_addr)
+        self.addrs = [str(a) for a in self.target.addrs]
+        self.trainer = SwarmHost(TRAINER, listen=[])
+        self.volunteer = SwarmHost(VOLUNTEER, listen=[])
+        self.version = 0
+
+    async def trainer_step(self) -> None:
+        """Forward keeping the graph, then backward through it (a trainer's use)."""
+        rpc = RpcService(self.trainer)
+        x = torch.randn(64, SPEC.hidden)
+        reply = await rpc.call(
+            self.target.peer_id, FORWARD, {"uid": UID, "keep": True}, [to_wire(x)], timeout=30
+        )
+        handle = reply.meta.get("handle")
+        grad = torch.ones_like(from_wire(reply.tensors[0]))
+        meta: dict[str, Any] = {"uid": UID}
+        tensors = [to_wire(grad)]
+        if isinstance(handle, int):
+            meta["handle"] = handle
+        else:
+            tensors = [to_wire(x), *tensors]
+        await rpc.call(self.target.peer_id, BACKWARD, meta, tensors, timeout=30)
+        if not isinstance(handle, int):
+            raise RuntimeError("the trainer's forward graph was not kept")
+
+    async def newcomer(self) -> None:
+        """A peer never seen before: connect and make one call."""
+        host = SwarmHost(Identity.generate(), listen=[])
+        async with host.running():
+            host.remember(self.target.peer_id, self.addrs)
+            await RpcService(host).call(self.target.peer_id, PING, timeout=10)
+
+    async def dht(self) -> None:
+        """Store a new record on the target and read it back."""
+        rpc = RpcService(self.volunteer)
+        key = f"/moehome/demo/honest-{time.monotonic_ns()}"
+        record = sign_record(VOLUNTEER, key, b"honest", 600, int(time.time() * 1000))
+        reply = await rpc.call(
+            self.target.peer_id, STORE, {}, [records_tensor([record])], timeout=10
+        )
+        if reply.meta.get("stored") != [True]:
+            raise RuntimeError(f"record not stored: {reply.meta}")
+        got = await rpc.call(self.target.peer_id, GET, {"key": key}, timeout=10)
+        if not got.tensors:
+            raise RuntimeError("record not found")
+
+    async def contribution(self) -> None:
+        """A volunteer's valid contribution (receipts signed by the project's trainer)."""
+        module = build_expert(SPEC)
+        chosen = codec("fp16")
+        grads = {n: torch.full((p.numel(),), 1e-3) for n, p in module.named_parameters()}
+        parts = [part for n in grads for part in chosen.encode(grads[n])]
+        msg = Contribution.create(
+            VOLUNTEER,
+            project=PROJECT,
+            uid=UID,
+            base_version=self.version,
+            codec="fp16",
+            params=[ParamSpec(n, p.numel()) for n, p in module.named_parameters()],
+            receipts=[Receipt.sign(TRAINER, PROJECT, UID, self.version, [], [], 4)],
+            parts=parts,
+        )
+        reply = await RpcService(self.volunteer).call(
+            self.target.peer_id,
+            CONTRIBUTE,
+            {"header": msg.encode()},
+            [to_wire(p) for p in parts],
+            timeout=30,
+        )
+        if reply.meta.get("accepted") is not True:
+            raise RuntimeError(f"contribution not accepted: {reply.meta}")
+
+
+HONEST_CALL = {
+    "bad_frames": "trainer_step",
+    "connection_churn": "newcomer",
+    "idle_sockets": "newcomer",
+    "declared_payloads": "trainer_step",
+    "stalled_refusals": "trainer_step",
+    "dht_flood": "dht",
+    "expert_crowd": "trainer_step",
+    "aggregator_junk": "contribution",
+}
+
+
+async def measure(call: Callable[[], Awaitable[None]], n: int) -> dict[str, Any]:
+    ok, times = 0, []
+    errors: dict[str, int] = {}
+    for _ in range(n):
+        t0 = time.perf_counter()
+        try:
+            with trio.fail_after(30):
+                await call()
+            ok += 1
+            times.append((time.perf_counter() - t0) * 1000)
+        except (RpcError, RemoteError, RuntimeError, trio.TooSlowError, OSError) as exc:
+            errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+        await trio.sleep(0.05)
+    out: dict[str, Any] = {
+        "success": round(ok / n, 3),
+        "median_ms": round(statistics.median(times), 2) if times else None,
+    }
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+class MemoryWatch:
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.peak = 0
+
+    def rss(self) -> int:
+        try:
+            return int(self.process.memory_info().rss)
+        except psutil.NoSuchProcess:
+            return 0
+
+    async def run(self) -> None:
+        while True:
+            self.peak = max(self.peak, self.rss())
+            await trio.sleep(0.02)
+
+
+def spawn(*args: str, cpu: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    with contextlib.suppress(AttributeError, OSError):  # not on every OS, not every core
+        os.sched_setaffinity(proc.pid, {cpu % (os.cpu_count() or 1)})
+    return proc
+
+
+async def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 120) -> str:
+    assert proc.stdout is not None
+    with trio.fail_after(timeout):
+        while True:
+            line = await trio.to_thread.run_sync(proc.stdout.readline)
+            if not line:
+                raise RuntimeError(f"process exited before saying {prefix!r}")
+            if line.startswith(prefix):
+                return line.strip()
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
+
+
+async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]:
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
+    target = spawn("target", "--workdir", str(workdir), cpu=0)
+    results: dict[str, Any] = {}
+    try:
+        addr = (await read_line(target, "READY")).split()[1]
+        honest = Honest(addr)
+        watch = MemoryWatch(target.pid)
+        async with (
+            honest.trainer.running(),
+            honest.volunteer.running(),
+            trio.open_nursery() as nursery,
+        ):
+            for host in (honest.trainer, honest.volunteer):
+                host.remember(honest.target.peer_id, honest.addrs)
+            nursery.start_soon(watch.run)
+            for name in attacks:
+                call = getattr(honest, HONEST_CALL[name])
+                await call()  # warm: connections open, code paths loaded
+                watch.peak = 0
+                before = await measure(call, calls)
+                rss_before = watch.peak
+                attacker = spawn("attack", name, addr, cpu=1)
+                try:
+                    await read_line(attacker, "ATTACKING")
+                    watch.peak = 0
+                    during = await measure(call, calls)
+                    rss_peak = watch.peak
+                finally:
+                    stop(attacker)
+                await trio.sleep(1.0)
+                after = await measure(call, calls)
+                ratio = (
+                    round(during["median_ms"] / before["median_ms"], 2)
+                    if during["median_ms"] and before["median_ms"]
+                    else None
+                )
+                results[name] = {
+                    "honest_call": HONEST_CALL[name],
+                    "before": before,
+                    "during": during,
+                    "after": after,
+                    "latency_ratio": ratio,
+                    "rss_mb_before": round(rss_before / MiB),
+                    "rss_mb_peak_during": round(rss_peak / MiB),
+                    "target_running": target.poll() is None,
+                }
+                log.info("%s: %s", name, results[name])
+                if target.poll() is not None:
+                    break
+            nursery.cancel_scope.cancel()
+    finally:
+        stop(target)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="role")
+    t = sub.add_parser("target")
+    t.add_argument("--workdir", type=Path, required=True)
+    a = sub.add_parser("attack")
+    a.add_argument("name", choices=ATTACKS)
+    a.add_argument("target")
+    parser.add_argument("--quick", action="store_true", help="fewer honest calls per phase")
+    parser.add_argument("--attacks", default=",".join(ATTACKS))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    if args.role == "target":
+        trio.run(run_target, args.workdir)
+        return
+    if args.role == "attack":
+        logging.getLogger("libp2p").setLevel(logging.CRITICAL)
+        logging.getLogger("net").setLevel(logging.CRITICAL)
+        trio.run(run_attacker, args.name, args.target)
+        return
+    import tempfile
+
+    attacks = [a for a in args.attacks.split(",") if a]
+    unknown = [a for a in attacks if a not in ATTACKS]
+    if unknown:
+        parser.error(f"unknown attacks {unknown}; known: {', '.join(ATTACKS)}")
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = trio.run(drive, attacks, 8 if args.quick else 20, Path(tmp))
+    budgets = {
+        "rpc_payloads": RPC_BUDGET // MiB,
+        "dht_store": 64,
+        "kept_graphs": 64,
+    }
+    print(json.dumps({"attacks": results, "budgets_mb": budgets}))
+
+
+if __name__ == "__main__":
+    main()
