@@ -42,6 +42,12 @@ class AdmissionLimits:
     connection_burst: float = 64.0
     #: Sources whose connection rate is remembered (least recently seen forgotten).
     max_sources: int = 10_000
+    #: Offences (bad frames, stalled requests, rate limits passed...) a source may
+    #: commit within ``offence_window_seconds``; one more and it is banned: its
+    #: connections closed, new ones refused at once, for ``ban_seconds``.
+    offences_before_ban: int = 20
+    offence_window_seconds: float = 60.0
+    ban_seconds: float = 120.0
 
 
 def source_of(host: str | None) -> str:
@@ -71,6 +77,10 @@ class AdmissionStatistics:
     refused_per_source: int = 0
     #: connections refused at once because their source opens them too fast
     refused_rate: int = 0
+    offences: int = 0
+    bans: int = 0
+    #: connections refused at once because their source is banned
+    refused_banned: int = 0
     inbound_open: int = 0
 
 
@@ -140,6 +150,9 @@ class InboundAdmission(Generic[H]):
         )
         self._inbound: Counter[str] = Counter()
         self._rates: OrderedDict[str, TokenBucket] = OrderedDict()
+        # source -> times of its recent offences; source -> end of its ban
+        self._offences: OrderedDict[str, list[float]] = OrderedDict()
+        self._banned_until: OrderedDict[str, float] = OrderedDict()
         self.stats = AdmissionStatistics()
 
     def pending(self, source: str | None = None) -> int:
@@ -162,9 +175,42 @@ class InboundAdmission(Generic[H]):
         """The handshake finished, failed or was aborted (idempotent)."""
         self._pending.remove(source, handle)
 
+    def banned(self, source: str, now: float) -> bool:
+        until = self._banned_until.get(source)
+        if until is None:
+            return False
+        if until <= now:
+            del self._banned_until[source]
+            return False
+        return True
+
+    def offence(self, source: str, now: float) -> bool:
+        """``source`` misbehaved. True when this offence bans it (the caller then closes
+        its connections)."""
+        self.stats.offences += 1
+        lim = self.limits
+        if self.banned(source, now):
+            return False
+        window = now - lim.offence_window_seconds
+        times = [t for t in self._offences.pop(source, []) if t > window] + [now]
+        if len(times) <= lim.offences_before_ban:
+            self._offences[source] = times  # most recent last
+            while len(self._offences) > lim.max_sources:
+                self._offences.popitem(last=False)
+            return False
+        self._banned_until[source] = now + lim.ban_seconds
+        while len(self._banned_until) > lim.max_sources:
+            self._banned_until.popitem(last=False)
+        self.stats.bans += 1
+        return True
+
     def admits(self, source: str, now: float) -> bool:
         """Whether a new connection from ``source`` may even start its handshake: refused
-        at once when the source has its share of connections or opens them too fast."""
+        at once when the source is banned, has its share of connections or opens them
+        too fast."""
+        if self.banned(source, now):
+            self.stats.refused_banned += 1
+            return False
         if self._inbound[source] >= self.limits.max_inbound_per_source:
             self.stats.refused_per_source += 1
             return False

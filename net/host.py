@@ -100,6 +100,11 @@ class SwarmHost:
         """Inbound handshakes and connections: started, evicted, timed out, open."""
         return self._gate.statistics()
 
+    def penalize(self, source: str) -> None:
+        """A peer from ``source`` misbehaved: enough offences ban the source (its
+        connections closed, new ones refused for a while; net/admission.py)."""
+        self._gate.penalize(source)
+
     def listen_addrs(self) -> list[str]:
         """Addresses we listen on, without the /p2p/ part (what peers store for us);
         none once the host stopped (libp2p then fails on the closed listening socket, and a

@@ -45,6 +45,9 @@ class InboundGate:
         self._swarm = swarm
         self.policy: InboundAdmission[trio.CancelScope] = InboundAdmission(limits)
         self._evicted: set[trio.CancelScope] = set()
+        # source -> the scopes of its connections' handlers (cancelled when it is banned)
+        self._connections: dict[str, set[trio.CancelScope]] = {}
+        self._log = ThrottledLog(log)
 
     def install(self) -> None:
         # The listener's callback looks the method up on the instance at each connection.
@@ -54,6 +57,15 @@ class InboundGate:
 
     def statistics(self) -> AdmissionStatistics:
         return self.policy.stats
+
+    def penalize(self, source: str) -> None:
+        """``source`` misbehaved (see AdmissionLimits.offences_before_ban); when that
+        bans it, every connection it has is closed."""
+        if not self.policy.offence(source, trio.current_time()):
+            return
+        self._log.log(logging.WARNING, "ban", "banning %s for misbehaving", source)
+        for scope in self._connections.get(source, ()):
+            scope.cancel()
 
     async def handle(self, read_write_closer: Any, maddr: Any) -> None:
         source = source_of(_remote_host(read_write_closer))
@@ -85,10 +97,20 @@ class InboundGate:
             return
         self.policy.stats.handshakes_completed += 1
         self.policy.connection_opened(source)
+        watch = trio.CancelScope()
+        self._connections.setdefault(source, set()).add(watch)
         try:
-            await _wait_closed(muxed)
+            with watch:
+                await _wait_closed(muxed)
         finally:
             self.policy.connection_closed(source)
+            held = self._connections.get(source)
+            if held is not None:
+                held.discard(watch)
+                if not held:
+                    del self._connections[source]
+        if watch.cancelled_caught:  # banned: the connection goes
+            await _close_quietly(muxed)
 
 
 def _remote_host(stream: Any) -> str | None:

@@ -185,6 +185,8 @@ class RequestHead:
     method: str
     meta: Mapping[str, Any]
     payload_bytes: int
+    #: dtype and shape of each tensor the payload holds
+    specs: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 #: Decides from a request's head alone: an error to refuse it with, or None to read it.
@@ -594,9 +596,11 @@ class RpcService:
                 return
             except StreamStalled:
                 self.stats.rejected["stalled"] += 1
+                self.host.penalize(source)
                 await _reset_quietly(stream)
                 return
             except FrameError as exc:
+                self.host.penalize(source)
                 await self._refuse_frame(stream, peer_id, exc)
                 return
             try:
@@ -631,6 +635,7 @@ class RpcService:
             refusal: RemoteError = Overloaded("too much data in flight; retry later")
         except trio.TooSlowError:
             self.stats.rejected["stalled"] += 1
+            self.host.penalize(source)
             refusal = DeadlineExceeded(f"payload slower than {seconds:.0f} s")
         except BaseException:
             self._release(peer_id, source, reserved)
@@ -689,6 +694,7 @@ class RpcService:
         admission = self._limiter.admit(peer_id, nbytes, trio.current_time())
         if admission is not Admission.ADMIT:
             self.stats.rejected[admission.value] += 1
+            self.host.penalize(source)
             return RateLimited(f"{admission.value}; slow down")
         if header.method not in self._handlers:
             self.stats.rejected["unknown_method"] += 1
@@ -706,7 +712,8 @@ class RpcService:
         screen = self._screens.get(header.method)
         if screen is not None:
             meta = header.fields.get("meta", {})
-            head = RequestHead(peer_id, source, header.method, meta, nbytes)
+            specs = tuple((dtype, shape) for dtype, shape, _ in header.specs)
+            head = RequestHead(peer_id, source, header.method, meta, nbytes, specs)
             try:
                 refusal = screen(head)
             except Exception:  # noqa: BLE001 - a screen's bug refuses one request, no more
@@ -716,6 +723,8 @@ class RpcService:
                 refusal = InternalError(f"{header.method} failed")
             if refusal is not None:
                 self.stats.rejected[f"screened:{refusal.code}"] += 1
+                if isinstance(refusal, RateLimited):
+                    self.host.penalize(source)
                 return refusal
         self._inflight[peer_id] += 1
         return None
@@ -744,6 +753,8 @@ class RpcService:
             self.stats.requests_served += 1
             return Response(request.request_id, reply.meta, reply.tensors)
         except RemoteError as exc:
+            if isinstance(exc, RateLimited):  # a limit of the handler's own was passed
+                self.host.penalize(source)
             return _error(request.request_id, exc)
         except Exception:  # noqa: BLE001 - a handler's bug is an error reply, never a crash
             self._log.log(

@@ -93,3 +93,23 @@ def test_remembered_sources_are_bounded():
     for i in range(1000):
         gate.admits(f"198.18.{i // 256}.{i % 256}", now=0.0)
     assert len(gate._rates) == 10
+
+
+def test_a_source_that_keeps_misbehaving_is_banned_for_a_while():
+    limits = AdmissionLimits(offences_before_ban=3, offence_window_seconds=10, ban_seconds=60)
+    gate: InboundAdmission[str] = InboundAdmission(limits)
+    assert [gate.offence("a", now=t) for t in (0, 1, 2)] == [False] * 3
+    assert gate.offence("b", now=2) is False  # per source
+    assert gate.offence("a", now=3) is True  # the fourth in the window bans
+    assert not gate.admits("a", now=30)
+    assert gate.admits("b", now=30)
+    assert gate.offence("a", now=31) is False  # already banned: not banned again
+    assert gate.admits("a", now=64)  # the ban ended
+    assert gate.stats.bans == 1
+    assert gate.stats.refused_banned == 1
+
+
+def test_offences_spread_over_time_never_ban():
+    limits = AdmissionLimits(offences_before_ban=3, offence_window_seconds=10)
+    gate: InboundAdmission[str] = InboundAdmission(limits)
+    assert not any(gate.offence("a", now=t * 4.0) for t in range(100))

@@ -291,3 +291,22 @@ def test_one_caller_holds_at_most_its_share_of_kept_graphs():
         cache.pop("greedy", first)  # its own oldest went first
     cache.pop("greedy", last)
     assert cache.put("other", x, x, 301) is None  # larger than anyone's share
+
+
+def test_a_request_that_keeps_its_graph_runs_alone():
+    queue: FairQueue[str] = FairQueue(max_per_caller=100, max_strangers=100)
+    queue.push("a", "a0", 10, TRAINER)
+    queue.push("t", "keep", 10, TRAINER, solo=True)
+    queue.push("b", "b0", 10, TRAINER)
+    assert queue.take_batch(100) == ["a0"]
+    assert queue.take_batch(100) == ["keep"]
+    assert queue.take_batch(100) == ["b0"]
+
+
+def test_strangers_take_at_most_their_share_of_a_batch():
+    queue: FairQueue[str] = FairQueue(max_per_caller=100, max_strangers=100)
+    for i in range(4):
+        queue.push(f"s{i}", f"s{i}", 10, STRANGER)
+    queue.push("t", "t0", 10, TRAINER)
+    assert queue.take_batch(100, max_strangers=20) == ["t0", "s0", "s1"]
+    assert queue.take_batch(100, max_strangers=20) == ["s2", "s3"]

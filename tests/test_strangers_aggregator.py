@@ -98,7 +98,7 @@ async def test_junk_from_a_crowd_of_identities_is_refused_before_it_is_buffered(
         refusals = peer.rpc.stats.rejected
         screened = sum(n for reason, n in refusals.items() if reason.startswith("screened:"))
         assert screened == outcomes["refused"]  # every refusal came from the header
-        assert refusals["screened:source_limited"] > 0  # the address ran out of credit
+        assert refusals["screened:rate_limited"] > 0  # the address ran out of credit
         assert peak[0] < 1 * MiB  # no junk payload was ever held (the honest ones are tiny)
         assert len(core._invalid) + len(core._banned_until) <= MAX_TRACKED
         core.prune(1e12)  # long after every ban ended: nothing is left of the crowd

@@ -17,7 +17,7 @@ from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.experts.wire import from_wire, to_wire
 from core.namespaces import moehome_validator
-from net import Identity, Overloaded, Peer, PeerConfig, RpcService, SwarmHost
+from net import Identity, Overloaded, Peer, PeerConfig, RpcService, SwarmHost, TooLarge
 from net.rpc import RpcError
 from tests.strangers import stranger
 
@@ -37,14 +37,16 @@ async def expert_server(config: ServerConfig):
         nursery.cancel_scope.cancel()
 
 
-async def crowd(peer: Peer, identities: int, *, keep: bool, counts: dict[str, int]) -> None:
-    """``identities`` strangers from 127.0.0.2, each sending full batches forever."""
+async def crowd(
+    peer: Peer, identities: int, *, keep: bool, counts: dict[str, int], rows: int = 4096
+) -> None:
+    """``identities`` strangers from 127.0.0.2, each sending ``rows`` forever."""
 
     async def one(i: int) -> None:
         async with stranger("127.0.0.2") as host:
             host.remember(peer.peer_id, peer.addrs())
             rpc = RpcService(host)
-            x = torch.randn(4096, FFN.hidden)
+            x = torch.randn(rows, FFN.hidden)
             while True:
                 try:
                     await rpc.call(
@@ -85,7 +87,8 @@ async def test_a_trainer_is_served_through_a_crowd_of_strangers_sending_full_bat
     config = ServerConfig(project="demo", trainers=frozenset({trainer.public_key}))
     counts: dict[str, int] = {"answered": 0, "overloaded": 0, "other": 0}
     async with expert_server(config) as (peer, server), trio.open_nursery() as nursery:
-        nursery.start_soon(lambda: crowd(peer, 20, keep=True, counts=counts))
+        # the largest request a stranger may send a project's server: a stranger's batch
+        nursery.start_soon(lambda: crowd(peer, 20, keep=True, counts=counts, rows=256))
         async with SwarmHost(trainer, listen=[]).running() as host:
             host.remember(peer.peer_id, peer.addrs())
             rpc = RpcService(host)
@@ -94,6 +97,11 @@ async def test_a_trainer_is_served_through_a_crowd_of_strangers_sending_full_bat
                     await trio.sleep(0.05)
             for _ in range(10):
                 await forward_backward(rpc, peer, torch.randn(16, FFN.hidden))
+        async with stranger("127.0.0.3") as host:  # a full batch is for trainers only
+            host.remember(peer.peer_id, peer.addrs())
+            big = to_wire(torch.randn(4096, FFN.hidden))
+            with pytest.raises(TooLarge):
+                await RpcService(host).call(peer.peer_id, FORWARD, {"uid": UID}, [big])
         backend = server.backends[UID]
         assert backend.graphs.held_by(trainer.peer_id) == 0  # each used once
         # strangers may not keep graphs on a project server: nothing of theirs is held

@@ -118,6 +118,8 @@ async def test_refused_requests_that_stall_hold_no_memory():
         async with honest_client(server) as client:
             reply = await client.call(server.peer_id, "echo", {"x": 1}, timeout=10)
             assert reply.meta == {"n": 0}
-        # the attackers are still there, silent: their streams are cut off
-        await settle(lambda: rpc.stats.rejected["stalled"] == 240, timeout=30)
-        assert server.streams.open_streams() < 10
+        # the attackers are still there, silent: their streams are cut off, and each
+        # address, having stalled again and again, is banned (its connections closed)
+        await settle(lambda: server.streams.open_streams() < 10, timeout=30)
+        assert rpc.stats.rejected["stalled"] >= 4 * 21
+        assert server.admission_statistics().bans == 4

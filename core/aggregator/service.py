@@ -26,6 +26,7 @@ from net import (
     DhtError,
     NamespaceRule,
     Peer,
+    RateLimited,
     RecordRejected,
     RemoteError,
     Reply,
@@ -166,7 +167,7 @@ class AggregatorService:
         sent too much junk lately, a malformed header, or any claim that cannot hold
         (unknown expert, receipts of no trainer, a payload of the wrong size...)."""
         if self._junk_exhausted(head.source):
-            return Refused("source_limited", "too many refused contributions; slow down")
+            return RateLimited("too many refused contributions from this address; slow down")
         try:
             contribution = self._decode(head.meta, head.peer_id)
             # the connection proved the sender holds the contributor's key

@@ -55,7 +55,7 @@ class QueueFull(Exception):
 @dataclass
 class _Caller(Generic[T]):
     priority: int
-    items: deque[tuple[T, int]] = field(default_factory=deque)
+    items: deque[tuple[T, int, bool]] = field(default_factory=deque)  # (item, size, solo)
     samples: int = 0
 
 
@@ -75,13 +75,21 @@ class FairQueue(Generic[T]):
     def __len__(self) -> int:
         return sum(len(c.items) for c in self._callers.values())
 
+    @property
+    def stranger_samples(self) -> int:
+        return self._stranger_samples
+
     def queued_for(self, caller: Hashable) -> int:
         entry = self._callers.get(caller)
         return entry.samples if entry is not None else 0
 
-    def push(self, caller: Hashable, item: T, size: int, priority: int) -> None:
+    def push(
+        self, caller: Hashable, item: T, size: int, priority: int, *, solo: bool = False
+    ) -> None:
         """Queue ``item`` (``size`` samples) for ``caller``; QueueFull when it would pass
-        the caller's share, or the strangers' share for a caller that is no trainer."""
+        the caller's share, or the strangers' share for a caller that is no trainer.
+        ``solo``: the item runs in a batch of its own (a forward pass whose graph is
+        kept for the caller's backward pass)."""
         entry = self._callers.get(caller)
         queued = entry.samples if entry is not None else 0
         if queued + size > self.max_per_caller:
@@ -92,24 +100,35 @@ class FairQueue(Generic[T]):
             entry = self._callers[caller] = _Caller(priority)
         if not entry.items:
             self._turns.setdefault(entry.priority, deque()).append(caller)
-        entry.items.append((item, size))
+        entry.items.append((item, size, solo))
         entry.samples += size
         self.samples += size
         if entry.priority > TRAINER:
             self._stranger_samples += size
 
-    def take_batch(self, max_size: int) -> list[T]:
+    def take_batch(self, max_size: int, max_strangers: int | None = None) -> list[T]:
         """The next batch: classes in order, callers in turn, one request each, until
-        the next request would not fit. At least one request when any is queued."""
+        the next request would not fit. Strangers' requests take at most
+        ``max_strangers`` samples of it (their batches hold the device briefly, so a
+        trainer arriving meanwhile waits little). At least one request when any is
+        queued."""
         batch: list[T] = []
         size = 0
+        strangers = 0
         for priority in sorted(self._turns):
             turns = self._turns[priority]
             while turns:
                 caller = turns[0]
                 entry = self._callers[caller]
-                item, n = entry.items[0]
-                if batch and size + n > max_size:
+                item, n, solo = entry.items[0]
+                if batch and (solo or size + n > max_size):
+                    return batch
+                if (
+                    batch
+                    and priority > TRAINER
+                    and max_strangers is not None
+                    and strangers + n > max_strangers
+                ):
                     return batch
                 entry.items.popleft()
                 entry.samples -= n
@@ -118,11 +137,15 @@ class FairQueue(Generic[T]):
                     self._stranger_samples -= n
                 batch.append(item)
                 size += n
+                if priority > TRAINER:
+                    strangers += n
                 turns.popleft()
                 if entry.items:
                     turns.append(caller)  # its next request waits for everyone else's turn
                 else:
                     del self._callers[caller]
+                if solo:
+                    return batch
             del self._turns[priority]
         return batch
 
@@ -164,6 +187,7 @@ class TaskPool:
         priority: Callable[[object], int] = lambda owner: TRAINER,
         max_queued_per_caller: int | None = None,
         max_queued_strangers: int | None = None,
+        max_stranger_batch: int | None = None,
     ) -> None:
         self.name = name
         self._process = process
@@ -177,12 +201,22 @@ class TaskPool:
             max_queued_per_caller or 2 * max_batch_size,
             max_queued_strangers or 4 * max_batch_size,
         )
+        self.max_stranger_batch = max_stranger_batch
         self._arrivals = trio.lowlevel.ParkingLot()
         self.stats = PoolStatistics()
 
     @property
     def queued_samples(self) -> int:
         return self._queue.samples
+
+    def room_for(self, owner: object, size: int) -> bool:
+        """Whether a request of ``size`` samples from ``owner`` would be queued now."""
+        queue = self._queue
+        if queue.queued_for(owner) + size > queue.max_per_caller:
+            return False
+        return self._priority(owner) == TRAINER or queue.stranger_samples + size <= (
+            queue.max_strangers
+        )
 
     async def submit(
         self, *tensors: torch.Tensor, keep: bool = False, owner: object = None, extra: Any = None
@@ -192,7 +226,7 @@ class TaskPool:
         Raises Overloaded when ``owner`` (or the strangers) already queued too much."""
         task = _Task(tensors, int(tensors[0].shape[0]), keep, owner, extra)
         try:
-            self._queue.push(owner, task, task.size, self._priority(owner))
+            self._queue.push(owner, task, task.size, self._priority(owner), solo=keep)
         except QueueFull as exc:
             self.stats.refused += 1
             raise Overloaded(f"{self.name}: {exc}; retry later") from None
@@ -216,7 +250,9 @@ class TaskPool:
                 with trio.move_on_after(self.max_wait):
                     while self._queue.samples < self.max_batch_size:
                         await self._arrivals.park()
-            await self._run_batch(self._queue.take_batch(self.max_batch_size))
+            await self._run_batch(
+                self._queue.take_batch(self.max_batch_size, self.max_stranger_batch)
+            )
 
     async def _run_batch(self, batch: list[_Task]) -> None:
         live = [t for t in batch if not t.abandoned]

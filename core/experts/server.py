@@ -26,7 +26,18 @@ from core.experts.records import (
     prefix_children,
 )
 from core.experts.wire import from_wire, to_wire
-from net import BadRequest, CallContext, DhtError, Peer, RemoteError, Reply, Unavailable
+from net import (
+    BadRequest,
+    CallContext,
+    DhtError,
+    Overloaded,
+    Peer,
+    RemoteError,
+    Reply,
+    RequestHead,
+    TooLarge,
+    Unavailable,
+)
 from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)
@@ -50,10 +61,15 @@ class ServerConfig:
     #: stranger's backward pass would need a trainer's receipt anyway). Empty: every
     #: caller is treated alike (the demo project).
     trainers: frozenset[bytes] = frozenset()
-    #: Samples one caller, and all strangers together, may have waiting per expert and
-    #: operation (None: 2x and 4x max_batch_size).
+    #: Samples one caller may have waiting per expert and operation (None: 2x
+    #: max_batch_size).
     max_queued_per_caller: int | None = None
+    #: When trainers are listed, strangers are served from what is left, in small
+    #: batches: at most this many samples waiting, all strangers together (None: a
+    #: quarter of max_batch_size), and this many per request and per batch (None: a
+    #: sixteenth), so that a trainer arriving behind them waits one short batch at most.
     max_queued_strangers: int | None = None
+    max_stranger_batch: int | None = None
 
 
 class ExpertServer:
@@ -94,7 +110,8 @@ class ExpertServer:
     ) -> None:
         handlers = {FORWARD: self._forward, BACKWARD: self._backward, INFO: self._info}
         for method, handler in handlers.items():
-            self.peer.rpc.register(method, handler)
+            screen = self._screen if method in (FORWARD, BACKWARD) else None
+            self.peer.rpc.register(method, handler, screen=screen)
         try:
             async with trio.open_nursery() as nursery:
                 for pool in [*self._forward_pools.values(), *self._backward_pools.values()]:
@@ -120,8 +137,30 @@ class ExpertServer:
             refuse=self._refusal,
             priority=self._priority,
             max_queued_per_caller=config.max_queued_per_caller,
-            max_queued_strangers=config.max_queued_strangers,
+            max_queued_strangers=config.max_queued_strangers or max(1, config.max_batch_size // 4),
+            max_stranger_batch=self._stranger_batch,
         )
+
+    @property
+    def _stranger_batch(self) -> int:
+        return self.config.max_stranger_batch or max(1, self.config.max_batch_size // 16)
+
+    def _screen(self, head: RequestHead) -> RemoteError | None:
+        """Refuse from the header, before the payload is read: a stranger's request
+        larger than a stranger's batch, or one that would not be queued now."""
+        if self._paused:
+            return Unavailable("this volunteer is paused")
+        uid = head.meta.get("uid")
+        pools = self._forward_pools if head.method == FORWARD else self._backward_pools
+        pool = pools.get(uid) if isinstance(uid, str) else None
+        if pool is None or not head.specs or not head.specs[0][1]:
+            return None  # the handler explains what is wrong
+        rows = head.specs[0][1][0]
+        if not self._is_trainer(head.peer_id) and rows > self._stranger_batch:
+            return TooLarge(f"this server takes at most {self._stranger_batch} rows from you")
+        if not pool.room_for(head.peer_id, rows):
+            return Overloaded(f"{pool.name}: queue full; retry later")
+        return None
 
     def _is_trainer(self, caller: object) -> bool:
         return not self._trainers or caller in self._trainers
