@@ -139,10 +139,17 @@ async def stranger(target: Any, source_ip: str = "127.0.0.2") -> Any:
         yield host
 
 
+#: What the attacker tried: actions, and those the target refused or cut off.
+TRIED = {"actions": 0, "failed": 0}
+
+
 async def quietly(fn: Callable[[], Awaitable[Any]]) -> None:
     """Run one attacker action; whatever the target does to it is fine."""
-    with contextlib.suppress(Exception):
+    TRIED["actions"] += 1
+    try:
         await fn()
+    except Exception:  # noqa: BLE001 - refusals are what the target should answer
+        TRIED["failed"] += 1
 
 
 async def forever(action: Callable[[], Awaitable[Any]], pause: float = 0.0) -> None:
@@ -298,9 +305,11 @@ async def attack_dht_flood(target: Any, started: trio.Event) -> None:
 
 
 async def attack_expert_crowd(target: Any, started: trio.Event) -> None:
-    x = to_wire(torch.randn(4096, SPEC.hidden))
+    # half send full batches (4096 rows), half the largest a stranger may send (256)
+    full, allowed = to_wire(torch.randn(4096, SPEC.hidden)), to_wire(torch.randn(256, SPEC.hidden))
 
     async def one(i: int) -> None:
+        x = full if i % 2 else allowed
         async with stranger(target) as host:
             rpc = RpcService(host)
 
@@ -358,11 +367,28 @@ async def attack_aggregator_junk(target: Any, started: trio.Event) -> None:
 async def run_attacker(name: str, target_addr: str) -> None:
     target = parse_peer_addr(target_addr)
     started = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(globals()[f"attack_{name}"], target, started)
-        await started.wait()
-        await trio.sleep(2.0)  # let it reach full strength
-        print("ATTACKING", flush=True)
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(globals()[f"attack_{name}"], target, started)
+            await started.wait()
+            await trio.sleep(2.0)  # let it reach full strength
+            began, tried = time.monotonic(), dict(TRIED)
+            print("ATTACKING", flush=True)
+            async for _ in signals:
+                seconds = time.monotonic() - began
+                actions = TRIED["actions"] - tried["actions"]
+                failed = TRIED["failed"] - tried["failed"]
+                print(
+                    "TRIED",
+                    json.dumps(
+                        {
+                            "actions_per_s": round(actions / seconds, 1),
+                            "refused_or_cut": round(failed / max(1, actions), 3),
+                        }
+                    ),
+                    flush=True,
+                )
+                nursery.cancel_scope.cancel()
 
 
 # ------------------------------------------------------------------ honest caller
@@ -519,6 +545,18 @@ async def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 1
                 return line.strip()
 
 
+async def stop_attacker(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """SIGTERM the attacker; what it says it tried while the honest calls ran."""
+    tried: dict[str, Any] = {}
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(RuntimeError, trio.TooSlowError):
+            tried = json.loads((await read_line(proc, "TRIED", timeout=20)).split(" ", 1)[1])
+    stop(proc)
+    return tried
+
+
 def stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -562,7 +600,7 @@ async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]
                     during = await measure(call, calls)
                     rss_peak = watch.peak
                 finally:
-                    stop(attacker)
+                    tried = await stop_attacker(attacker)
                 await trio.sleep(1.0)
                 after = await measure(call, calls)
                 ratio = (
@@ -578,6 +616,7 @@ async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]
                     "latency_ratio": ratio,
                     "rss_mb_before": round(rss_before / MiB),
                     "rss_mb_peak_during": round(rss_peak / MiB),
+                    "attacker": tried,
                     "target_running": target.poll() is None,
                 }
                 log.info("%s: %s", name, results[name])
@@ -602,6 +641,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if args.role == "target":
+        if os.environ.get("SWITCH"):
+            sys.setswitchinterval(float(os.environ["SWITCH"]))
         trio.run(run_target, args.workdir)
         return
     if args.role == "attack":

@@ -32,6 +32,7 @@ from net import (
     DhtError,
     Overloaded,
     Peer,
+    RateLimited,
     RemoteError,
     Reply,
     RequestHead,
@@ -39,8 +40,12 @@ from net import (
     Unavailable,
 )
 from net.identity import peer_id_from_public_key
+from net.ratelimit import Admission, PeerRateLimiter, RateLimits
 
 log = logging.getLogger(__name__)
+
+#: The rate limiter's key for all strangers together.
+_ALL_STRANGERS = "*"
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,10 @@ class ServerConfig:
     #: sixteenth), so that a trainer arriving behind them waits one short batch at most.
     max_queued_strangers: int | None = None
     max_stranger_batch: int | None = None
+    #: Rows one source address of strangers may send per second (None: 4 stranger
+    #: batches); beyond, requests are refused RateLimited, an offence that gets a
+    #: source that keeps at it banned (net/admission.py).
+    stranger_rows_per_second: float | None = None
 
 
 class ExpertServer:
@@ -87,6 +96,10 @@ class ExpertServer:
         self.config = config or ServerConfig()
         check_project(self.config.project)
         self._trainers = frozenset(peer_id_from_public_key(k) for k in self.config.trainers)
+        rows_per_second = self.config.stranger_rows_per_second or 4.0 * self._stranger_batch
+        self._stranger_rates: PeerRateLimiter[str] = PeerRateLimiter(
+            RateLimits(requests_per_second=rows_per_second, request_burst=2 * rows_per_second)
+        )
         self._device = trio.CapacityLimiter(1)  # one batch on the device at a time
         self._forward_pools = {
             uid: self._pool(f"{uid}.forward", partial(_run_forward, b))
@@ -156,8 +169,21 @@ class ExpertServer:
         if pool is None or not head.specs or not head.specs[0][1]:
             return None  # the handler explains what is wrong
         rows = head.specs[0][1][0]
-        if not self._is_trainer(head.peer_id) and rows > self._stranger_batch:
-            return TooLarge(f"this server takes at most {self._stranger_batch} rows from you")
+        if not self._is_trainer(head.peer_id):
+            if rows > self._stranger_batch:
+                return TooLarge(f"this server takes at most {self._stranger_batch} rows from you")
+            admission = self._stranger_rates.admit(
+                head.source, 0, trio.current_time(), requests=float(rows)
+            )
+            if admission is not Admission.ADMIT:
+                return RateLimited("too many rows from your address; slow down")
+            # all strangers together, from however many addresses: a few times one's
+            # share, so the device mostly waits for the project's trainers
+            everyone = self._stranger_rates.admit(
+                _ALL_STRANGERS, 0, trio.current_time(), requests=float(rows) / 4
+            )
+            if everyone is not Admission.ADMIT:
+                return Overloaded("serving strangers at full rate; retry later")
         if not pool.room_for(head.peer_id, rows):
             return Overloaded(f"{pool.name}: queue full; retry later")
         return None
