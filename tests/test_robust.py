@@ -131,3 +131,25 @@ def test_too_few_inputs_for_buckets_are_not_averaged_into_the_attackers_mean():
     ctx = RoundContext(previous=torch.zeros(4), bucket_size=2)
     out = aggregate("centered_clip", [honest, attacker], ctx)
     assert out.norm() <= honest.norm()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_attacker_meeting_one_honest_contributor_in_an_experts_first_round_is_clipped(seed):
+    """With no previous aggregate, the center was the coordinate median, which for two
+    inputs is their mean: a x1000 gradient moved the result 500x (the cause of the
+    attack test that failed now and then). Now the center is zero for fewer than three."""
+    from core.aggregator.robust import influence
+
+    g = torch.randn(1000, generator=torch.Generator().manual_seed(seed))
+    honest = g + 0.1 * torch.randn(1000, generator=torch.Generator().manual_seed(seed + 100))
+    state, settings = ExpertRoundState(), RobustSettings()
+    inputs = {"attacker": -1000 * g, "honest": honest}
+    out = robust_round(state, inputs, settings)
+    assert out.norm() <= honest.norm()
+    assert state.momenta is not None
+    kept = influence({w: state.momenta[w] for w in inputs}, out, settings)
+    assert kept["attacker"] < 0.01
+    assert kept["honest"] > 0.3
+    # three inputs or more: still the coordinate median (a better center than zero)
+    three = robust_round(ExpertRoundState(), {**inputs, "h2": honest * 1.01}, settings)
+    assert (three - honest).norm() < 0.5 * honest.norm()

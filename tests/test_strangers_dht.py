@@ -13,7 +13,7 @@ import pytest
 from net.dht import SignedRecord, sign_record
 from net.dht.node import STORE
 from net.identity import Identity
-from net.rpc import RateLimited, RpcService
+from net.rpc import PeerUnreachable, RateLimited, RpcService
 from net.testing import open_swarm
 from net.wire import Tensor, pack
 from tests.strangers import stranger
@@ -39,7 +39,7 @@ async def flood(rpc: RpcService, victim, batches) -> tuple[int, int]:
             reply = await rpc.call(
                 victim.host.peer_id, STORE, {}, [records_tensor(batch)], timeout=30
             )
-        except RateLimited:
+        except (RateLimited, PeerUnreachable):  # refused, then cut off once banned
             refused += 1
             continue
         stored += sum(1 for ok in reply.meta["stored"] if ok)
