@@ -28,16 +28,13 @@ import logging
 import os
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import psutil
 import torch
 import trio
@@ -61,6 +58,7 @@ from net.dht import sign_record
 from net.dht.node import GET, STORE
 from net.peer import PING
 from net.rpc import RPC_PROTOCOL, RpcConfig, RpcError
+from net.testing import dial_from, raw_frame
 from net.wire import Tensor, pack
 
 log = logging.getLogger("benchmarks.hostile")
@@ -117,18 +115,7 @@ async def run_target(workdir: Path) -> None:
 # ------------------------------------------------------------------ attacker process
 
 
-def dial_from(host: SwarmHost, source_ip: str) -> SwarmHost:
-    from libp2p.transport.tcp.tcp import TCP
-
-    for transport in host.libp2p_host.get_network().transport_manager.get_transports():
-        if isinstance(transport, TCP):
-            transport.dial = partial(transport.dial_with_source, source=(source_ip, 0))  # type: ignore[method-assign]
-    return host
-
-
-def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    raw: bytes = msgpack.packb(header, use_bin_type=True)
-    return struct.pack(">2sBBI", b"MH", 1, 1, len(raw)) + raw + payload
+frame = raw_frame
 
 
 @contextlib.asynccontextmanager
@@ -641,8 +628,6 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if args.role == "target":
-        if os.environ.get("SWITCH"):
-            sys.setswitchinterval(float(os.environ["SWITCH"]))
         trio.run(run_target, args.workdir)
         return
     if args.role == "attack":

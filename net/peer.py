@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 import trio
 
 from net._libp2p import PeerID
+from net.admission import AdmissionLimits
 from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator
 from net.host import DEFAULT_LISTEN, SwarmHost
 from net.identity import Identity
+from net.inbound import StreamLimits
 from net.rpc import CallContext, Reply, RpcConfig, RpcService
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,9 @@ class PeerConfig:
     #: How long run() waits for the first bootstrap before it reports started anyway
     #: (the DHT keeps retrying in the background).
     bootstrap_timeout: float = 15.0
+    #: Who may connect, and how many streams they may hold (net/admission.py).
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    streams: StreamLimits = field(default_factory=StreamLimits)
 
 
 class Peer:
@@ -56,7 +61,12 @@ class Peer:
     ) -> None:
         self.identity = identity
         self.config = config or PeerConfig()
-        self.host = SwarmHost(identity, self.config.listen)
+        self.host = SwarmHost(
+            identity,
+            self.config.listen,
+            admission=self.config.admission,
+            streams=self.config.streams,
+        )
         self.rpc = RpcService(self.host, self.config.rpc)
         self.dht = DhtNode(identity, self.host, self.rpc, validator, self.config.dht)
         self.rpc.register(PING, _ping)

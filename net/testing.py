@@ -7,15 +7,39 @@ on 127.0.0.1 with the real RPC and DHT; only the process is shared.
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
 
+import msgpack
 import trio
+from libp2p.transport.tcp.tcp import TCP
 
 from net.dht import NamespacedValidator
+from net.host import SwarmHost
 from net.identity import Identity
 from net.peer import Peer, PeerConfig
+
+
+def dial_from(host: SwarmHost, source_ip: str) -> SwarmHost:
+    """Make ``host``'s TCP dials leave from ``source_ip`` (e.g. 127.0.0.2): loopback has
+    2**24 addresses, so a test's stranger can come from an address of its own, as on the
+    internet, and limits per source address see what they would see there."""
+    manager = host.libp2p_host.get_network().transport_manager
+    for transport in manager.get_transports():
+        if isinstance(transport, TCP):
+            transport.dial = partial(transport.dial_with_source, source=(source_ip, 0))  # type: ignore[method-assign]
+    return host
+
+
+def raw_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    """A request frame with any header at all (net.wire's encoder would refuse most of
+    what hostile tests send)."""
+    raw: bytes = msgpack.packb(header, use_bin_type=True)
+    return struct.pack(">2sBBI", b"MH", 1, 1, len(raw)) + raw + payload
 
 
 @dataclass

@@ -7,28 +7,16 @@ A stranger on the internet comes from an address of its own. Loopback has 2**24 
 
 from __future__ import annotations
 
-import struct
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
-import msgpack
 import trio
-from libp2p.transport.tcp.tcp import TCP
 
 from net.host import SwarmHost
 from net.identity import Identity
 from net.rpc import RPC_PROTOCOL
-
-
-def dial_from(host: SwarmHost, source_ip: str) -> SwarmHost:
-    """Make ``host``'s TCP dials leave from ``source_ip`` (e.g. 127.0.0.2)."""
-    manager = host.libp2p_host.get_network().transport_manager
-    for transport in manager.get_transports():
-        if isinstance(transport, TCP):
-            transport.dial = partial(transport.dial_with_source, source=(source_ip, 0))  # type: ignore[method-assign]
-    return host
+from net.testing import dial_from, raw_frame
 
 
 @asynccontextmanager
@@ -54,10 +42,7 @@ async def open_raw_socket(target: tuple[str, int], source_ip: str) -> trio.Socke
     return trio.SocketStream(sock)
 
 
-def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    """A request frame with any header at all (the encoder would refuse most of these)."""
-    raw = msgpack.packb(header, use_bin_type=True)
-    return struct.pack(">2sBBI", b"MH", 1, 1, len(raw)) + raw + payload
+frame = raw_frame
 
 
 async def send_raw(client: SwarmHost, server: SwarmHost, data: bytes) -> Any:
