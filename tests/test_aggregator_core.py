@@ -49,16 +49,18 @@ def settings(**changes: object) -> AggregatorSettings:
     return replace(base, **changes)  # type: ignore[arg-type]
 
 
-def contribution(core: AggregatorCore, who: Identity, scale: float = 1.0, version: int = 0):
-    module = core.modules[UID]
+def contribution(
+    core: AggregatorCore, who: Identity, scale: float = 1.0, version: int = 0, uid: str = UID
+):
+    module = core.modules[uid]
     c = codec("fp32")
     grads = {n: torch.full((p.numel(),), scale) for n, p in module.named_parameters()}
     parts = [part for n in grads for part in c.encode(grads[n])]
-    receipts = [Receipt.sign(TRAINER, "p1", UID, version, [], [], 4)]
+    receipts = [Receipt.sign(TRAINER, "p1", uid, version, [], [], 4)]
     msg = Contribution.create(
         who,
         project="p1",
-        uid=UID,
+        uid=uid,
         base_version=version,
         codec="fp32",
         params=[ParamSpec(n, p.numel()) for n, p in module.named_parameters()],
@@ -161,3 +163,29 @@ def test_adam_state_survives_checkpoints(tmp_path):
     assert all(int(s["step"]) == 1 for s in state.values())
     core.run_round(UID)
     assert core.versions[UID] == 2
+
+
+def test_a_lone_contributor_on_a_new_expert_steps_no_further_than_its_siblings_inputs_lie(
+    tmp_path,
+):
+    """One contributor alone on an expert has nothing to be compared with; its step is
+    clipped to the scale the honest inputs of same-sized experts had, which survives a
+    restart."""
+    other = "ffn0.0.1"
+    core = make_core(settings(uids=(UID, other)), tmp_path)
+    for scale in (1.0, 1.5, 2.0):
+        core.submit(*contribution(core, Identity.generate(), scale=scale))
+    core.run_round(UID)
+    sibling = core.robust[UID].scale
+    assert sibling is not None
+    assert 0 < sibling < 10
+    core.close()
+
+    core = make_core(settings(uids=(UID, other)), tmp_path)
+    assert core.robust[UID].scale == sibling
+    before = torch.cat([p.detach().reshape(-1).clone() for p in core.modules[other].parameters()])
+    core.submit(*contribution(core, Identity.generate(), scale=1000.0, uid=other))
+    core.run_round(other)
+    after = torch.cat([p.detach().reshape(-1) for p in core.modules[other].parameters()])
+    # sgd: the step is learning rate x the aggregate, and the aggregate is clipped
+    assert float((after - before).norm()) <= 1.0001 * 0.1 * sibling

@@ -153,3 +153,45 @@ def test_an_attacker_meeting_one_honest_contributor_in_an_experts_first_round_is
     # three inputs or more: still the coordinate median (a better center than zero)
     three = robust_round(ExpertRoundState(), {**inputs, "h2": honest * 1.01}, settings)
     assert (three - honest).norm() < 0.5 * honest.norm()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_lone_attacker_cannot_take_the_center_that_later_rounds_clip_around(seed):
+    """Rounds with one contributor returned its input whole: in a demo run, the attacker
+    alone on an expert for a few rounds made its x1000 gradient the aggregate and then
+    the center, so in the next shared round the honest input was the one clipped
+    (attacker influence 1.0, honest 0.003). Its steps are now clipped to the scale honest
+    inputs had."""
+    from core.aggregator.robust import influence
+
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.randn(1000, generator=gen)
+    state, settings = ExpertRoundState(), RobustSettings()
+
+    def honest() -> torch.Tensor:
+        return g + 0.1 * torch.randn(1000, generator=gen)
+
+    out = robust_round(state, {"attacker": -1000 * g, "honest": honest()}, settings)
+    assert out.norm() <= 2 * g.norm()
+    for _ in range(3):
+        before, scale = out, state.scale
+        assert scale is not None
+        out = robust_round(state, {"attacker": -1000 * g}, settings)
+        # a step the size honest inputs lie apart, not 1000x
+        assert float((out - before).norm()) <= 1.0001 * settings.clip_radius * scale
+        assert state.scale == scale  # and a lone input does not change that scale
+    inputs = {"attacker": -1000 * g, "honest": honest()}
+    out = robust_round(state, inputs, settings)
+    assert state.momenta is not None
+    kept = influence({w: state.momenta[w] for w in inputs}, out, settings)
+    assert kept["attacker"] < 0.01
+    assert kept["honest"] > 0.3
+
+
+def test_a_lone_contributor_on_a_new_expert_is_clipped_to_the_scale_of_its_siblings():
+    big = 1000 * torch.ones(4)
+    out = robust_round(ExpertRoundState(), {"a": big}, RobustSettings(), fallback_scale=2.0)
+    assert out.norm() == pytest.approx(2.0)
+    # nothing to judge by at all: the lone input is all there is
+    alone = robust_round(ExpertRoundState(), {"a": big}, RobustSettings())
+    assert torch.equal(alone, big)

@@ -294,6 +294,18 @@ class AggregatorCore:
             >= self.settings.round_seconds
         )
 
+    def _sibling_scale(self, uid: str) -> float | None:
+        """The median scale of the other experts of the same size: what a lone
+        contributor's step is clipped to on an expert never compared before."""
+        size = sum(p.numel() for p in self.modules[uid].parameters())
+        scales = sorted(
+            st.scale
+            for other, st in self.robust.items()
+            if st.scale is not None
+            and sum(p.numel() for p in self.modules[other].parameters()) == size
+        )
+        return scales[(len(scales) - 1) // 2] if scales else None
+
     def run_round(self, uid: str) -> int:
         """Aggregate the pending contributions of ``uid``, step, checkpoint. New version."""
         pending = self.pending[uid]
@@ -308,7 +320,9 @@ class AggregatorCore:
             per_contributor[p.contributor] = (total + flat, samples + p.samples)
         means = {who: total / samples for who, (total, samples) in per_contributor.items()}
         generator = torch.Generator().manual_seed(self.versions[uid])
-        aggregate = robust_round(self.robust[uid], means, self.settings.robust, generator)
+        aggregate = robust_round(
+            self.robust[uid], means, self.settings.robust, generator, self._sibling_scale(uid)
+        )
         momenta = self.robust[uid].momenta or {}
         kept = influence(
             {who: momenta.get(who, g) for who, g in means.items()},
@@ -333,11 +347,12 @@ class AggregatorCore:
         self.stats.rounds += 1
         self.checkpoint()
         log.info(
-            "%s: version %d from %d contributions (%d contributors)",
+            "%s: version %d from %d contributions (%d contributors; kept %s)",
             uid,
             self.versions[uid],
             len(pending),
             len(means),
+            ", ".join(f"{who[:8]} {share:.0%}" for who, share in kept.items()),
         )
         return self.versions[uid]
 
@@ -356,7 +371,11 @@ class AggregatorCore:
                 tensors[f"r/{uid}/previous"] = st.previous
             for who, m in (st.momenta or {}).items():
                 tensors[f"r/{uid}/m/{who}"] = m
-            robust_meta[uid] = {"rounds": st.rounds, "last_seen": st.last_seen or {}}
+            robust_meta[uid] = {
+                "rounds": st.rounds,
+                "last_seen": st.last_seen or {},
+                "scale": st.scale,
+            }
         state = {
             "versions": self.versions,
             "applied": sorted(self.applied),
@@ -391,6 +410,7 @@ class AggregatorCore:
                     momenta,
                     dict(meta["last_seen"]),
                     meta["rounds"],
+                    meta.get("scale"),
                 )
             self.versions = dict(state["versions"])
             self.applied = set(state["applied"])

@@ -137,6 +137,10 @@ class ExpertRoundState:
     momenta: dict[str, torch.Tensor] | None = None
     last_seen: dict[str, int] | None = None
     rounds: int = 0
+    #: how far honest inputs lie from the aggregate: the median distance (the lower
+    #: middle) of the last round that had two contributors or more. A round with one
+    #: contributor has nothing to compare it with, so its step is clipped to this.
+    scale: float | None = None
 
 
 def robust_round(
@@ -144,6 +148,7 @@ def robust_round(
     contributions: dict[str, torch.Tensor],
     settings: RobustSettings,
     generator: torch.Generator | None = None,
+    fallback_scale: float | None = None,
 ) -> torch.Tensor:
     """One round: contributor -> per-sample mean gradient (flat) in, the aggregate out.
 
@@ -171,7 +176,12 @@ def robust_round(
         bucket_size=settings.bucket_size,
         generator=generator,
     )
-    result = aggregate(settings.rule, [momenta[w] for w in contributions], ctx)
+    inputs = [momenta[w] for w in contributions]
+    if len(inputs) == 1 and settings.rule != "mean":
+        result = lone_step(inputs[0], state.previous, state.scale or fallback_scale, settings)
+    else:
+        result = aggregate(settings.rule, inputs, ctx)
+        state.scale = lower_median_distance(inputs, result)
     state.previous = result
     state.rounds += 1
     for who in [w for w, r in last_seen.items() if state.rounds - r > settings.forget_after_rounds]:
@@ -179,6 +189,33 @@ def robust_round(
         momenta.pop(who, None)
     state.momenta, state.last_seen = momenta, last_seen
     return result
+
+
+def lower_median_distance(inputs: Sequence[torch.Tensor], center: torch.Tensor) -> float:
+    """The lower middle of the inputs' distances to ``center``: with two inputs, the
+    nearer one's, so one attacker in two cannot make it larger."""
+    ordered = sorted(float((x.reshape(-1) - center.reshape(-1)).norm()) for x in inputs)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def lone_step(
+    x: torch.Tensor, previous: torch.Tensor | None, scale: float | None, settings: RobustSettings
+) -> torch.Tensor:
+    """A round with one contributor: any rule returns its input, so a lone attacker used
+    to set the aggregate (a x1000 step) and become the center that later rounds clip
+    around, so that honest inputs looked like the outliers. Its step from the previous
+    aggregate is clipped to clip_radius x the scale honest inputs had (this expert's last
+    compared round, else what the caller knows from other experts). With no scale at all
+    (an expert only ever trained by one contributor) there is nothing to judge it by."""
+    if scale is None:
+        return x.clone()
+    center = previous if previous is not None else torch.zeros_like(x)
+    diff = x - center
+    radius = settings.clip_radius * scale
+    norm = float(diff.norm())
+    if norm <= radius:
+        return x.clone()
+    return center + diff * (radius / norm)
 
 
 def influence(
