@@ -15,7 +15,7 @@ import trio
 
 from net.host import SwarmHost
 from net.identity import Identity
-from net.rpc import RPC_PROTOCOL
+from net.rpc import RPC_PROTOCOL, RpcConfig, RpcService
 from net.testing import dial_from, raw_frame
 
 
@@ -26,6 +26,22 @@ async def stranger(source_ip: str = "127.0.0.2") -> AsyncIterator[SwarmHost]:
     host = dial_from(SwarmHost(Identity.generate(), listen=[]), source_ip)
     async with host.running():
         yield host
+
+
+@asynccontextmanager
+async def rpc_server(
+    handler: Any, config: RpcConfig | None = None
+) -> AsyncIterator[tuple[SwarmHost, RpcService]]:
+    """A host on 127.0.0.1 whose RPC service answers "echo" with ``handler``."""
+    host = SwarmHost(Identity.generate())
+    async with host.running():
+        rpc = RpcService(host, config)
+        rpc.register("echo", handler)
+        rpc.attach()
+        try:
+            yield host, rpc
+        finally:
+            rpc.close()
 
 
 def tcp_target(host: SwarmHost) -> tuple[str, int]:

@@ -5,7 +5,7 @@ a stranger on the internet comes from an address of its own."""
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 import trio
@@ -14,24 +14,15 @@ from net.host import SwarmHost, parse_peer_addr
 from net.identity import Identity
 from net.rpc import Reply, RpcService
 from net.wire import KIND_RESPONSE, FrameReader, Limits, build_response
-from tests.strangers import frame, hold_sockets, send_raw, settle, stranger, tcp_target
+from tests.strangers import frame, hold_sockets, rpc_server, send_raw, settle, stranger, tcp_target
 
 
 async def echo(ctx):
     return Reply(ctx.request.meta, ctx.request.tensors)
 
 
-@asynccontextmanager
-async def echo_server():
-    host = SwarmHost(Identity.generate())
-    async with host.running():
-        rpc = RpcService(host)
-        rpc.register("echo", echo)
-        rpc.attach()
-        try:
-            yield host, rpc
-        finally:
-            rpc.close()
+def echo_server() -> AbstractAsyncContextManager[tuple[SwarmHost, RpcService]]:
+    return rpc_server(echo)
 
 
 async def honest_call(server: SwarmHost, *, timeout: float = 10.0) -> dict[str, object]:

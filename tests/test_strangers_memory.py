@@ -5,7 +5,7 @@ stalls."""
 from __future__ import annotations
 
 import contextlib
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import psutil
 import pytest
@@ -15,7 +15,7 @@ from net.host import SwarmHost
 from net.identity import Identity
 from net.rpc import Reply, RpcConfig, RpcService
 from net.wire import Tensor
-from tests.strangers import frame, send_raw, settle, stranger
+from tests.strangers import frame, rpc_server, send_raw, settle, stranger
 
 MiB = 1024 * 1024
 
@@ -24,17 +24,10 @@ async def echo(ctx):
     return Reply({"n": sum(t.nbytes for t in ctx.request.tensors)})
 
 
-@asynccontextmanager
-async def echo_server(config: RpcConfig | None = None):
-    host = SwarmHost(Identity.generate())
-    async with host.running():
-        rpc = RpcService(host, config)
-        rpc.register("echo", echo)
-        rpc.attach()
-        try:
-            yield host, rpc
-        finally:
-            rpc.close()
+def echo_server(
+    config: RpcConfig | None = None,
+) -> AbstractAsyncContextManager[tuple[SwarmHost, RpcService]]:
+    return rpc_server(echo, config)
 
 
 @asynccontextmanager
