@@ -14,7 +14,9 @@ it stopped; the target's memory (RSS) is sampled every 20 ms.
 
 Prints one JSON line: per attack, ``success`` (share of honest calls that succeeded) and
 ``median_ms`` for before / during / after, ``latency_ratio`` (during / before), the
-target's ``rss_mb`` before and peak during, and whether the target was still running.
+target's ``rss_mb`` before and peak during, whether the target was still running, and
+what the attacker did while measured (``actions_per_s`` started, the share
+``refused_or_cut``, and ``in_progress``: streams or sockets it still held at the end).
 Goals (issue 14): success 1.0 during every attack, latency ratio <= 3, no exit, memory
 within the configured budgets (``budgets_mb``).
 """
@@ -126,17 +128,22 @@ async def stranger(target: Any, source_ip: str = "127.0.0.2") -> Any:
         yield host
 
 
-#: What the attacker tried: actions, and those the target refused or cut off.
-TRIED = {"actions": 0, "failed": 0}
+#: What the attacker tried: actions started, those the target refused or cut off, and
+#: those still in progress (streams or sockets held open: a stalling attack's actions
+#: start once and last).
+TRIED = {"actions": 0, "failed": 0, "open": 0}
 
 
 async def quietly(fn: Callable[[], Awaitable[Any]]) -> None:
     """Run one attacker action; whatever the target does to it is fine."""
     TRIED["actions"] += 1
+    TRIED["open"] += 1
     try:
         await fn()
     except Exception:  # noqa: BLE001 - refusals are what the target should answer
         TRIED["failed"] += 1
+    finally:
+        TRIED["open"] -= 1
 
 
 async def forever(action: Callable[[], Awaitable[Any]], pause: float = 0.0) -> None:
@@ -371,6 +378,7 @@ async def run_attacker(name: str, target_addr: str) -> None:
                         {
                             "actions_per_s": round(actions / seconds, 1),
                             "refused_or_cut": round(failed / max(1, actions), 3),
+                            "in_progress": TRIED["open"],
                         }
                     ),
                     flush=True,
