@@ -27,8 +27,8 @@ from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.robust import ExpertRoundState, RobustSettings, robust_round
 from core.aggregator.verify import VerifyContext, verify
 from core.contrib.codecs import CODECS, codec
-from core.contrib.messages import Contribution, ParamSpec, Receipt
 from core.experts.registry import ExpertSpec, build_expert
+from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity
 
 SPEC = ExpertSpec("ffn", hidden=1024, inner=1920)  # 3.94 M parameters

@@ -46,15 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.service import AggregatorService
 from core.contrib.codecs import codec
-from core.contrib.messages import Contribution, ParamSpec, Receipt
-from core.contrib.sender import CONTRIBUTE
 from core.experts.backend import ExpertBackend
-from core.experts.protocol import BACKWARD, FORWARD
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.experts.wire import from_wire, to_wire
 from core.namespaces import moehome_validator
+from core.protocol.aggregator_methods import CONTRIBUTE
+from core.protocol.contributions import Contribution, ParamSpec, Receipt
+from core.protocol.expert_methods import BACKWARD, FORWARD
 from net import Identity, Peer, PeerConfig, RemoteError, RpcService, SwarmHost, parse_peer_addr
 from net.dht import sign_record
 from net.dht.node import GET, STORE

@@ -179,7 +179,7 @@ def owner_publish(
     )
     if not serve:
         return
-    from core.project.serve import publish_and_serve
+    from core.roles.owner import publish_and_serve
 
     _run(
         partial(
@@ -195,7 +195,7 @@ def owner_status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """What the swarm looks like for a project."""
-    from core.project.serve import status_once
+    from core.roles.owner import status_once
 
     status = _run(partial(status_once, _identity(True), project_id, bootstrap or [], _data_dir()))
     if as_json:
@@ -253,7 +253,7 @@ def owner_rotate_key(
 
     typer.echo(f"owner key rotated: {fingerprint(rotation.old)} -> {fingerprint(rotation.new)}")
     if bootstrap:
-        from core.project.serve import announce_rotation_once
+        from core.roles.owner import announce_rotation_once
 
         replicas = _run(partial(announce_rotation_once, _identity(True), rotation, bootstrap))
         typer.echo(f"rotation announced on {replicas} peers")
@@ -277,7 +277,7 @@ def aggregator_run(
 ) -> None:
     """Verify and robustly aggregate contributions for this computer's share of the
     project's experts; publish new versions. State survives kill -9 (restart resumes)."""
-    from core.aggregator.run import run_aggregator
+    from core.roles.aggregator import run_aggregator
 
     data = _data_dir()
     _run(
@@ -462,7 +462,7 @@ def peer(
 
     Prints its full addresses on standard output, one per line, then runs until Ctrl-C.
     """
-    from core.swarm_peer import run_peer
+    from core.roles.peer import run_peer
 
     _run(run_peer, _identity(ephemeral), listen or None, bootstrap or [])
 
@@ -474,7 +474,7 @@ def dht_get(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Print every verified record under KEY."""
-    from core.swarm_peer import dht_get as do_get
+    from core.roles.peer import dht_get as do_get
 
     records = _run(do_get, _identity(ephemeral=True), bootstrap or [], key)
     if as_json:
@@ -494,7 +494,7 @@ def dht_put(
     ephemeral: EphemeralOpt = False,
 ) -> None:
     """Sign VALUE with this computer's key and store it under KEY."""
-    from core.swarm_peer import dht_put as do_put
+    from core.roles.peer import dht_put as do_put
 
     replicas = _run(do_put, _identity(ephemeral), bootstrap or [], key, value.encode(), ttl)
     typer.echo(f"stored on {replicas} peers")
@@ -532,8 +532,8 @@ def experts_serve(
     Prints the peer's full addresses on standard output, then runs until Ctrl-C.
     """
     from core.experts.registry import ExpertSpec, SpecError
-    from core.experts.serve import serve_experts
     from core.experts.uid import ExpertUID, UIDError
+    from core.roles.expert_server import serve_experts
 
     try:
         spec = ExpertSpec(kind, hidden, inner, heads)
@@ -806,7 +806,7 @@ def bench(
 
 async def _network_rtt(bootstrap: list[str]) -> dict[str, Any]:
     from core.node.bench import network_rtt_ms
-    from core.swarm_peer import joined_client
+    from core.roles.peer import joined_client
     from net import Identity
 
     async with joined_client(Identity.generate(), bootstrap) as peer:

@@ -3,14 +3,13 @@ this validator, so a record of any kind is checked the same way everywhere."""
 
 from __future__ import annotations
 
+from core.experts import records as expert_records
+from core.project import records as project_records
+from core.protocol.versions import VERSION_NAMESPACE, VERSION_RULE
 from net import NamespacedValidator
 
 
 def moehome_validator() -> NamespacedValidator:
-    from core.aggregator.service import VERSION_NAMESPACE, VERSION_RULE
-    from core.experts import records as expert_records
-    from core.project import records as project_records
-
     return NamespacedValidator().with_rules(
         {
             expert_records.NAMESPACE: expert_records.RULE,

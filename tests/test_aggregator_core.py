@@ -10,8 +10,8 @@ import torch
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.verify import Rejected
 from core.contrib.codecs import codec
-from core.contrib.messages import Contribution, ParamSpec, Receipt
 from core.experts.registry import ExpertSpec
+from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity
 
 SPEC = ExpertSpec("ffn", hidden=4, inner=8)

@@ -13,16 +13,15 @@ import pytest
 import torch
 import trio
 
-from core.aggregator.service import STATS
 from core.contrib.codecs import codec
-from core.contrib.messages import Contribution, ParamSpec, Receipt
-from core.contrib.sender import CONTRIBUTE
 from core.experts.registry import build_expert
 from core.experts.wire import to_wire
 from core.namespaces import moehome_validator
 from core.project.keys import OwnerKey
 from core.project.owner import project_status
 from core.project.publish import prepare, serve_project
+from core.protocol.aggregator_methods import CONTRIBUTE, STATS
+from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity, Peer, RemoteError, Tensor, parse_peer_addr
 from net.identity import load_or_create
 from tests.processes import stop_processes

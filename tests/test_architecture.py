@@ -49,3 +49,53 @@ def loaded_after_import(module: str) -> set[str]:
 )
 def test_modules_loaded_at_run_time(module, forbidden):
     assert not loaded_after_import(module) & forbidden
+
+
+def _core_layers() -> list[set[str]]:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = [
+        c for c in config["tool"]["importlinter"]["contracts"] if c.get("type") == "layers"
+    ]
+    return [
+        {name.strip() for name in layer.replace(":", "|").split("|")}
+        for layer in contract["layers"]
+    ]
+
+
+def test_every_package_and_module_of_core_sits_in_a_layer():
+    """A new folder of core/ left out of the layers contract would be free to import
+    anything: the contract names every one."""
+    named = set().union(*_core_layers())
+    present = {
+        f"core.{p.stem}"
+        for p in (ROOT / "core").iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists())
+        or (p.suffix == ".py" and p.stem != "__init__")
+    }
+    assert present == named
+
+
+def test_no_import_inside_a_function_crosses_between_core_packages():
+    """Imports written inside functions hid upward imports (and a cycle) from readers.
+    Two exceptions: the CLI imports lazily so that --help never loads torch, and the
+    self-test imports inside each check so that a broken install is reported, check by
+    check, instead of stopping the self-test."""
+    import ast
+
+    crossing = []
+    for path in (ROOT / "core").rglob("*.py"):
+        relative = path.relative_to(ROOT).with_suffix("")
+        own = ".".join(relative.parts[:2])
+        if own == "core.cli" or relative.parts[-1] == "selftest":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("core."):
+                    target = ".".join(inner.module.split(".")[:2])  # type: ignore[union-attr]
+                    if target != own:
+                        crossing.append(f"{relative}:{inner.lineno} imports {inner.module}")
+    assert not crossing, crossing

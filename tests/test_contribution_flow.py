@@ -8,7 +8,7 @@ import torch
 import trio
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings
-from core.aggregator.service import STATS, AggregatorService
+from core.aggregator.service import AggregatorService
 from core.contrib.puller import WeightsPuller
 from core.contrib.sender import ContributionSender, SenderConfig
 from core.experts.backend import ExpertBackend
@@ -26,6 +26,7 @@ from core.moe.client import (
 from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore
 from core.project.distribution import WeightsService
+from core.protocol.aggregator_methods import STATS
 from net.testing import open_swarm
 
 SPEC = ExpertSpec("ffn", hidden=8, inner=16)

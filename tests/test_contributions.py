@@ -10,7 +10,7 @@ import torch
 
 from core.aggregator.verify import Rejected, VerifyContext, verify
 from core.contrib.codecs import CODECS, CodecError, ErrorFeedback, codec
-from core.contrib.messages import Contribution, MessageError, ParamSpec, Receipt
+from core.protocol.contributions import Contribution, MessageError, ParamSpec, Receipt
 from net import Identity
 
 TRAINER = Identity.from_seed(b"t" * 32)
@@ -192,7 +192,7 @@ def test_garbage_headers_are_malformed_not_crashes(data):
 
 
 def test_an_oversized_contribution_header_is_refused_before_decoding():
-    from core.contrib.messages import MAX_HEADER_BYTES
+    from core.protocol.contributions import MAX_HEADER_BYTES
 
     with pytest.raises(MessageError, match="too large"):
         Contribution.decode(b"\x90" * (MAX_HEADER_BYTES + 1))

@@ -125,7 +125,6 @@ from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402
 
-from core.contrib.messages import Contribution, MessageError, Receipt  # noqa: E402
 from core.experts.records import ExpertAnnouncement, PrefixAnnouncement  # noqa: E402
 from core.experts.registry import ExpertSpec, SpecError  # noqa: E402
 from core.namespaces import moehome_validator  # noqa: E402
@@ -133,6 +132,7 @@ from core.project.chunks import WeightsIndex  # noqa: E402
 from core.project.keys import KeyRotation  # noqa: E402
 from core.project.records import ProviderAnnouncement, directory_ids  # noqa: E402
 from core.project.signed import ManifestRejected, SignedManifest  # noqa: E402
+from core.protocol.contributions import Contribution, MessageError, Receipt  # noqa: E402
 from net.dht.node import DhtNode  # noqa: E402
 from net.dht.records import sign_record  # noqa: E402
 from net.identity import Identity  # noqa: E402

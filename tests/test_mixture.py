@@ -11,7 +11,6 @@ import trio
 from torch import nn
 
 from core.experts.backend import ExpertBackend
-from core.experts.protocol import FORWARD
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID, Grid
@@ -19,6 +18,7 @@ from core.moe.client import ExpertCaller, Portal
 from core.moe.finder import ExpertFinder, advance_beams
 from core.moe.mixture import MoEConfig, MoEError, RemoteMixtureOfExperts
 from core.namespaces import moehome_validator
+from core.protocol.expert_methods import FORWARD
 from net import Peer
 from net.testing import Swarm, open_swarm
 

@@ -11,13 +11,13 @@ import torch
 import trio
 
 from core.experts.backend import ExpertBackend
-from core.experts.protocol import INFO
 from core.experts.records import ExpertAnnouncement, expert_key
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.moe.client import ExpertCaller, ExpertCallError, ExpertServerRef, Portal, RemoteExpert
 from core.namespaces import moehome_validator
+from core.protocol.expert_methods import INFO
 from net import Identity, Peer
 from net.testing import open_swarm
 

@@ -188,6 +188,15 @@ def test_a_lone_attacker_cannot_take_the_center_that_later_rounds_clip_around(se
     assert kept["honest"] > 0.3
 
 
+def test_the_rules_are_the_ones_a_manifest_may_name():
+    from typing import get_args
+
+    from core.aggregator.robust import RULES
+    from core.project.manifest import RuleName
+
+    assert set(RULES) == set(get_args(RuleName))
+
+
 def test_a_lone_contributor_on_a_new_expert_is_clipped_to_the_scale_of_its_siblings():
     big = 1000 * torch.ones(4)
     out = robust_round(ExpertRoundState(), {"a": big}, RobustSettings(), fallback_scale=2.0)

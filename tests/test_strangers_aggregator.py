@@ -10,10 +10,10 @@ import trio
 
 from core.aggregator.core import MAX_TRACKED
 from core.aggregator.service import AggregatorService
-from core.contrib.messages import Contribution, ParamSpec, Receipt
-from core.contrib.sender import CONTRIBUTE
 from core.experts.wire import to_wire
 from core.namespaces import moehome_validator
+from core.protocol.aggregator_methods import CONTRIBUTE
+from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity, Peer, PeerConfig, RemoteError, RpcService, SwarmHost
 from net.rpc import RpcError
 from tests.strangers import dial_from

@@ -11,12 +11,12 @@ import torch
 import trio
 
 from core.experts.backend import ExpertBackend
-from core.experts.protocol import BACKWARD, FORWARD
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.experts.wire import from_wire, to_wire
 from core.namespaces import moehome_validator
+from core.protocol.expert_methods import BACKWARD, FORWARD
 from net import (
     Identity,
     Overloaded,

@@ -30,9 +30,11 @@ from core.checkpoints import (
     optimizer_state,
 )
 from core.contrib.codecs import codec
-from core.contrib.messages import Contribution
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
+from core.experts.wire import NAME_BY_TORCH, from_wire
+from core.protocol.contributions import Contribution
+from net import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -446,15 +448,10 @@ class AggregatorCore:
 
 
 def _tensor_record(t: torch.Tensor) -> list[Any]:
-    from core.experts.wire import NAME_BY_TORCH
-
     t = t.detach().contiguous().cpu()
     data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return [NAME_BY_TORCH[t.dtype], list(t.shape), data]
 
 
 def _tensor_from_record(r: list[Any]) -> torch.Tensor:
-    from core.experts.wire import from_wire
-    from net import Tensor
-
     return from_wire(Tensor(r[0], tuple(r[1]), bytearray(r[2])))

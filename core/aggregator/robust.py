@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core.project.manifest import RuleName
+
 Rule = Callable[[torch.Tensor, "RoundContext"], torch.Tensor]
 
 
@@ -80,7 +82,7 @@ def centered_clip(x: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
     return v
 
 
-RULES: dict[str, Rule] = {
+RULES: dict[RuleName, Rule] = {
     "centered_clip": centered_clip,
     "median": coordinate_median,
     "trimmed_mean": trimmed_mean,
@@ -97,7 +99,7 @@ def bucket(x: torch.Tensor, size: int, generator: torch.Generator | None) -> tor
     return torch.stack([x[g].mean(dim=0) for g in groups])
 
 
-def aggregate(rule: str, inputs: Sequence[torch.Tensor], ctx: RoundContext) -> torch.Tensor:
+def aggregate(rule: RuleName, inputs: Sequence[torch.Tensor], ctx: RoundContext) -> torch.Tensor:
     """The robust aggregate of flat vectors (each one contribution's per-sample gradient).
     Bucketing applies to every rule but the plain mean."""
     if not inputs:
@@ -118,7 +120,7 @@ def aggregate(rule: str, inputs: Sequence[torch.Tensor], ctx: RoundContext) -> t
 
 @dataclass(frozen=True)
 class RobustSettings:
-    rule: str = "centered_clip"
+    rule: RuleName = "centered_clip"
     #: with the adaptive radius (default), a multiple of the median distance to the center
     clip_radius: float = 1.0
     adaptive_radius: bool = True

@@ -15,32 +15,29 @@ import trio
 
 from core.aggregator.core import AggregatorCore
 from core.aggregator.verify import Rejected, check_payload
-from core.contrib.messages import Contribution, MessageError
-from core.contrib.sender import CONTRIBUTE
 from core.experts.weights import save_weights
 from core.experts.wire import from_wire
 from core.project.chunks import ChunkStore, FileEntry, split_file
+from core.protocol.aggregator_methods import CONTRIBUTE, STATS
+from core.protocol.contributions import Contribution, MessageError
+from core.protocol.versions import version_key
 from net import (
     BadRequest,
     CallContext,
     DhtError,
-    NamespaceRule,
     Peer,
     RateLimited,
-    RecordRejected,
     RemoteError,
     Reply,
     RequestHead,
-    SignedRecord,
 )
 from net._libp2p import PeerID
 from net.identity import peer_id_from_public_key
 from net.ratelimit import PeerRateLimiter, RateLimits
-from net.wire import pack, unpack_bounded
+from net.wire import pack
 
 log = logging.getLogger(__name__)
 
-STATS: Final = "agg.stats"
 MAX_CONTRIBUTORS_LISTED: Final = 256
 #: Refused contributions one source address may send per second, and in a burst,
 #: before its contributions are refused from the header on.
@@ -48,32 +45,6 @@ JUNK_PER_SECOND: Final = 1.0
 JUNK_BURST: Final = 60.0
 #: How often ended strikes and bans are forgotten.
 PRUNE_SECONDS: Final = 60.0
-
-
-def version_key(project: str, uid: str) -> str:
-    return f"/moehome/{VERSION_NAMESPACE}/{project}/{uid}"
-
-
-def _check_version(record: SignedRecord) -> None:
-    try:
-        obj = unpack_bounded(record.value, 8192)
-    except Exception as exc:  # garbage from a peer
-        raise RecordRejected("schema", f"version record is not msgpack ({exc})") from exc
-    if not (
-        isinstance(obj, dict)
-        and isinstance(obj.get("uid"), str)
-        and isinstance(obj.get("version"), int)
-        and isinstance(obj.get("sha256"), str)
-        and len(obj["sha256"]) == 64
-        and record.key.endswith("/" + obj["uid"])
-    ):
-        raise RecordRejected("schema", "version record needs uid, version and sha256")
-
-
-VERSION_NAMESPACE: Final = "version"
-VERSION_RULE: Final = NamespaceRule(
-    max_ttl_s=3600.0, max_value_bytes=8192, check=_check_version, store_share=1 / 4
-)
 
 
 class Refused(RemoteError):

@@ -10,7 +10,7 @@ from typing import Final
 import torch
 
 from core.contrib.codecs import CodecError, codec
-from core.contrib.messages import Contribution, tensor_digest
+from core.protocol.contributions import Contribution, tensor_digest
 
 #: how far a contribution's clock may be from ours
 CLOCK_SKEW_S: Final = 600

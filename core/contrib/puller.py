@@ -13,12 +13,12 @@ from typing import Any
 
 import trio
 
-from core.aggregator.service import version_key
 from core.experts.backend import ExpertBackend
 from core.experts.registry import build_expert
 from core.experts.weights import load_weights
 from core.project.chunks import ChunkStore, sha256_hex
 from core.project.distribution import FetchError, WeightsFetcher
+from core.protocol.versions import version_key
 from net import Peer
 from net._libp2p import PeerID
 from net.wire import unpack_bounded

@@ -5,7 +5,6 @@ same nonce, so an aggregator never counts one contribution twice."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -18,15 +17,14 @@ import trio
 
 from core.contrib.attacks import Attack
 from core.contrib.codecs import ErrorFeedback, codec
-from core.contrib.messages import Contribution, ParamSpec
 from core.experts.backend import ExpertBackend
 from core.experts.wire import to_wire
+from core.protocol.aggregator_methods import CONTRIBUTE, responsible_aggregator
+from core.protocol.contributions import Contribution, ParamSpec
 from net import Peer, RemoteError, RpcError
 from net._libp2p import PeerID
 
 log = logging.getLogger(__name__)
-
-CONTRIBUTE = "agg.contribute"
 
 
 @dataclass(frozen=True)
@@ -47,12 +45,6 @@ class SenderStatistics:
     retries: int = 0
     refused: Counter[str] = field(default_factory=Counter)
     given_up: int = 0
-
-
-def responsible_aggregator(uid: str, aggregators: Sequence[PeerID]) -> PeerID:
-    """Each expert has one aggregator: chosen by hashing its uid, the same for everyone."""
-    index = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "big") % len(aggregators)
-    return aggregators[index]
 
 
 class ContributionSender:

@@ -12,10 +12,8 @@ from typing import Any
 import torch
 import trio
 
-from core.contrib.messages import MessageError, Receipt, tensor_digest
 from core.experts.backend import CacheMiss, ExpertBackend, InvalidInput
 from core.experts.batching import STRANGER, TRAINER, Process, TaskPool
-from core.experts.protocol import BACKWARD, FORWARD, GRAPH_GONE, INFO
 from core.experts.records import (
     SERVING,
     WITHDRAWN,
@@ -26,6 +24,8 @@ from core.experts.records import (
     prefix_children,
 )
 from core.experts.wire import from_wire, to_wire
+from core.protocol.contributions import MessageError, Receipt, tensor_digest
+from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE, INFO
 from net import (
     BadRequest,
     CallContext,

@@ -19,9 +19,9 @@ import trio
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from core.contrib.messages import Receipt
-from core.experts.protocol import BACKWARD, FORWARD, GRAPH_GONE
 from core.experts.wire import from_wire, to_wire
+from core.protocol.contributions import Receipt
+from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE
 from net import (
     Overloaded,
     PeerUnreachable,

@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.experts.registry import ExpertSpec, SpecError
 from core.experts.uid import ExpertUID, Grid
 
+#: The robust aggregation rules a manifest may name; core/aggregator/robust.py implements
+#: exactly these (its table is typed by this, and a test ties the two).
+RuleName = Literal["centered_clip", "median", "trimmed_mean", "mean"]
+
 MAX_MANIFEST_BYTES = 64 * 1024
 NAME = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]
 
@@ -87,7 +91,7 @@ class ModelSection(_Strict):
 
 
 class AggregationSection(_Strict):
-    rule: Literal["centered_clip", "median", "trimmed_mean", "mean"] = "centered_clip"
+    rule: RuleName = "centered_clip"
     clip_radius: Annotated[float, Field(gt=0)] = 1.0
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     buckets: Annotated[int, Field(ge=1, le=64)] = 2

@@ -18,7 +18,8 @@ from core.project.distribution import aggregator_peers, find_manifest
 from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError, fingerprint
 from core.project.pins import PinStore
 from core.project.records import ProviderAnnouncement, providers_key, rotation_key
-from net import Peer
+from core.protocol.aggregator_methods import STATS
+from net import Peer, RpcError
 from net.wire import pack, unpack_bounded
 
 log = logging.getLogger(__name__)
@@ -132,9 +133,6 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
 async def aggregator_statistics(peer: Peer, manifest: Any) -> list[dict[str, Any]]:
     """Each aggregator's own account (versions, accepted, rejections by reason), or why it
     could not be asked."""
-    from core.aggregator.service import STATS
-    from net import RpcError
-
     out: list[dict[str, Any]] = []
     for entry, agg in zip(manifest.aggregators, aggregator_peers(peer, manifest), strict=True):
         item: dict[str, Any] = {"key": entry.key, "peer": str(agg)}

@@ -13,7 +13,7 @@ from core.namespaces import moehome_validator
 from core.project.keys import KeyRotation
 from core.project.owner import announce_rotation, project_status
 from core.project.publish import Prepared, serve_project
-from core.swarm_peer import joined_client, print_addresses
+from core.roles.peer import joined_client, print_addresses
 from net import Identity, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
 

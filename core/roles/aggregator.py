@@ -12,7 +12,6 @@ import trio
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.robust import RobustSettings
 from core.aggregator.service import AggregatorService
-from core.contrib.sender import responsible_aggregator
 from core.errors import UserFacingError
 from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore
@@ -20,7 +19,8 @@ from core.project.distribution import WeightsFetcher, WeightsService, find_manif
 from core.project.pins import PinStore
 from core.project.publish import backends_from_files
 from core.project.signed import SignedManifest
-from core.swarm_peer import print_addresses
+from core.protocol.aggregator_methods import responsible_aggregator
+from core.roles.peer import print_addresses
 from net import Identity, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
 from net.identity import peer_id_from_public_key

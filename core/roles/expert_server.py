@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import trio
 
+from core.contrib.wiring import start_contributing
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.namespaces import moehome_validator
-from core.swarm_peer import print_addresses
+from core.project.publish import join_project
+from core.roles.peer import print_addresses
 from net import Identity, Peer, PeerConfig, running_last
 from net.host import DEFAULT_LISTEN
 
@@ -72,11 +75,6 @@ async def _serve_project_experts(
 ) -> None:
     """Join the project, serve its experts with receipts required, send contributions to
     its aggregators and pull the new versions they publish."""
-    from dataclasses import replace
-
-    from core.contrib.wiring import start_contributing
-    from core.project.publish import join_project
-
     signed, backends = await join_project(peer, project, uids, data_dir=data_dir)
     log.info("joined %s (%s)", signed.manifest.project.name, project)
     trainers = frozenset(bytes.fromhex(t.key) for t in signed.manifest.trainers)

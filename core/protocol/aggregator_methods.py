@@ -1,0 +1,24 @@
+"""RPC method names of aggregators, and which aggregator takes which expert.
+
+agg.contribute  meta {header: Contribution}, tensors [the encoded gradient parts]
+                -> meta {} (accepted) or an error whose code is the refusal's reason
+agg.stats       meta {} -> meta {accepted, rejected, rounds, banned_peers, versions,
+                contributors, pending_samples}
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Final, TypeVar
+
+CONTRIBUTE: Final = "agg.contribute"
+STATS: Final = "agg.stats"
+
+Aggregator = TypeVar("Aggregator")
+
+
+def responsible_aggregator(uid: str, aggregators: Sequence[Aggregator]) -> Aggregator:
+    """Each expert has one aggregator: chosen by hashing its uid, the same for everyone."""
+    index = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "big") % len(aggregators)
+    return aggregators[index]
