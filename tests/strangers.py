@@ -111,20 +111,12 @@ async def hold_sockets(
         task_status.started(reopened)
 
 
-async def settle(condition: Any, *, timeout: float = 10.0, step: float = 0.02) -> None:
-    """Wait until ``condition()`` is true (a deadline, never a fixed sleep)."""
-    with trio.fail_after(timeout):
-        while not condition():
-            await trio.sleep(step)
-
-
 __all__: Sequence[str] = [
     "dial_from",
     "frame",
     "hold_sockets",
     "open_raw_socket",
     "send_raw",
-    "settle",
     "stranger",
     "tcp_target",
 ]

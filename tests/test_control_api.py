@@ -16,6 +16,7 @@ from core.node.control_server import NodeControl, serve_control
 from core.node.governor import Governor
 from core.node.preferences import Preferences, load_preferences
 from core.node.probes import FakeProbes
+from tests.waiting import eventually
 
 
 def make_control(tmp_path) -> tuple[NodeControl, Governor]:
@@ -64,13 +65,15 @@ async def test_control_api(tmp_path):
 
         client = find_node(data)
         assert (await call(client.status))["state"] == "working"
+
+        async def reason_says(words: str) -> bool:
+            return words in (await call(client.status))["reason"]
+
         await call(client.pause)
-        await trio.sleep(0.1)
-        assert "paused by you" in (await call(client.status))["reason"]
+        await eventually(partial(reason_says, "paused by you"))
         await call(client.resume)
         await call(client.snooze, 3600)
-        await trio.sleep(0.1)
-        assert "snoozed" in (await call(client.status))["reason"]
+        await eventually(partial(reason_says, "snoozed"))
 
         with pytest.raises(ControlError) as info:
             await call(client.set_preferences, {"pause_above_c": 70, "resume_below_c": 75})

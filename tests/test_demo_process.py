@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from tests.processes import stop_processes
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +47,9 @@ async def test_ctrl_c_stops_the_swarm_and_a_second_run_resumes(tmp_path):
                 assert line, "the demo ended before training"
                 if "step 0: validation loss" in line:
                     break
-        await trio.sleep(8)  # a few steps
+        # a few steps: enough that the experts' first new version came out of them
+        aggregator_log = workdir / "aggregator" / "log.txt"
+        await eventually(lambda: "version 1 from" in aggregator_log.read_text(), 120)
         children = psutil.Process(first.pid).children(recursive=True)
         assert len(children) >= 6  # bootstrap, owner, aggregator, 2 volunteers, trainer
         first.send_signal(signal.SIGINT)

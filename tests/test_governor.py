@@ -17,6 +17,7 @@ from core.node.preferences import Preferences
 from core.node.probes import FakeProbes
 from core.node.throttle import Reason
 from net.testing import open_swarm
+from tests.waiting import eventually
 
 SPEC = ExpertSpec("ffn", hidden=8, inner=16)
 
@@ -24,14 +25,6 @@ SPEC = ExpertSpec("ffn", hidden=8, inner=16)
 def reason_of(governor: Governor) -> Reason | None:
     assert governor.decision is not None
     return governor.decision.reason
-
-
-async def wait_until(predicate, limit: float) -> float:
-    t0 = trio.current_time()
-    with trio.fail_after(limit):
-        while not await predicate():
-            await trio.sleep(0.02)
-    return trio.current_time() - t0
 
 
 async def test_the_node_pauses_within_a_second_and_resumes():
@@ -60,7 +53,7 @@ async def test_the_node_pauses_within_a_second_and_resumes():
 
         assert await serving()
         probes.set(idle_seconds=1.0)  # the volunteer touches the mouse
-        assert await wait_until(refused, 1.0) < 1.0
+        assert await eventually(refused, 1.0) < 1.0
         assert reason_of(governor) is Reason.USER_ACTIVE
         assert server.paused
         # its declaration says withdrawn, so trainers' beam search skips it
@@ -70,20 +63,20 @@ async def test_the_node_pauses_within_a_second_and_resumes():
         assert ExpertAnnouncement.decode(record.value).state == "withdrawn"
 
         probes.set(idle_seconds=3600.0)  # gone again
-        assert await wait_until(serving, 2.0) < 2.0
+        assert await eventually(serving, 2.0) < 2.0
 
         probes.set(gpu_temp_c=90.0)  # too hot: pause...
-        assert await wait_until(refused, 1.0) < 1.0
+        assert await eventually(refused, 1.0) < 1.0
         assert reason_of(governor) is Reason.GPU_HOT
         probes.set(gpu_temp_c=80.0)  # ...still above the resume temperature: stay paused
         await trio.sleep(0.6)
         assert await refused()
         probes.set(gpu_temp_c=70.0)
-        assert await wait_until(serving, 2.0) < 2.0
+        assert await eventually(serving, 2.0) < 2.0
 
         governor.pause()  # by hand, from the tray
-        assert await wait_until(refused, 1.0) < 1.0
+        assert await eventually(refused, 1.0) < 1.0
         assert reason_of(governor) is Reason.PAUSED
         governor.resume()
-        assert await wait_until(serving, 2.0) < 2.0
+        assert await eventually(serving, 2.0) < 2.0
         nursery.cancel_scope.cancel()

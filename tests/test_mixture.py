@@ -21,6 +21,7 @@ from core.namespaces import moehome_validator
 from core.protocol.expert_methods import FORWARD
 from net import Peer
 from net.testing import Swarm, open_swarm
+from tests.waiting import eventually
 
 HIDDEN = 8
 SPEC = ExpertSpec("ffn", hidden=HIDDEN, inner=16)
@@ -188,11 +189,14 @@ async def test_training_goes_on_when_a_node_dies_and_picks_up_a_new_server():
         # a new volunteer starts serving ffn.1.0
         newcomer = await h.swarm.add()
         new_server = await h.nursery.start(make_server(newcomer, ["ffn.1.0"], seed=99).run)
-        await trio.sleep(1.0)  # past the finder's cache
-        # the trainer's beam search sees ffn.1.0 again, served by the newcomer
+        # the trainer's beam search sees ffn.1.0 again, served by the newcomer, once the
+        # finder's cache expired (the dead server's declaration may linger; calls skip it)
         finder = h.layer.finder
-        # (the dead server's declaration may linger until it expires; calls skip it)
-        assert newcomer.peer_id in [s.peer_id for s in await finder.servers("ffn.1.0")]
+
+        async def found() -> bool:
+            return newcomer.peer_id in [s.peer_id for s in await finder.servers("ffn.1.0")]
+
+        await eventually(found, 10)
         assert "ffn.1.0" in (await finder.beam_search([[[0.0, 0.0]], [[0.0, 0.0]]], 4))[0]
         last = await trio.to_thread.run_sync(train_steps, model, opt, data, 10)
         assert min(last) < first[0] * 0.7, (first, after_death, last)

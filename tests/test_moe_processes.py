@@ -19,6 +19,7 @@ from core.namespaces import moehome_validator
 from net import Identity, Peer, PeerConfig, parse_peer_addr
 from tests.processes import stop_processes
 from tests.test_mixture import HIDDEN, Model, task, train_steps
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,7 +95,12 @@ async def test_training_survives_a_sigkilled_server_and_uses_a_replacement():
 
             p3, a3 = start_server(["ffn.1.0"], [a0], seed=30)
             procs.append(p3)
-            await trio.sleep(1.5)  # its declaration is stored; the trainer's cache expires
+            newcomer = parse_peer_addr(a3).peer_id
+
+            async def found() -> bool:  # its declaration stored, the trainer's cache expired
+                return newcomer in [s.peer_id for s in await layer.finder.servers("ffn.1.0")]
+
+            await eventually(found, 20)
             after = await trio.to_thread.run_sync(train_steps, model, opt, data, 8)
             assert layer.stats.answered_by[str(parse_peer_addr(a3).peer_id)] > 0
             assert min(after) < first[0] * 0.8, (first, during, after)

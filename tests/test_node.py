@@ -3,7 +3,6 @@ calls for it, obeys the control API, and remembers its project across restarts."
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from unittest.mock import ANY
@@ -20,12 +19,7 @@ from core.project.keys import OwnerKey
 from core.project.publish import Prepared, prepare, serve_project
 from net import Identity, Peer
 from tests.test_project import small_manifest
-
-
-async def eventually(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    with trio.fail_after(limit):
-        while not predicate():
-            await trio.sleep(0.05)
+from tests.waiting import eventually
 
 
 def is_working(node: Node) -> bool:

@@ -39,7 +39,12 @@ def test_screenshots_under_xvfb(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     try:
-        time.sleep(0.5)
+        socket = Path(f"/tmp/.X11-unix/X{display[1:]}")
+        deadline = time.monotonic() + 10
+        while not socket.exists():  # Xvfb is ready once its socket is there
+            assert xvfb.poll() is None, "Xvfb exited"
+            assert time.monotonic() < deadline, "Xvfb did not start in 10 s"
+            time.sleep(0.02)
         env = {**os.environ, "DISPLAY": display, "QT_QPA_PLATFORM": "xcb"}
         env["MOEHOME_DATA_DIR"] = str(tmp_path / "data")
         env["MOEHOME_CONFIG_DIR"] = str(tmp_path / "config")

@@ -14,7 +14,8 @@ from net.host import SwarmHost, parse_peer_addr
 from net.identity import Identity
 from net.rpc import Reply, RpcService
 from net.wire import KIND_RESPONSE, FrameReader, Limits, build_response
-from tests.strangers import frame, hold_sockets, rpc_server, send_raw, settle, stranger, tcp_target
+from tests.strangers import frame, hold_sockets, rpc_server, send_raw, stranger, tcp_target
+from tests.waiting import eventually
 
 
 async def echo(ctx):
@@ -107,7 +108,7 @@ async def test_300_connections_opened_and_closed_then_a_newcomer_gets_in():
         assert await honest_call(server, timeout=5) == {"n": 1}
         stats = server.admission_statistics()
         assert stats.handshakes_completed >= 311
-        await settle(lambda: stats.inbound_open == 0)
+        await eventually(lambda: stats.inbound_open == 0)
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ from net.host import SwarmHost
 from net.identity import Identity
 from net.rpc import Reply, RpcConfig, RpcService
 from net.wire import Tensor
-from tests.strangers import frame, rpc_server, send_raw, settle, stranger
+from tests.strangers import frame, rpc_server, send_raw, stranger
+from tests.waiting import eventually
 
 MiB = 1024 * 1024
 
@@ -59,7 +60,7 @@ async def test_streams_declaring_256_mib_and_sending_nothing_hold_no_memory():
                 assert reply.meta == {"n": MiB}
         assert rss() - before < 100 * MiB
         # the silent senders are cut off after the stall deadline, holding nothing
-        await settle(lambda: rpc.stats.rejected["stalled"] == 4, timeout=15)
+        await eventually(lambda: rpc.stats.rejected["stalled"] == 4, timeout=15)
         assert rpc.buffered_bytes() == 0
 
 
@@ -82,8 +83,8 @@ async def test_payload_memory_is_taken_as_bytes_arrive_within_the_senders_share(
         for i in range(8):
             nursery.start_soon(trickle, i)
         # the address's share is a quarter of the budget: at most 16 MiB held for it
-        await settle(lambda: len(sent) == 8)
-        await settle(lambda: rpc.stats.rejected["memory"] >= 4)
+        await eventually(lambda: len(sent) == 8)
+        await eventually(lambda: rpc.stats.rejected["memory"] >= 4)
         assert rpc.buffered_bytes() <= 16 * MiB
         async with honest_client(server) as client:
             payload = Tensor("uint8", (8 * MiB,), bytes(8 * MiB))
@@ -113,6 +114,6 @@ async def test_refused_requests_that_stall_hold_no_memory():
             assert reply.meta == {"n": 0}
         # the attackers are still there, silent: their streams are cut off, and each
         # address, having stalled again and again, is banned (its connections closed)
-        await settle(lambda: server.streams.open_streams() < 10, timeout=30)
+        await eventually(lambda: server.streams.open_streams() < 10, timeout=30)
         assert rpc.stats.rejected["stalled"] >= 4 * 21
         assert server.admission_statistics().bans == 4
