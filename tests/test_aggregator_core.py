@@ -169,7 +169,7 @@ def test_a_lone_contributor_on_a_new_expert_steps_no_further_than_its_siblings_i
     tmp_path,
 ):
     """One contributor alone on an expert has nothing to be compared with; its step is
-    clipped to the scale the honest inputs of same-sized experts had, which survives a
+    clipped to the scale the honest inputs of its sibling experts had, which survives a
     restart."""
     other = "ffn0.0.1"
     core = make_core(settings(uids=(UID, other)), tmp_path)

@@ -21,7 +21,13 @@ import torch
 from torch import nn
 
 from core.aggregator.journal import Journal
-from core.aggregator.robust import ExpertRoundState, RobustSettings, influence, robust_round
+from core.aggregator.robust import (
+    ExpertRoundState,
+    RobustSettings,
+    influence,
+    lower_median,
+    robust_round,
+)
 from core.aggregator.verify import Rejected, VerifyContext, check_claims, check_payload
 from core.checkpoints import (
     CheckpointStore,
@@ -296,17 +302,11 @@ class AggregatorCore:
             >= self.settings.round_seconds
         )
 
-    def _sibling_scale(self, uid: str) -> float | None:
-        """The median scale of the other experts of the same size: what a lone
+    def _sibling_scale(self) -> float | None:
+        """The scale of this aggregator's other experts (all of one spec): what a lone
         contributor's step is clipped to on an expert never compared before."""
-        size = sum(p.numel() for p in self.modules[uid].parameters())
-        scales = sorted(
-            st.scale
-            for other, st in self.robust.items()
-            if st.scale is not None
-            and sum(p.numel() for p in self.modules[other].parameters()) == size
-        )
-        return scales[(len(scales) - 1) // 2] if scales else None
+        scales = [st.scale for st in self.robust.values() if st.scale is not None]
+        return lower_median(scales) if scales else None
 
     def run_round(self, uid: str) -> int:
         """Aggregate the pending contributions of ``uid``, step, checkpoint. New version."""
@@ -323,7 +323,7 @@ class AggregatorCore:
         means = {who: total / samples for who, (total, samples) in per_contributor.items()}
         generator = torch.Generator().manual_seed(self.versions[uid])
         aggregate = robust_round(
-            self.robust[uid], means, self.settings.robust, generator, self._sibling_scale(uid)
+            self.robust[uid], means, self.settings.robust, generator, self._sibling_scale()
         )
         momenta = self.robust[uid].momenta or {}
         kept = influence(

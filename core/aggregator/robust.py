@@ -193,11 +193,20 @@ def robust_round(
     return result
 
 
-def lower_median_distance(inputs: Sequence[torch.Tensor], center: torch.Tensor) -> float:
-    """The lower middle of the inputs' distances to ``center``: with two inputs, the
-    nearer one's, so one attacker in two cannot make it larger."""
-    ordered = sorted(float((x.reshape(-1) - center.reshape(-1)).norm()) for x in inputs)
+def distances(inputs: Sequence[torch.Tensor], center: torch.Tensor) -> list[float]:
+    flat = center.reshape(-1).to(torch.float32)
+    return [float((x.reshape(-1).to(torch.float32) - flat).norm()) for x in inputs]
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """The lower middle: with two values, the smaller, so one attacker in two cannot
+    make it larger; an honest one's while most are honest."""
+    ordered = sorted(values)
     return ordered[(len(ordered) - 1) // 2]
+
+
+def lower_median_distance(inputs: Sequence[torch.Tensor], center: torch.Tensor) -> float:
+    return lower_median(distances(inputs, center))
 
 
 def lone_step(
@@ -230,11 +239,9 @@ def influence(
     input lies. It explains rounds for people; it does not change them."""
     if not inputs:
         return {}
-    flat = aggregate.reshape(-1).to(torch.float32)
-    dist = {w: float((g.reshape(-1).to(torch.float32) - flat).norm()) for w, g in inputs.items()}
     if settings.rule == "mean":
         return dict.fromkeys(inputs, 1.0)
-    ordered = sorted(dist.values())
-    median = ordered[(len(ordered) - 1) // 2]  # the lower middle: an honest one if most are
+    dist = dict(zip(inputs, distances(list(inputs.values()), aggregate), strict=True))
+    median = lower_median(list(dist.values()))
     radius = settings.clip_radius * median if settings.adaptive_radius else settings.clip_radius
     return {w: 1.0 if d <= radius or d == 0 else radius / d for w, d in dist.items()}
