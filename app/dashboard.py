@@ -1,18 +1,17 @@
 """The dashboard window: what the node is doing now, and what it did over the last hours.
 
-It only displays dicts that the caller fetched from the node's control API
-(``/v1/status``, ``/v1/history``, ``/v1/events``); it never talks to the node itself.
-Nodes of older versions, or a node that is not running, send fewer keys: every missing
-value shows as "—" rather than raising.
+It only displays the models that the caller fetched from the node's control API
+(``/v1/status``, ``/v1/history``, ``/v1/events``; see :mod:`core.control.models`); it
+never talks to the node itself. A value the node does not have (a sensor this computer
+lacks, a node that is not running) shows as "—".
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 import numpy as np
 from PySide6.QtCore import QEvent, Qt
@@ -25,6 +24,23 @@ from PySide6.QtWidgets import (
     QSplitter,
     QVBoxLayout,
     QWidget,
+)
+
+from core.control.models import (
+    BenchmarkEvent,
+    ContributionCounts,
+    ContributionEvent,
+    DeviceStatus,
+    ErrorEvent,
+    Event,
+    ExpertsEvent,
+    History,
+    MinuteReading,
+    PreferencesEvent,
+    ProjectEvent,
+    Readings,
+    StateEvent,
+    Status,
 )
 
 # isort: split
@@ -57,22 +73,6 @@ _STATES: Final[dict[str, str]] = {
 }
 
 
-def _number(value: Any) -> float | None:
-    """A finite number, or None for a missing, null or non-numeric value."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _count(value: Any) -> str:
-    number = _number(value)
-    return DASH if number is None else f"{int(number):,}"
-
-
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     days, rest = divmod(seconds, 86400)
@@ -85,50 +85,45 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min"
 
 
-def _local_time(at: Any) -> tuple[str, str] | None:
-    """(short, full) local time of a unix timestamp, or None without a usable one."""
-    number = _number(at)
-    if number is None:
+def _local_time(at: float) -> tuple[str, str] | None:
+    """(short, full) local time of a unix timestamp, or None without a usable one (an
+    event's ``at`` is 0 when the node did not stamp it)."""
+    if at <= 0:
         return None
     try:
-        moment = datetime.fromtimestamp(number)
+        moment = datetime.fromtimestamp(at)
     except (OverflowError, OSError, ValueError):
         return None
     short = "%H:%M:%S" if moment.date() == datetime.now().date() else "%Y-%m-%d %H:%M"
     return moment.strftime(short), moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def describe_event(event: dict[str, Any]) -> str:
+def describe_event(event: Event) -> str:
     """A sentence a volunteer can read, for one event of the node's event log."""
-    kind = event.get("kind")
-    if kind == "state":
-        reason = str(event.get("reason") or "")
-        if event.get("run"):
-            return f"Started working: {reason}" if reason else "Started working"
-        return f"Paused: {reason}" if reason else "Paused"
-    if kind == "experts":
-        experts = event.get("experts")
-        if isinstance(experts, list) and experts:
-            return "Now serving experts " + ", ".join(str(uid) for uid in experts)
+    if isinstance(event, StateEvent):
+        if event.run:
+            return f"Started working: {event.reason}" if event.reason else "Started working"
+        return f"Paused: {event.reason}" if event.reason else "Paused"
+    if isinstance(event, ExpertsEvent):
+        if event.experts:
+            return "Now serving experts " + ", ".join(event.experts)
         return "No experts assigned"
-    if kind == "contribution":
-        uid = event.get("uid", "?")
-        outcome = event.get("outcome")
-        if outcome == "accepted":
-            return f"Contribution to expert {uid} accepted"
-        if outcome is None:
-            return f"Contribution to expert {uid} sent"
-        return f"Contribution to expert {uid} refused ({outcome})"
-    if kind == "project":
-        name = event.get("project_name") or event.get("project")
-        return f"Project changed to {name}" if name else "Project left"
-    if kind == "preferences":
+    if isinstance(event, ContributionEvent):
+        if event.outcome == "accepted":
+            return f"Contribution to expert {event.uid} accepted"
+        return f"Contribution to expert {event.uid} refused ({event.outcome})"
+    if isinstance(event, ProjectEvent):
+        # Leaving names the project left: only a join changes to a project.
+        if event.joined and event.project:
+            return f"Project changed to {event.project}"
+        return "Project left"
+    if isinstance(event, PreferencesEvent):
         return "Preferences changed"
-    if kind == "benchmark":
+    if isinstance(event, BenchmarkEvent):
         return "Benchmark of this computer finished"
-    if kind == "error":
-        return f"Error: {event.get('message') or 'unknown'}"
-    return f"{kind} event" if kind else "Event"
+    if isinstance(event, ErrorEvent):
+        return f"Error: {event.message or 'unknown'}"
+    assert_never(event)
 
 
 class DashboardWindow(QWidget):
@@ -143,10 +138,8 @@ class DashboardWindow(QWidget):
         self.setObjectName("dashboard")
         self.setWindowTitle("moehome — dashboard")
         self.resize(900, 700)
-        self._events: list[tuple[tuple[int, int], dict[str, Any]]] = []
+        self._events: list[Event] = []  # newest first
         self._seen_ids: set[int] = set()
-        self._arrivals = 0
-        self._max_id = -1
 
         self._state = QLabel(DASH)
         self._state.setObjectName("dashboardState")
@@ -259,142 +252,115 @@ class DashboardWindow(QWidget):
 
     # -- status ---------------------------------------------------------------------------
 
-    def update_status(self, status: dict[str, Any]) -> None:
-        """Show the node's /v1/status; any key may be missing."""
-        status = _dict(status)
-        state = status.get("state")
-        text = _STATES.get(state, str(state)) if isinstance(state, str) and state else DASH
-        reason = status.get("reason")
-        if isinstance(reason, str) and reason and reason != state:
-            text = f"{text}: {reason}"
-        project = status.get("project_name") or status.get("project")
+    def update_status(self, status: Status | None) -> None:
+        """Show the node's /v1/status; ``None``: the node is not running."""
+        if status is None:
+            self._state.setText(_STATES["not running"])
+            self._state.setToolTip("")
+            for label in self._figures.values():
+                label.setText(DASH)
+                label.setToolTip("")
+            return
+        text = _STATES.get(status.state, status.state)
+        if status.reason and status.reason != status.state:
+            text = f"{text}: {status.reason}"
+        project = status.project_name or status.project
         if project:
             text = f"{text}  ·  project {project}"
-        uptime = _number(status.get("uptime_s"))
-        if uptime is not None:
-            text = f"{text}  ·  up {_duration(uptime)}"
+        text = f"{text}  ·  up {_duration(status.uptime_s)}"
         self._state.setText(text)
-        self._state.setToolTip(str(status.get("reason_code") or ""))
+        self._state.setToolTip(status.reason_code)
 
-        self._figures["figureContributions"].setText(
-            self._contributions(status.get("contributions"))
-        )
-        experts = status.get("experts")
+        self._figures["figureContributions"].setText(self._contributions(status.contributions))
         experts_label = self._figures["figureExperts"]
-        if isinstance(experts, dict) and experts:
-            experts_label.setText(", ".join(str(uid) for uid in sorted(experts)))
+        if status.experts:
+            experts_label.setText(", ".join(sorted(status.experts)))
             experts_label.setToolTip(
-                "\n".join(f"{uid}: version {version}" for uid, version in sorted(experts.items()))
+                "\n".join(
+                    f"{uid}: version {version}" for uid, version in sorted(status.experts.items())
+                )
             )
         else:
-            experts_label.setText("none" if isinstance(experts, dict) else DASH)
+            experts_label.setText("none")
             experts_label.setToolTip("")
-        self._figures["figurePeers"].setText(_count(status.get("peers")))
-        self._figures["figureSamples"].setText(_count(status.get("samples_done")))
-        self._figures["figureDevice"].setText(self._device(status.get("device")))
-        self._figures["figureReadings"].setText(self._readings(status.get("readings")))
+        self._figures["figurePeers"].setText(f"{status.peers:,}")
+        self._figures["figureSamples"].setText(f"{status.samples_done:,}")
+        self._figures["figureDevice"].setText(self._device(status.device))
+        self._figures["figureReadings"].setText(self._readings(status.readings))
 
     @staticmethod
-    def _contributions(value: Any) -> str:
-        contributions = _dict(value)
-        if not contributions:
-            return DASH
-        accepted = _count(contributions.get("accepted"))
-        sent = _count(contributions.get("sent"))
-        refused_codes = _dict(contributions.get("refused"))
-        refused = sum(int(n) for n in refused_codes.values() if _number(n) is not None)
-        text = f"{accepted} accepted / {sent} sent  ·  {refused:,} refused"
-        given_up = _number(contributions.get("given_up"))
-        if given_up:
-            text += f"  ·  {int(given_up):,} given up"
+    def _contributions(contributions: ContributionCounts) -> str:
+        refused = sum(contributions.refused.values())
+        text = (
+            f"{contributions.accepted:,} accepted / {contributions.sent:,} sent"
+            f"  ·  {refused:,} refused"
+        )
+        if contributions.given_up:
+            text += f"  ·  {contributions.given_up:,} given up"
         return text
 
     @staticmethod
-    def _device(value: Any) -> str:
-        device = _dict(value)
+    def _device(device: DeviceStatus) -> str:
         parts: list[str] = []
-        if device.get("device"):
-            parts.append(str(device["device"]))
-        if device.get("memory"):
-            parts.append(str(device["memory"]))
-        rtt = _number(device.get("network_rtt_ms"))
-        if rtt is not None:
-            parts.append(f"network {rtt:.0f} ms")
+        if device.device:
+            parts.append(device.device)
+        if device.memory:
+            parts.append(device.memory)
+        if device.network_rtt_ms is not None:
+            parts.append(f"network {device.network_rtt_ms:.0f} ms")
         return "  ·  ".join(parts) if parts else DASH
 
     @staticmethod
-    def _readings(value: Any) -> str:
-        readings = _dict(value)
+    def _readings(readings: Readings) -> str:
         parts: list[str] = []
-        gpu_temp = _number(readings.get("gpu_temp_c"))
-        if gpu_temp is not None:
-            parts.append(f"GPU {gpu_temp:.0f} °C")
-        util = _number(readings.get("gpu_utilization"))
-        if util is not None:
-            parts.append(f"GPU busy {util * 100:.0f} %")
-        power = _number(readings.get("gpu_power_w"))
-        if power is not None:
-            parts.append(f"{power:.0f} W")
-        cpu_temp = _number(readings.get("cpu_temp_c"))
-        if cpu_temp is not None:
-            parts.append(f"CPU {cpu_temp:.0f} °C")
-        idle = _number(readings.get("idle_seconds"))
-        if idle is not None:
-            parts.append(f"idle {_duration(idle)}")
-        on_battery = readings.get("on_battery")
-        if isinstance(on_battery, bool):
-            parts.append("on battery" if on_battery else "on mains")
+        if readings.gpu_temp_c is not None:
+            parts.append(f"GPU {readings.gpu_temp_c:.0f} °C")
+        if readings.gpu_utilization is not None:
+            parts.append(f"GPU busy {readings.gpu_utilization * 100:.0f} %")
+        if readings.gpu_power_w is not None:
+            parts.append(f"{readings.gpu_power_w:.0f} W")
+        if readings.cpu_temp_c is not None:
+            parts.append(f"CPU {readings.cpu_temp_c:.0f} °C")
+        if readings.idle_seconds is not None:
+            parts.append(f"idle {_duration(readings.idle_seconds)}")
+        if readings.on_battery is not None:
+            parts.append("on battery" if readings.on_battery else "on mains")
         return "  ·  ".join(parts) if parts else DASH
 
     # -- history --------------------------------------------------------------------------
 
-    def update_history(self, history: dict[str, Any]) -> None:
+    def update_history(self, history: History) -> None:
         """Plot the node's /v1/history: per-minute temperatures and per-hour samples."""
-        history = _dict(history)
-        raw = history.get("temperatures")
-        rows = (
-            [row for row in raw if isinstance(row, list | tuple) and row]
-            if isinstance(raw, list)
-            else []
-        )
         # Sorted by time: the gap detection below compares neighbours.
-        rows.sort(key=lambda row: _number(row[0]) or 0.0)
-        self._set_curve(self._gpu_curve, self._column(rows, 1, 1.0))
-        self._set_curve(self._cpu_curve, self._column(rows, 2, 1.0))
-        self._set_curve(self._util_curve, self._column(rows, 3, 100.0))
+        rows = sorted(history.temperatures, key=lambda row: row.at)
+        self._set_curve(self._gpu_curve, self._column(rows, lambda r: r.gpu_temp_c, 1.0))
+        self._set_curve(self._cpu_curve, self._column(rows, lambda r: r.cpu_temp_c, 1.0))
+        self._set_curve(self._util_curve, self._column(rows, lambda r: r.gpu_utilization, 100.0))
 
-        hours = history.get("hours")
-        centres: list[float] = []
-        heights: list[float] = []
-        for entry in hours if isinstance(hours, list) else []:
-            entry = _dict(entry)
-            hour = _number(entry.get("hour"))
-            samples = _number(entry.get("samples"))
-            if hour is None or samples is None:
-                continue
-            centres.append(hour + _HOUR_S / 2)  # a bar spans its hour, not straddles it
-            heights.append(samples)
+        # A bar spans its hour, not straddles it.
+        centres = [entry.hour + _HOUR_S / 2 for entry in history.hours]
+        heights = [float(entry.samples) for entry in history.hours]
         self._bars.setOpts(x=np.asarray(centres, dtype=float), height=np.asarray(heights))
         tooltip = ""
-        if hours and isinstance(hours, list):
-            worked = sum(_number(_dict(e).get("working_s")) or 0.0 for e in hours)
-            tooltip = f"Worked {_duration(worked)} over the last {len(hours)} hours"
+        if history.hours:
+            worked = sum(entry.working_s for entry in history.hours)
+            tooltip = f"Worked {_duration(worked)} over the last {len(history.hours)} hours"
         self._work_plot.setToolTip(tooltip)
 
     @staticmethod
     def _column(
-        rows: Iterable[list[Any] | tuple[Any, ...]], index: int, scale: float
+        rows: Iterable[MinuteReading],
+        value: Callable[[MinuteReading], float | None],
+        scale: float,
     ) -> tuple[list[float], list[float]]:
-        """(times, values) of one column; rows where either is missing are left out."""
+        """(times, values) of one reading; minutes without it are left out."""
         xs: list[float] = []
         ys: list[float] = []
         for row in rows:
-            if len(row) <= index:
+            y = value(row)
+            if y is None:
                 continue
-            x, y = _number(row[0]), _number(row[index])
-            if x is None or y is None:
-                continue
-            xs.append(x)
+            xs.append(float(row.at))
             ys.append(y * scale)
         return xs, ys
 
@@ -411,37 +377,27 @@ class DashboardWindow(QWidget):
 
     # -- events ---------------------------------------------------------------------------
 
-    def add_events(self, events: list[dict[str, Any]]) -> None:
+    def add_events(self, events: list[Event]) -> None:
         """Add events to the log (duplicates by id are ignored); newest first, 200 kept."""
         for event in events:
-            if not isinstance(event, dict):
+            if event.id in self._seen_ids:
                 continue
-            event_id = event.get("id")
-            self._arrivals += 1
-            if isinstance(event_id, int) and not isinstance(event_id, bool):
-                if event_id in self._seen_ids:
-                    continue
-                self._seen_ids.add(event_id)
-                self._max_id = max(self._max_id, event_id)
-                key = (event_id, self._arrivals)
-            else:
-                # Without an id, an event counts as newer than all those received before it.
-                key = (self._max_id, self._arrivals)
-            self._events.append((key, event))
-        self._events.sort(key=lambda pair: pair[0], reverse=True)
+            self._seen_ids.add(event.id)
+            self._events.append(event)
+        self._events.sort(key=lambda event: event.id, reverse=True)
         del self._events[MAX_EVENTS:]
         # Forget dropped ids: one of those arriving again is older than all kept events,
         # so it sorts past the end and is dropped again.
-        self._seen_ids = {key[0] for key, e in self._events if key[0] == e.get("id")}
+        self._seen_ids = {event.id for event in self._events}
 
         self._events_list.clear()
-        for _key, event in self._events:
+        for event in self._events:
             sentence = describe_event(event)
-            when = _local_time(event.get("at"))
+            when = _local_time(event.at)
             item = QListWidgetItem(f"{when[0]}  {sentence}" if when else sentence)
             if when:
                 item.setToolTip(when[1])
-            if event.get("kind") == "error":
+            if isinstance(event, ErrorEvent):
                 item.setForeground(QColor("#e0403a"))
             self._events_list.addItem(item)
 

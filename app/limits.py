@@ -2,16 +2,18 @@
 
 The dialog edits the node's preferences (GET /v1/preferences) and hands the edited values
 to a caller-supplied ``apply`` function that sends them to the node. The node validates
-them and is the only authority on what is allowed: the dialog's spin boxes are never
-narrower than the node's ranges, and every problem the node reports is shown next to the
-field it names, so the user reads the node's own words rather than a second, possibly
-stale, copy of its rules.
+them and is the only authority on what is allowed: the spin boxes' ranges are read off the
+node's own model (:func:`core.control.limits.preference_limits`, never a copy of its
+numbers), and every problem the node reports is shown next to the field it names, so the
+user reads the node's own words.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
+import typing
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -34,35 +36,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from core.control.limits import NumberRange, preference_limits
+from core.control.preferences import Day, Preferences, Window
+
 log = logging.getLogger(__name__)
 
-DAYS: Final[tuple[str, ...]] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+DAYS: Final[tuple[Day, ...]] = typing.get_args(Day)
 TIME_FORMAT: Final = "HH:mm"  # Qt's spelling of the node's "HH:MM"
 
-#: The node's defaults, used for any key an older node leaves out.
-DEFAULTS: Final[dict[str, Any]] = {
-    "idle_only": True,
-    "idle_minutes": 3.0,
-    "pause_above_c": 83.0,
-    "resume_below_c": 75.0,
-    "cpu_pause_above_c": 90.0,
-    "cpu_resume_below_c": 80.0,
-    "duty_cycle": 1.0,
-    "schedule": [],
-    "pause_on_battery": True,
-    "exclusive_apps": [],
-    "gpus": "all",
-    "memory_cap_gb": None,
-}
-FIELDS: Final[tuple[str, ...]] = tuple(DEFAULTS)
-
-# Spin box ranges are at least as wide as the node's (temperatures 30..110 °C, idle minutes
-# 0..1440, duty cycle (0, 1]): a value the node accepts must always be enterable, and a
-# value it refuses gets the node's explanation rather than a silent clamp.
-_TEMP_RANGE: Final = (0.0, 150.0)
-_IDLE_MINUTES_RANGE: Final = (0.0, 10080.0)  # a week
-_DUTY_PERCENT_RANGE: Final = (0.0, 100.0)
-_MEMORY_GB_RANGE: Final = (0.0, 4096.0)
 _DEFAULT_MEMORY_CAP_GB: Final = 8.0  # shown when the user first ticks "limit"
 
 _FIELD_AT_START: Final = re.compile(r"([a-z_]+)\b")
@@ -97,11 +78,20 @@ _TOOLTIPS: Final[dict[str, str]] = {
 }
 
 
-def _as_float(value: Any, default: float) -> float:
-    """A number from the node, or the default when an older node sent something else."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    return float(value)
+def spin_range(rule: NumberRange, decimals: int, scale: float = 1.0) -> tuple[float, float]:
+    """The node's range in a spin box's units (``scale``: 100 for a share shown in percent)
+    and precision: the smallest and largest values the box can show that the node accepts.
+    An open end (duty cycle > 0) becomes the box's smallest step inside it, so that every
+    value the box lets through is one the node takes."""
+    factor = 10.0**decimals
+    # Rounded first so that float noise (0.07 * 100 = 7.000000000000001) is no step.
+    low, high = round(rule.low * scale * factor, 6), round(rule.high * scale * factor, 6)
+    low_steps, high_steps = math.ceil(low), math.floor(high)
+    if rule.low_open and low_steps == low:
+        low_steps += 1
+    if rule.high_open and high_steps == high:
+        high_steps -= 1
+    return low_steps / factor, high_steps / factor
 
 
 def _split_problem(problem: str) -> tuple[str, str]:
@@ -112,12 +102,9 @@ def _split_problem(problem: str) -> tuple[str, str]:
     return field, message
 
 
-def _parse_time(text: Any) -> QTime:
-    time = QTime.fromString(text, TIME_FORMAT) if isinstance(text, str) else QTime()
-    if not time.isValid():
-        log.warning("schedule time %r is not HH:MM; showing 00:00", text)
-        return QTime(0, 0)
-    return time
+def _parse_time(text: str) -> QTime:
+    # A Window's times match HH:MM (the model checks), so Qt always reads them.
+    return QTime.fromString(text, TIME_FORMAT)
 
 
 class ScheduleRow(QWidget):
@@ -126,23 +113,21 @@ class ScheduleRow(QWidget):
     changed = Signal()
     remove_requested = Signal()
 
-    def __init__(self, window: dict[str, Any], parent: QWidget | None = None) -> None:
+    def __init__(self, window: Window, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("scheduleRow")
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        days = window.get("days")
-        chosen = set(days) if isinstance(days, list) else set()
         self.days: dict[str, QCheckBox] = {}
         for day in DAYS:
             box = QCheckBox(day.capitalize(), self)
             box.setObjectName(f"day_{day}")
-            box.setChecked(day in chosen)
+            box.setChecked(day in window.days)
             box.toggled.connect(self.changed)
             layout.addWidget(box)
             self.days[day] = box
-        self.start = self._time_edit("start", window.get("start"))
-        self.end = self._time_edit("end", window.get("end"))
+        self.start = self._time_edit("start", window.start)
+        self.end = self._time_edit("end", window.end)
         layout.addWidget(QLabel("from", self))
         layout.addWidget(self.start)
         layout.addWidget(QLabel("to", self))
@@ -155,7 +140,7 @@ class ScheduleRow(QWidget):
         layout.addWidget(self.remove)
         layout.addStretch(1)
 
-    def _time_edit(self, name: str, text: Any) -> QTimeEdit:
+    def _time_edit(self, name: str, text: str) -> QTimeEdit:
         edit = QTimeEdit(self)
         edit.setObjectName(name)
         edit.setDisplayFormat(TIME_FORMAT)
@@ -198,7 +183,7 @@ class ScheduleEditor(QWidget):
         add_row.addStretch(1)
         layout.addLayout(add_row)
         # As wide as a row even while empty, so that adding one never outgrows the dialog.
-        template = ScheduleRow({"start": "00:00", "end": "00:00"}, None)
+        template = ScheduleRow(Window(start="00:00", end="00:00"), None)
         self.setMinimumWidth(template.sizeHint().width())
         template.deleteLater()
 
@@ -208,10 +193,10 @@ class ScheduleEditor(QWidget):
     def row(self, index: int) -> ScheduleRow:
         return self._rows[index]
 
-    def add_window(self, window: dict[str, Any] | None = None) -> ScheduleRow:
+    def add_window(self, window: Window | None = None) -> ScheduleRow:
         """Append a row; with no window, a sensible start: every night, 22:00 to 08:00."""
         if window is None:
-            window = {"days": list(DAYS), "start": "22:00", "end": "08:00"}
+            window = Window(start="22:00", end="08:00")  # every day
         row = ScheduleRow(window, self)
         row.changed.connect(self.changed)
         row.remove_requested.connect(lambda: self.remove_window(self._rows.index(row)))
@@ -229,14 +214,11 @@ class ScheduleEditor(QWidget):
         self._empty.setVisible(not self._rows)
         self.changed.emit()
 
-    def set_windows(self, windows: list[dict[str, Any]]) -> None:
+    def set_windows(self, windows: list[Window]) -> None:
         while self._rows:
             self.remove_window(len(self._rows) - 1)
         for window in windows:
-            if isinstance(window, dict):
-                self.add_window(window)
-            else:
-                log.warning("ignoring a schedule window that is not an object: %r", window)
+            self.add_window(window)
 
     def windows(self) -> list[dict[str, Any]]:
         return [row.value() for row in self._rows]
@@ -245,16 +227,17 @@ class ScheduleEditor(QWidget):
 class LimitsDialog(QDialog):
     """Edit the node's preferences; Save sends them through ``apply`` and shows its problems.
 
-    ``apply(values)`` returns the node's validation problems as "field: message" strings;
-    an empty list means the node saved them, and the dialog then accepts. ``saved`` is
-    emitted with the values the node accepted.
+    ``apply(values)`` gets the form's values as a dict of preference changes (the body of
+    ``set_preferences``) and returns the node's validation problems as "field: message"
+    strings; an empty list means the node saved them, and the dialog then accepts.
+    ``saved`` is emitted with the values the node accepted.
     """
 
     saved = Signal(dict)
 
     def __init__(
         self,
-        preferences: dict[str, Any],
+        preferences: Preferences,
         apply: Callable[[dict[str, Any]], list[str]],
         parent: QWidget | None = None,
     ) -> None:
@@ -265,17 +248,18 @@ class LimitsDialog(QDialog):
         self.setWindowTitle("moehome — limits")
 
         self._idle_only = QCheckBox("Only when the computer is idle")
-        self._idle_minutes = self._spin(_IDLE_MINUTES_RANGE, " min", decimals=1, step=1.0)
+        self._idle_minutes = self._spin("idle_minutes", " min", decimals=1, step=1.0)
         self._schedule = ScheduleEditor()
         self._pause_on_battery = QCheckBox("Pause on battery power")
         self._exclusive_apps = QPlainTextEdit()
         self._exclusive_apps.setPlaceholderText("steam.exe\nblender")
         self._exclusive_apps.setFixedHeight(80)
-        self._pause_above_c = self._spin(_TEMP_RANGE, " °C")
-        self._resume_below_c = self._spin(_TEMP_RANGE, " °C")
-        self._cpu_pause_above_c = self._spin(_TEMP_RANGE, " °C")
-        self._cpu_resume_below_c = self._spin(_TEMP_RANGE, " °C")
-        self._duty_cycle = self._spin(_DUTY_PERCENT_RANGE, " %", decimals=1, step=5.0)
+        self._pause_above_c = self._spin("pause_above_c", " °C")
+        self._resume_below_c = self._spin("resume_below_c", " °C")
+        self._cpu_pause_above_c = self._spin("cpu_pause_above_c", " °C")
+        self._cpu_resume_below_c = self._spin("cpu_resume_below_c", " °C")
+        # a share of the time, shown in percent
+        self._duty_cycle = self._spin("duty_cycle", " %", decimals=1, step=5.0, scale=100.0)
         self._gpus_all = QCheckBox("All GPUs")
         self._gpus_all.setObjectName("gpusAll")
         self._gpus_list = QLineEdit()
@@ -284,7 +268,7 @@ class LimitsDialog(QDialog):
         self._gpus_all.toggled.connect(lambda checked: self._gpus_list.setEnabled(not checked))
         self._memory_limit = QCheckBox("Limit to")
         self._memory_limit.setObjectName("memoryLimit")
-        self._memory_cap = self._spin(_MEMORY_GB_RANGE, " GB", decimals=1, step=1.0)
+        self._memory_cap = self._spin("memory_cap_gb", " GB", decimals=1, step=1.0)
         self._memory_cap.setObjectName("memoryCap")
         self._memory_limit.toggled.connect(self._memory_cap.setEnabled)
 
@@ -371,11 +355,12 @@ class LimitsDialog(QDialog):
 
     @staticmethod
     def _spin(
-        limits: tuple[float, float], suffix: str, *, decimals: int = 1, step: float = 1.0
+        name: str, suffix: str, *, decimals: int = 1, step: float = 1.0, scale: float = 1.0
     ) -> QDoubleSpinBox:
+        """A spin box for the node's preference ``name``, with exactly the node's range."""
         spin = QDoubleSpinBox()
-        spin.setRange(*limits)
-        spin.setDecimals(decimals)
+        spin.setDecimals(decimals)  # first: Qt rounds the range to the decimals
+        spin.setRange(*spin_range(preference_limits().ranges[name], decimals, scale))
         spin.setSingleStep(step)
         spin.setSuffix(suffix)
         return spin
@@ -409,30 +394,25 @@ class LimitsDialog(QDialog):
 
     # -- values ---------------------------------------------------------------------------
 
-    def set_values(self, preferences: dict[str, Any]) -> None:
-        """Show ``preferences``; keys an older node leaves out show the node's defaults."""
-        prefs = {**DEFAULTS, **{k: v for k, v in preferences.items() if k in DEFAULTS}}
-        self._idle_only.setChecked(bool(prefs["idle_only"]))
-        self._pause_on_battery.setChecked(bool(prefs["pause_on_battery"]))
+    def set_values(self, preferences: Preferences) -> None:
+        """Show ``preferences``."""
+        self._idle_only.setChecked(preferences.idle_only)
+        self._pause_on_battery.setChecked(preferences.pause_on_battery)
         for name, spin in self._temperature_spins().items():
-            spin.setValue(_as_float(prefs[name], DEFAULTS[name]))
-        self._idle_minutes.setValue(_as_float(prefs["idle_minutes"], DEFAULTS["idle_minutes"]))
-        self._duty_cycle.setValue(100.0 * _as_float(prefs["duty_cycle"], DEFAULTS["duty_cycle"]))
-        schedule = prefs["schedule"]
-        self._schedule.set_windows(schedule if isinstance(schedule, list) else [])
-        apps = prefs["exclusive_apps"]
-        apps = apps if isinstance(apps, list) else []
-        self._exclusive_apps.setPlainText("\n".join(str(app) for app in apps))
-        gpus = prefs["gpus"]
-        every = not isinstance(gpus, list)
+            spin.setValue(getattr(preferences, name))
+        self._idle_minutes.setValue(preferences.idle_minutes)
+        self._duty_cycle.setValue(100.0 * preferences.duty_cycle)
+        self._schedule.set_windows(preferences.schedule)
+        self._exclusive_apps.setPlainText("\n".join(preferences.exclusive_apps))
+        gpus = preferences.gpus
+        every = gpus == "all"
         self._gpus_all.setChecked(every)
         self._gpus_list.setEnabled(not every)
-        self._gpus_list.setText("" if every else ", ".join(str(g) for g in gpus))
-        cap = prefs["memory_cap_gb"]
-        limited = cap is not None and not isinstance(cap, bool) and isinstance(cap, int | float)
-        self._memory_limit.setChecked(limited)
-        self._memory_cap.setEnabled(limited)
-        self._memory_cap.setValue(float(cap) if limited else _DEFAULT_MEMORY_CAP_GB)
+        self._gpus_list.setText("" if gpus == "all" else ", ".join(str(g) for g in gpus))
+        cap = preferences.memory_cap_gb
+        self._memory_limit.setChecked(cap is not None)
+        self._memory_cap.setEnabled(cap is not None)
+        self._memory_cap.setValue(_DEFAULT_MEMORY_CAP_GB if cap is None else cap)
 
     def values(self) -> dict[str, Any]:
         """What the form holds, in the shape of the node's preferences.
@@ -464,7 +444,7 @@ class LimitsDialog(QDialog):
         result["memory_cap_gb"] = (
             float(self._memory_cap.value()) if self._memory_limit.isChecked() else None
         )
-        return {name: result[name] for name in FIELDS}
+        return result
 
     def schedule_editor(self) -> ScheduleEditor:
         return self._schedule
@@ -504,7 +484,7 @@ class LimitsDialog(QDialog):
 
     def show_problems(self, problems: list[str]) -> None:
         """Put each "field: message" under its field; others at the top of the dialog."""
-        by_field: dict[str, list[str]] = {name: [] for name in FIELDS}
+        by_field: dict[str, list[str]] = {name: [] for name in self._errors}
         general: list[str] = []
         for problem in problems:
             path, message = _split_problem(str(problem))

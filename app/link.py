@@ -16,18 +16,21 @@ from typing import Any, TypeVar
 from PySide6.QtCore import QObject, Signal
 
 from core.control import ControlClient, ControlError, NodeNotRunning, find_node
+from core.control.models import Event, Status
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 class NodeLink(QObject):
-    #: The node's status snapshot (a dict), about once a second.
-    status = Signal(dict)
+    # Models travel as ``object``: Qt hands a Python object across threads as it is.
+
+    #: The node's status snapshot (a :class:`Status`), about once a second.
+    status = Signal(object)
     #: The node does not answer (the text says why); emitted on each failed poll.
     unreachable = Signal(str)
-    #: New events from the node's stream (a list of dicts).
-    events = Signal(list)
+    #: New events from the node's stream (a ``list[Event]``).
+    events = Signal(object)
 
     def __init__(self, data_dir: Path, *, interval: float = 1.0, timeout: float = 3.0) -> None:
         super().__init__()
@@ -104,7 +107,8 @@ class NodeLink(QObject):
     def _poll_status(self) -> None:
         while not self._stop.is_set():
             try:
-                self.status.emit(self.call(lambda c: c.status()))
+                status: Status = self.call(lambda c: c.status())
+                self.status.emit(status)
             except ControlError as exc:
                 self.unreachable.emit(str(exc))
             except Exception as exc:  # noqa: BLE001 - a bad answer must not end the poll
@@ -115,7 +119,7 @@ class NodeLink(QObject):
     def _poll_events(self) -> None:
         while not self._stop.is_set():
             try:
-                new = self.call(lambda c: c.events(self._last_event, wait=2.0))
+                new: list[Event] = self.call(lambda c: c.events(self._last_event, wait=2.0))
             except ControlError:
                 self._stop.wait(self.interval)
                 continue
@@ -124,7 +128,7 @@ class NodeLink(QObject):
                 self._stop.wait(self.interval)
                 continue
             if new:
-                self._last_event = max(int(e.get("id", 0)) for e in new)
+                self._last_event = max(e.id for e in new)
                 self.events.emit(new)
 
     def node_restarted(self) -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from PySide6.QtCore import QObject, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction
@@ -34,24 +35,27 @@ from app.limits import LimitsDialog
 from app.link import NodeLink
 from app.supervisor import NodeSupervisor
 from app.wizard import FirstStartWizard, WizardActions
-from core.control import ControlError
+from core.control import ControlClient, ControlError
+from core.control.limits import normalize_project_id
+from core.control.models import BenchmarkEvent, ErrorEvent, Event, History, StateEvent, Status
 
 log = logging.getLogger(__name__)
 
-NOT_RUNNING = {"state": "not running", "reason": "the node is not running", "reason_code": ""}
+#: The icon's state while no node answers (the node itself never reports it).
+NOT_RUNNING: Final = "not running"
 HOT = ("gpu_hot", "cpu_hot")
 
 
-def status_line(status: dict[str, Any]) -> str:
-    """One line for the menu and the tooltip."""
-    state, reason = status.get("state", "?"), status.get("reason", "")
+def status_line(status: Status | None) -> str:
+    """One line for the menu and the tooltip; ``None``: the node is not running."""
+    if status is None:
+        return "Node not running"
+    state, reason = status.state, status.reason
     if state == "working":
-        experts = len(status.get("experts", {}))
+        experts = len(status.experts)
         return f"Working: serving {experts} expert{'s' if experts != 1 else ''}"
     if state == "paused":
         return f"Paused: {reason}"
-    if state == "not running":
-        return f"Not running: {reason}" if reason != NOT_RUNNING["reason"] else "Node not running"
     return f"{state.capitalize()}: {reason}" if reason else state.capitalize()
 
 
@@ -72,14 +76,14 @@ class ProjectDialog(QDialog):
     """The project the node serves: join one (pasted or announced), or leave."""
 
     def __init__(
-        self, link: NodeLink, current: dict[str, Any], parent: QWidget | None = None
+        self, link: NodeLink, current: Status | None, parent: QWidget | None = None
     ) -> None:
         super().__init__(parent)
         self.link = link
         self.setObjectName("projectDialog")
         self.setWindowTitle("moehome — project")
         layout = QVBoxLayout(self)
-        name = current.get("project_name") or current.get("project") or "none"
+        name = "none" if current is None else current.project_name or current.project or "none"
         self.current = QLabel(f"Serving: {name}")
         self.current.setObjectName("projectCurrent")
         layout.addWidget(self.current)
@@ -120,14 +124,14 @@ class ProjectDialog(QDialog):
             self.error.setText(f"could not list projects: {exc}")
             return
         for p in projects:
-            item = QListWidgetItem(f"{p['name']} — {p.get('description', '')[:80]}")
-            item.setData(Qt.ItemDataRole.UserRole, p["project"])
+            item = QListWidgetItem(f"{p.name} — {p.description[:80]}")
+            item.setData(Qt.ItemDataRole.UserRole, p.project)
             self.list.addItem(item)
         if not projects:
             self.error.setText("no project is announced in the swarm right now")
 
     def join(self) -> None:
-        project = self.edit.text().strip()
+        project = normalize_project_id(self.edit.text())
         problems = self.link.problems(lambda c: c.join(project))
         if problems:
             self.error.setText("\n".join(problems))
@@ -143,8 +147,8 @@ class ProjectDialog(QDialog):
 
 
 class Tray(QObject):
-    #: Emitted after each status update is shown (tests wait on it).
-    shown = Signal(dict)
+    #: Emitted after each status update is shown, with the Status (None: not running).
+    shown = Signal(object)
 
     def __init__(
         self,
@@ -162,13 +166,15 @@ class Tray(QObject):
         self.settings = settings
         self.autostart = autostart or autostart_for_this_os()
         self.tray_command = tray_command or []
-        self.status: dict[str, Any] = dict(NOT_RUNNING)
+        #: The node's last status; None while it does not answer (``not_running_why``).
+        self.status: Status | None = None
+        self.not_running_why = "the node is not running"
         self.node_pid: int | None = None
         self.dashboard: DashboardWindow | None = None
         self.limits: LimitsDialog | None = None
         self.wizard: FirstStartWizard | None = None
         self.notifications: list[tuple[str, str]] = []  # (title, message), for tests too
-        self.icon = QSystemTrayIcon(state_icon("not running", ""), self)
+        self.icon = QSystemTrayIcon(state_icon(NOT_RUNNING, ""), self)
         self.icon.setObjectName("tray")
         self.menu = self._build_menu()
         self.icon.setContextMenu(self.menu)
@@ -244,7 +250,7 @@ class Tray(QObject):
     def snooze(self, seconds: float) -> None:
         self._command(lambda c: c.snooze(seconds))
 
-    def _command(self, action: Any) -> None:
+    def _command(self, action: Callable[[ControlClient], Status]) -> None:
         try:
             self._show(self.link.call(action))
         except ControlError as exc:
@@ -309,7 +315,7 @@ class Tray(QObject):
             self._history_timer.stop()
             return
         try:
-            history = self.link.call(lambda c: c.history(time.time() - 48 * 3600))
+            history: History = self.link.call(lambda c: c.history(time.time() - 48 * 3600))
         except ControlError:
             return
         self.dashboard.update_history(history)
@@ -342,34 +348,35 @@ class Tray(QObject):
 
     # ------------------------------------------------------------ what the node says
 
-    def _on_status(self, status: dict[str, Any]) -> None:
-        pid = status.get("pid")
-        if self.node_pid is not None and pid != self.node_pid:
+    def _on_status(self, status: Status) -> None:
+        if self.node_pid is not None and status.pid != self.node_pid:
             self.link.node_restarted()  # its events are numbered from 1 again
-        self.node_pid = pid if isinstance(pid, int) else None
+        self.node_pid = status.pid
         self._show(status)
 
     def _on_not_running(self, why: str) -> None:
-        if self.status.get("state") != "not running":
+        if self.status is not None:
             log.info("node not answering: %s", why)
-        self._show(dict(NOT_RUNNING))
+        self.not_running_why = why
+        self._show(None)
 
-    def _show(self, status: dict[str, Any]) -> None:
+    def _show(self, status: Status | None) -> None:
         self.status = status
-        state, code = status.get("state", "error"), status.get("reason_code", "")
+        state = status.state if status is not None else NOT_RUNNING
+        code = status.reason_code if status is not None else ""
         line = status_line(status)
         self.icon.setIcon(state_icon(state, code))
         self.icon.setToolTip(f"moehome — {line}")
         self.status_action.setText(line)
-        until = status.get("snoozed_until")
-        snoozed = isinstance(until, (int, float)) and state == "paused" and code == "snoozed"
+        until = status.snoozed_until if status is not None else None
+        snoozed = until is not None and state == "paused" and code == "snoozed"
         self.reason_action.setText(
-            f"Snoozed — {remaining(float(until), time.time())} left"
-            if snoozed and isinstance(until, (int, float))
+            f"Snoozed — {remaining(until, time.time())} left"
+            if snoozed and until is not None
             else ""
         )
         self.reason_action.setVisible(snoozed)
-        running = state not in ("not running",)
+        running = status is not None
         paused_by_user = state == "paused" and code in ("paused", "snoozed")
         self.pause_action.setVisible(running and not paused_by_user)
         self.resume_action.setVisible(running and paused_by_user)
@@ -378,25 +385,20 @@ class Tray(QObject):
             self.dashboard.update_status(status)
         self.shown.emit(status)
 
-    def _on_events(self, events: list[dict[str, Any]]) -> None:
+    def _on_events(self, events: list[Event]) -> None:
         if self.dashboard is not None:
             self.dashboard.add_events(events)
         for event in events:
-            kind = event.get("kind")
-            if kind == "state" and event.get("reason_code") in HOT:
-                self._notify("moehome paused", f"Paused: {event.get('reason', 'too hot')}")
-            elif kind == "error":
-                self._notify("moehome", f"Cannot serve the project: {event.get('message', '')}")
-            elif kind == "benchmark" and self.wizard is not None:
+            if isinstance(event, StateEvent) and event.reason_code in HOT:
+                self._notify("moehome paused", f"Paused: {event.reason or 'too hot'}")
+            elif isinstance(event, ErrorEvent):
+                self._notify("moehome", f"Cannot serve the project: {event.message}")
+            elif isinstance(event, BenchmarkEvent) and self.wizard is not None:
                 page = self.wizard.benchmark_page
-                if event.get("what") == "done":
-                    page.benchmark_done(event.get("figures", {}))
+                if event.what == "done":
+                    page.benchmark_done(event.figures or {})
                 else:
-                    page.benchmark_progress(
-                        int(event.get("done", 0)),
-                        int(event.get("total", 1)),
-                        str(event.get("what", "")),
-                    )
+                    page.benchmark_progress(event.done, event.total, event.what)
 
     def _on_crash(self, code: int, delay: float) -> None:
         self._notify(

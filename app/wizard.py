@@ -10,7 +10,6 @@ keeps it testable with fakes and keeps every network call in one place (the tray
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -34,15 +33,17 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
+from app.limits import spin_range
+from core.control.limits import (
+    PROJECT_ID_RULE,
+    PreferenceLimits,
+    is_project_id,
+    normalize_project_id,
+    preference_limits,
+)
+from core.control.models import ProjectSummary
+
 log = logging.getLogger(__name__)
-
-# Same rule as the node's project records (core/project/records.py); pasted ids are
-# lower-cased first since people copy them from places that upper-case hex.
-PROJECT_ID_RE: Final = re.compile(r"^[0-9a-f]{32}$")
-
-# The GPU resumes this many degrees below the pause limit: without a gap it would flap
-# between paused and working around the limit.
-RESUME_GAP_C: Final = 8
 
 _ERROR_STYLE: Final = "color: #c53030;"
 
@@ -51,8 +52,8 @@ _ERROR_STYLE: Final = "color: #c53030;"
 class WizardActions:
     """What the wizard asks of the tray; each call may block briefly on the node."""
 
-    # Projects announced in the swarm: [{"project": id, "name": ..., "description": ...}].
-    list_projects: Callable[[], list[dict[str, str]]]
+    # Projects announced in the swarm.
+    list_projects: Callable[[], list[ProjectSummary]]
     # Join a project; the problems that prevented it (empty: joined).
     join: Callable[[str], list[str]]
     # Ask the node to measure this device; progress comes back through the benchmark page.
@@ -76,8 +77,16 @@ def _show_problems(label: QLabel, problems: list[str]) -> None:
     label.setVisible(bool(problems))
 
 
-def normalize_project_id(text: str) -> str:
-    return text.strip().lower()
+def pause_limit_range(limits: PreferenceLimits) -> tuple[int, int]:
+    """The whole degrees the GPU pause limit may take on the limits page, where the resume
+    temperature follows it (limit - ``resume_gap_c``): both must be in the node's ranges."""
+    gap = limits.resume_gap_c
+    resume = limits.ranges["resume_below_c"]
+    # the pause limits whose resume temperature is in range: the resume range, shifted up
+    shifted = resume.model_copy(update={"low": resume.low + gap, "high": resume.high + gap})
+    pause_low, pause_high = spin_range(limits.ranges["pause_above_c"], 0)
+    shifted_low, shifted_high = spin_range(shifted, 0)
+    return int(max(pause_low, shifted_low)), int(min(pause_high, shifted_high))
 
 
 class WelcomePage(QWizardPage):
@@ -135,7 +144,7 @@ class ProjectPage(QWizardPage):
 
         self.id_edit = QLineEdit()
         self.id_edit.setObjectName("projectIdEdit")
-        self.id_edit.setPlaceholderText("project id: 32 characters, 0-9 and a-f")
+        self.id_edit.setPlaceholderText(PROJECT_ID_RULE)
         self.id_edit.setClearButtonEnabled(True)
         self.id_edit.textChanged.connect(self._on_text_changed)
 
@@ -169,12 +178,11 @@ class ProjectPage(QWizardPage):
             self.list_status.setText(f"could not list projects: {exc}")
             return
         for project in projects:
-            project_id = project.get("project", "")
-            name = project.get("name") or project_id
-            description = project.get("description", "")
+            name = project.name or project.project
+            description = project.description
             item = QListWidgetItem(f"{name} \N{EM DASH} {description}" if description else name)
-            item.setData(Qt.ItemDataRole.UserRole, project_id)
-            item.setToolTip(project_id)
+            item.setData(Qt.ItemDataRole.UserRole, project.project)
+            item.setToolTip(project.project)
             self.project_list.addItem(item)
         if projects:
             self.list_status.setText(f"{len(projects)} project(s) announced right now.")
@@ -202,14 +210,14 @@ class ProjectPage(QWizardPage):
         return normalize_project_id(self.id_edit.text())
 
     def isComplete(self) -> bool:  # noqa: N802 (Qt's name)
-        return self.skip_check.isChecked() or bool(PROJECT_ID_RE.match(self.project_id()))
+        return self.skip_check.isChecked() or is_project_id(self.project_id())
 
     def validatePage(self) -> bool:  # noqa: N802 (Qt's name)
         if self.skip_check.isChecked():
             return True
         project_id = self.project_id()
-        if not PROJECT_ID_RE.match(project_id):
-            _show_problems(self.error, ["A project id is 32 characters long, made of 0-9 and a-f."])
+        if not is_project_id(project_id):
+            _show_problems(self.error, [f"{PROJECT_ID_RULE[0].upper()}{PROJECT_ID_RULE[1:]}."])
             return False
         try:
             problems = self._actions.join(project_id)
@@ -308,21 +316,27 @@ class LimitsPage(QWizardPage):
         self.setTitle("When may moehome work?")
         self.setSubTitle("You can change these at any time in the settings.")
 
+        # The node's defaults and ranges, read off its own model.
+        limits = preference_limits()
+        defaults = limits.defaults
+        self._resume_gap_c = limits.resume_gap_c
+
         self.idle_only = QCheckBox("Only when I am away")
         self.idle_only.setObjectName("idleOnlyCheck")
-        self.idle_only.setChecked(True)
+        self.idle_only.setChecked(defaults["idle_only"])
         self.idle_minutes = QSpinBox()
         self.idle_minutes.setObjectName("idleMinutesSpin")
-        self.idle_minutes.setRange(1, 240)
-        self.idle_minutes.setValue(3)
+        low, high = spin_range(limits.ranges["idle_minutes"], 0)
+        self.idle_minutes.setRange(int(low), int(high))
+        self.idle_minutes.setValue(round(defaults["idle_minutes"]))
         self.idle_minutes.setSuffix(" min")
         self.idle_only.toggled.connect(self.idle_minutes.setEnabled)
 
-        # The node accepts 40..110 °C; below 50 a GPU would pause at its idle temperature.
+        # The resume temperature follows the pause limit; both stay in the node's ranges.
         self.temp_limit = QSpinBox()
         self.temp_limit.setObjectName("tempLimitSpin")
-        self.temp_limit.setRange(50, 100)
-        self.temp_limit.setValue(83)
+        self.temp_limit.setRange(*pause_limit_range(limits))
+        self.temp_limit.setValue(round(defaults["pause_above_c"]))
         self.resume_hint = QLabel()
         self.resume_hint.setObjectName("resumeHint")
         self.temp_limit.valueChanged.connect(self._update_resume_hint)
@@ -332,12 +346,13 @@ class LimitsPage(QWizardPage):
         self.memory_cap.setObjectName("memoryCapCheck")
         self.memory_cap_gb = QDoubleSpinBox()
         self.memory_cap_gb.setObjectName("memoryCapSpin")
-        self.memory_cap_gb.setRange(0.5, 4096.0)
-        self.memory_cap_gb.setDecimals(1)
+        self.memory_cap_gb.setDecimals(1)  # first: Qt rounds the range to the decimals
+        self.memory_cap_gb.setRange(*spin_range(limits.ranges["memory_cap_gb"], 1))
         self.memory_cap_gb.setSingleStep(0.5)
-        self.memory_cap_gb.setValue(4.0)
+        self.memory_cap_gb.setValue(4.0)  # a suggestion, once the box is ticked
         self.memory_cap_gb.setSuffix(" GB")
-        self.memory_cap_gb.setEnabled(False)
+        self.memory_cap.setChecked(defaults["memory_cap_gb"] is not None)
+        self.memory_cap_gb.setEnabled(self.memory_cap.isChecked())
         self.memory_cap.toggled.connect(self.memory_cap_gb.setEnabled)
 
         self.error = _error_label("limitsError")
@@ -354,9 +369,8 @@ class LimitsPage(QWizardPage):
         layout.addStretch(1)
 
     def _update_resume_hint(self, limit: int) -> None:
-        self.resume_hint.setText(
-            f"It goes on once the GPU has cooled to {limit - RESUME_GAP_C} °C."
-        )
+        resume = limit - self._resume_gap_c
+        self.resume_hint.setText(f"It goes on once the GPU has cooled to {resume:g} °C.")
 
     def changes(self) -> dict[str, Any]:
         """The preference changes, with the node's names and types (floats, or None)."""
@@ -365,7 +379,8 @@ class LimitsPage(QWizardPage):
             "idle_only": self.idle_only.isChecked(),
             "idle_minutes": float(self.idle_minutes.value()),
             "pause_above_c": limit,
-            "resume_below_c": limit - RESUME_GAP_C,
+            # The node's own gap: a resume temperature at the pause limit would flap.
+            "resume_below_c": limit - self._resume_gap_c,
             "memory_cap_gb": (
                 float(self.memory_cap_gb.value()) if self.memory_cap.isChecked() else None
             ),

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.robust import ExpertRoundState, RobustSettings, robust_round
 from core.aggregator.verify import VerifyContext, verify
-from core.contrib.codecs import CODECS, codec
+from core.contributing.codecs import CODECS, codec
 from core.experts.registry import ExpertSpec, build_expert
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.service import AggregatorService
-from core.contrib.codecs import codec
+from core.contributing.codecs import codec
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig

@@ -21,6 +21,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.control.preferences import Preferences
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
@@ -28,7 +29,6 @@ from core.experts.uid import ExpertUID
 from core.moe.client import ExpertCaller, ExpertCallError, ExpertServerRef
 from core.namespaces import moehome_validator
 from core.node.governor import Governor
-from core.node.preferences import Preferences
 from core.node.probes import FakeProbes
 from net.testing import open_swarm
 

@@ -15,51 +15,59 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication, QPushButton, QWidget
 
 from app.dashboard import DashboardWindow
-from app.limits import DEFAULTS, LimitsDialog
+from app.limits import LimitsDialog
 from app.link import NodeLink
 from app.tray import Tray
+from core.control.models import (
+    ContributionCounts,
+    ContributionEvent,
+    DeviceStatus,
+    Event,
+    ExpertsEvent,
+    History,
+    HourOfWork,
+    MinuteReading,
+    Readings,
+    StateEvent,
+    Status,
+)
+from core.control.preferences import Preferences, Window
 
 NOW = time.time()
-STATUS = {
-    "state": "working",
-    "reason": "working",
-    "reason_code": "",
-    "project": "0f" * 16,
-    "project_name": "tiny-lm",
-    "experts": {"ffn0.0.1": 3, "ffn0.1.0": 3},
-    "contributions": {"sent": 41, "accepted": 39, "given_up": 0, "refused": {"stale": 2}},
-    "samples_done": 182_340,
-    "device": {"device": "cuda:0", "memory": "NVIDIA RTX 4070 (11.2 GB free)", "benchmark": {}},
-    "readings": {"gpu_temp_c": 67.0, "gpu_utilization": 0.83, "cpu_temp_c": 54.0},
-    "peers": 23,
-    "uptime_s": 5400,
-}
-HISTORY = {
-    "hours": [
-        {"hour": NOW - (12 - h) * 3600, "working_s": 3000.0, "samples": 9000 + 700 * h}
+STATUS = Status(
+    state="working",
+    reason="working",
+    reason_code="",
+    project="0f" * 16,
+    project_name="tiny-lm",
+    experts={"ffn0.0.1": 3, "ffn0.1.0": 3},
+    contributions=ContributionCounts(sent=41, accepted=39, given_up=0, refused={"stale": 2}),
+    samples_done=182_340,
+    device=DeviceStatus(device="cuda:0", memory="NVIDIA RTX 4070 (11.2 GB free)"),
+    readings=Readings(gpu_temp_c=67.0, gpu_utilization=0.83, cpu_temp_c=54.0),
+    peers=23,
+    uptime_s=5400,
+)
+HISTORY = History(
+    hours=[
+        HourOfWork(hour=int(NOW) - (12 - h) * 3600, working_s=3000.0, samples=9000 + 700 * h)
         for h in range(12)
     ],
-    "temperatures": [
-        [
-            NOW - (180 - m) * 60,
-            55 + 15 * (m % 40) / 40,
-            45 + 8 * (m % 25) / 25,
-            0.6 + 0.3 * (m % 7) / 7,
-        ]
+    temperatures=[
+        MinuteReading(
+            at=int(NOW) - (180 - m) * 60,
+            gpu_temp_c=55 + 15 * (m % 40) / 40,
+            cpu_temp_c=45 + 8 * (m % 25) / 25,
+            gpu_utilization=0.6 + 0.3 * (m % 7) / 7,
+        )
         for m in range(180)
     ],
-}
-EVENTS = [
-    {"id": 1, "at": NOW - 3000, "kind": "experts", "experts": ["ffn0.0.1", "ffn0.1.0"]},
-    {
-        "id": 2,
-        "at": NOW - 2000,
-        "kind": "state",
-        "run": False,
-        "reason": "you are using the computer",
-    },
-    {"id": 3, "at": NOW - 1500, "kind": "state", "run": True, "reason": "working"},
-    {"id": 4, "at": NOW - 600, "kind": "contribution", "uid": "ffn0.0.1", "outcome": "accepted"},
+)
+EVENTS: list[Event] = [
+    ExpertsEvent(id=1, at=NOW - 3000, experts=["ffn0.0.1", "ffn0.1.0"]),
+    StateEvent(id=2, at=NOW - 2000, run=False, reason="you are using the computer"),
+    StateEvent(id=3, at=NOW - 1500, run=True, reason="working"),
+    ContributionEvent(id=4, at=NOW - 600, uid="ffn0.0.1", outcome="accepted"),
 ]
 
 
@@ -105,19 +113,18 @@ def main(out: Path) -> None:
 
         link = NodeLink(out / "no-node")
         tray = Tray(app, link, None, QSettings(str(out / "tray.ini"), QSettings.Format.IniFormat))
-        tray._show({**STATUS, "snoozed_until": None})
+        tray._show(STATUS)
         tray.menu.popup(QPoint(40, 40))
         shoot(tray.menu, out / f"menu-{theme}.png")
         tray.menu.hide()
 
         limits = LimitsDialog(
-            {
-                **DEFAULTS,  # and a volunteer's own choices, so that every widget shows one
-                "duty_cycle": 0.8,
-                "schedule": [{"days": ["mon", "tue", "wed"], "start": "18:00", "end": "08:00"}],
-                "exclusive_apps": ["steam.exe", "obs"],
-                "memory_cap_gb": 6.0,
-            },
+            Preferences(  # the defaults, and a volunteer's own choices for every widget
+                duty_cycle=0.8,
+                schedule=[Window(days=["mon", "tue", "wed"], start="18:00", end="08:00")],
+                exclusive_apps=["steam.exe", "obs"],
+                memory_cap_gb=6.0,
+            ),
             lambda changes: ["resume_below_c: resume_below_c (90.0) must be below pause_above_c"],
         )
         limits.resize(820, 900)

@@ -9,7 +9,7 @@ import torch
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.verify import Rejected
-from core.contrib.codecs import codec
+from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity

@@ -13,7 +13,7 @@ import pytest
 import torch
 import trio
 
-from core.contrib.codecs import codec
+from core.contributing.codecs import codec
 from core.experts.registry import build_expert
 from core.experts.wire import to_wire
 from core.namespaces import moehome_validator

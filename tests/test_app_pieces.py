@@ -23,6 +23,7 @@ from app.autostart import (
     desktop_exec,
 )
 from app.wizard import FirstStartWizard, WizardActions
+from core.control.models import ProjectSummary
 
 # ---------------------------------------------------------------------------- icons
 
@@ -288,7 +289,7 @@ class FakeNode:
     """Records the wizard's calls; answers what each test sets."""
 
     def __init__(self) -> None:
-        self.projects: list[dict[str, str]] = []
+        self.projects: list[ProjectSummary] = []
         self.list_error: Exception | None = None
         self.join_problems: list[str] = []
         self.limit_problems: list[str] = []
@@ -296,7 +297,7 @@ class FakeNode:
         self.limits: list[dict[str, Any]] = []
         self.benchmarks = 0
 
-    def list_projects(self) -> list[dict[str, str]]:
+    def list_projects(self) -> list[ProjectSummary]:
         if self.list_error is not None:
             raise self.list_error
         return self.projects
@@ -348,7 +349,7 @@ def test_wizard_pages_and_title(wizard):
 
 
 def test_pasting_an_id_joins(wizard, node):
-    node.projects = [{"project": "f" * 32, "name": "demo", "description": "a tiny model"}]
+    node.projects = [ProjectSummary(project="f" * 32, name="demo", description="a tiny model")]
     wizard.next()
     assert _page(wizard) == "projectPage"
     page = wizard.project_page
@@ -363,8 +364,8 @@ def test_pasting_an_id_joins(wizard, node):
 
 def test_picking_a_listed_project_fills_the_id(wizard, node):
     node.projects = [
-        {"project": "a" * 32, "name": "alpha", "description": "first"},
-        {"project": "b" * 32, "name": "beta", "description": "second"},
+        ProjectSummary(project="a" * 32, name="alpha", description="first"),
+        ProjectSummary(project="b" * 32, name="beta", description="second"),
     ]
     wizard.next()
     page = wizard.project_page
@@ -418,7 +419,7 @@ def test_list_projects_failure_is_shown_and_paste_still_works(wizard, node):
     assert node.joined == [PROJECT]
     # Refresh asks again.
     node.list_error = None
-    node.projects = [{"project": PROJECT, "name": "demo", "description": ""}]
+    node.projects = [ProjectSummary(project=PROJECT, name="demo")]
     page.refresh_button.click()
     assert page.project_list.count() == 1
 
@@ -512,7 +513,7 @@ def test_limits_edited_and_problems_shown(wizard, node):
 
 
 def test_project_list_items_carry_ids(wizard, node):
-    node.projects = [{"project": PROJECT, "name": "demo", "description": "tiny"}]
+    node.projects = [ProjectSummary(project=PROJECT, name="demo", description="tiny")]
     wizard.next()
     item = wizard.project_page.project_list.item(0)
     assert "demo" in item.text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from pydantic import TypeAdapter
 from PySide6.QtCore import Qt, QTime
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -17,8 +18,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.dashboard import DASH, MAX_EVENTS, DashboardWindow
-from app.limits import DEFAULTS, LimitsDialog, ScheduleEditor
+from app.dashboard import DASH, MAX_EVENTS, DashboardWindow, describe_event
+from app.limits import LimitsDialog, ScheduleEditor
+from core.control.limits import preference_limits
+from core.control.models import (
+    ContributionCounts,
+    DeviceStatus,
+    Event,
+    History,
+    HourOfWork,
+    MinuteReading,
+    Readings,
+    Status,
+)
+from core.control.preferences import Preferences
 
 W = TypeVar("W", bound=QWidget)
 
@@ -55,7 +68,7 @@ class Recorder:
 
 def make_dialog(qtbot, preferences=None, apply=None) -> LimitsDialog:
     dialog = LimitsDialog(
-        PREFERENCES if preferences is None else preferences,
+        Preferences.model_validate(PREFERENCES if preferences is None else preferences),
         apply if apply is not None else Recorder(),
     )
     qtbot.addWidget(dialog)
@@ -106,9 +119,10 @@ def test_limits_dialog_shows_the_preferences_it_was_given(qtbot):
     assert child(dialog, QLabel, "error_general").isHidden()
 
 
-def test_limits_dialog_fills_in_defaults_for_an_older_node(qtbot):
+def test_limits_dialog_shows_the_node_defaults(qtbot):
+    # the client fills in what an older node leaves out: the dialog sees whole Preferences
     dialog = make_dialog(qtbot, preferences={"idle_minutes": 10})
-    assert dialog.values() == {**DEFAULTS, "idle_minutes": 10.0}
+    assert dialog.values() == {**preference_limits().defaults, "idle_minutes": 10.0}
 
 
 def test_save_sends_all_values_with_the_right_types(qtbot):
@@ -119,16 +133,16 @@ def test_save_sends_all_values_with_the_right_types(qtbot):
     child(dialog, QPlainTextEdit, "field_exclusive_apps").setPlainText(" game.exe \n\nobs\n")
     child(dialog, QLineEdit, "gpusList").setText("1,3")
     child(dialog, QCheckBox, "memoryLimit").setChecked(False)
-    # a value beyond the node's range is not clamped here: the node will explain it
+    # the spin box stops at the node's own limit
     child(dialog, QDoubleSpinBox, "field_pause_above_c").setValue(120.0)
     with qtbot.waitSignal(dialog.accepted, timeout=1000):
         click(qtbot, dialog, "saveButton")
     assert len(apply.calls) == 1
     sent = apply.calls[0]
-    assert set(sent) == set(DEFAULTS)
+    assert set(sent) == set(preference_limits().defaults)
     assert sent["idle_only"] is True
     assert sent["duty_cycle"] == 0.25
-    assert sent["pause_above_c"] == 120.0
+    assert sent["pause_above_c"] == preference_limits().ranges["pause_above_c"].high
     assert sent["exclusive_apps"] == ["game.exe", "obs"]
     assert sent["gpus"] == [1, 3]
     assert sent["memory_cap_gb"] is None
@@ -270,32 +284,32 @@ def test_schedule_editor_add_and_remove_round_trip(qtbot):
 
 # -- dashboard -------------------------------------------------------------------------------
 
-FULL_STATUS = {
-    "state": "working",
-    "reason": "idle for 5 minutes",
-    "reason_code": "idle",
-    "project": "p1",
-    "project_name": "Tiny MoE",
-    "experts": {"ffn.0.3": 4, "ffn.1.7": 2},
-    "contributions": {"sent": 15, "accepted": 12, "given_up": 1, "refused": {"stale": 2}},
-    "samples_done": 12345,
-    "device": {
-        "device": "cuda:0",
-        "memory": "24 GB",
-        "benchmark": {"samples_per_s": 100.0},
-        "network_rtt_ms": 35.2,
-    },
-    "readings": {
-        "gpu_temp_c": 66.0,
-        "gpu_utilization": 0.8,
-        "gpu_power_w": 210.0,
-        "cpu_temp_c": 55.0,
-        "idle_seconds": 400,
-        "on_battery": False,
-    },
-    "peers": 7,
-    "uptime_s": 7300,
-}
+FULL_STATUS = Status(
+    state="working",
+    reason="idle for 5 minutes",
+    reason_code="idle",
+    project="p1",
+    project_name="Tiny MoE",
+    experts={"ffn.0.3": 4, "ffn.1.7": 2},
+    contributions=ContributionCounts(sent=15, accepted=12, given_up=1, refused={"stale": 2}),
+    samples_done=12345,
+    device=DeviceStatus(
+        device="cuda:0",
+        memory="24 GB",
+        benchmark={"samples_per_s": 100.0},
+        network_rtt_ms=35.2,
+    ),
+    readings=Readings(
+        gpu_temp_c=66.0,
+        gpu_utilization=0.8,
+        gpu_power_w=210.0,
+        cpu_temp_c=55.0,
+        idle_seconds=400,
+        on_battery=False,
+    ),
+    peers=7,
+    uptime_s=7300,
+)
 
 FIGURES = (
     "figureContributions",
@@ -303,7 +317,9 @@ FIGURES = (
     "figurePeers",
     "figureSamples",
     "figureDevice",
+    "figureReadings",
 )
+EVENTS = TypeAdapter(list[Event])
 
 
 def make_dashboard(qtbot: Any) -> DashboardWindow:
@@ -334,38 +350,51 @@ def test_dashboard_shows_a_full_status(qtbot):
     assert "24 GB" in text(window, "figureDevice")
 
 
-def test_dashboard_survives_an_empty_status(qtbot):
+def test_dashboard_shows_dashes_for_what_the_node_lacks(qtbot):
     window = make_dashboard(qtbot)
     window.update_status(FULL_STATUS)
-    window.update_status({})
-    assert text(window, "dashboardState") == DASH
+    # the node does not answer
+    window.update_status(None)
+    assert text(window, "dashboardState") == "Node not running"
     for name in FIGURES:
         assert text(window, name) == DASH, name
-    # partial dicts, and nulls where numbers belong
-    window.update_status(
-        {"state": "not running", "contributions": {"sent": None}, "device": {}, "peers": None}
-    )
-    assert "not running" in text(window, "dashboardState")
-    assert text(window, "figurePeers") == DASH
+    # a node just started, on a computer without sensors: Nones and empties
+    window.update_status(Status(state="starting", reason=""))
+    assert text(window, "dashboardState") == "Starting  ·  up 0 min"
     assert text(window, "figureDevice") == DASH
+    assert text(window, "figureReadings") == DASH
+    assert text(window, "figureExperts") == "none"
+    assert text(window, "figurePeers") == "0"
+    # only the readings this computer has
+    window.update_status(
+        Status(
+            state="working",
+            reason="",
+            device=DeviceStatus(device="cpu"),
+            readings=Readings(cpu_temp_c=55.0, on_battery=True),
+        )
+    )
+    assert text(window, "figureReadings") == "CPU 55 °C  ·  on battery"
+    assert text(window, "figureDevice") == "cpu"
 
 
 def test_dashboard_plots_the_history(qtbot):
     window = make_dashboard(qtbot)
     t0 = 1_700_000_000
     window.update_history(
-        {
-            "hours": [
-                {"hour": t0, "working_s": 3000.0, "samples": 40, "gpu_temp_c_max": 70.0},
-                {"hour": t0 + 3600, "working_s": 600.0, "samples": 5, "cpu_temp_c_max": None},
+        History(
+            hours=[
+                HourOfWork(hour=t0, working_s=3000.0, samples=40, gpu_temp_c_max=70.0),
+                HourOfWork(hour=t0 + 3600, working_s=600.0, samples=5, cpu_temp_c_max=None),
             ],
-            "temperatures": [
-                [t0, 60.0, 50.0, 0.5],
-                [t0 + 60, None, 51.0, None],
-                [t0 + 120, 62.0, None, 0.75],
-                [t0 + 180, 63.0, 52.0],  # an older node without utilization
+            temperatures=[
+                MinuteReading(at=t0, gpu_temp_c=60.0, cpu_temp_c=50.0, gpu_utilization=0.5),
+                MinuteReading(at=t0 + 60, gpu_temp_c=None, cpu_temp_c=51.0),
+                # out of order: the curves are drawn in time order
+                MinuteReading(at=t0 + 180, gpu_temp_c=63.0, cpu_temp_c=52.0),
+                MinuteReading(at=t0 + 120, gpu_temp_c=62.0, gpu_utilization=0.75),
             ],
-        }
+        )
     )
     data = window.expose_data()
     assert data["gpu_temp_c"] == {"x": [t0, t0 + 120, t0 + 180], "y": [60.0, 62.0, 63.0]}
@@ -374,28 +403,46 @@ def test_dashboard_plots_the_history(qtbot):
     assert data["samples_per_hour"]["heights"] == [40.0, 5.0]
     assert data["samples_per_hour"]["x"] == [t0 + 1800, t0 + 3600 + 1800]
 
-    window.update_history({})
+    window.update_history(History())
     data = window.expose_data()
     assert data["gpu_temp_c"] == {"x": [], "y": []}
     assert data["samples_per_hour"] == {"x": [], "heights": []}
 
 
+def test_dashboard_breaks_curves_at_gaps(qtbot):
+    window = make_dashboard(qtbot)
+    t0 = 1_700_000_000
+    window.update_history(
+        History(
+            temperatures=[
+                MinuteReading(at=t0 + minute * 60, gpu_temp_c=60.0) for minute in (0, 1, 10, 11)
+            ]
+        )
+    )
+    # the node was off from minute 1 to minute 10: no line across that gap
+    assert list(window._gpu_curve.opts["connect"]) == [True, False, True, True]
+
+
 def test_dashboard_lists_events_newest_first(qtbot):
     window = make_dashboard(qtbot)
     window.add_events(
-        [
-            {"id": 1, "kind": "state", "run": True, "reason": "idle", "at": 1_700_000_000},
-            {"id": 2, "kind": "contribution", "uid": "ffn.0.3", "outcome": "accepted"},
-        ]
+        EVENTS.validate_python(
+            [
+                {"id": 1, "kind": "state", "run": True, "reason": "idle", "at": 1_700_000_000},
+                {"id": 2, "kind": "contribution", "uid": "ffn.0.3", "outcome": "accepted"},
+            ]
+        )
     )
     window.add_events(
-        [
-            {"id": 2, "kind": "contribution", "uid": "ffn.0.3", "outcome": "accepted"},
-            {"id": 3, "kind": "contribution", "uid": "ffn.0.3", "outcome": "stale"},
-            {"id": 4, "kind": "error", "message": "disk full"},
-            {"id": 5, "kind": "experts", "experts": ["ffn.0.3", "ffn.1.7"]},
-            {"id": 6, "kind": "state", "run": False, "reason": "GPU at 84 °C"},
-        ]
+        EVENTS.validate_python(
+            [
+                {"id": 2, "kind": "contribution", "uid": "ffn.0.3", "outcome": "accepted"},
+                {"id": 3, "kind": "contribution", "uid": "ffn.0.3", "outcome": "stale"},
+                {"id": 4, "kind": "error", "message": "disk full"},
+                {"id": 5, "kind": "experts", "experts": ["ffn.0.3", "ffn.1.7"]},
+                {"id": 6, "kind": "state", "run": False, "reason": "GPU at 84 °C"},
+            ]
+        )
     )
     events = child(window, QListWidget, "eventsList")
     lines = [events.item(i).text() for i in range(events.count())]
@@ -408,6 +455,27 @@ def test_dashboard_lists_events_newest_first(qtbot):
     assert "Started working" in lines[5]
     assert lines[5][0].isdigit()  # it has an "at": its local time leads the line
 
-    window.add_events([{"id": i, "kind": "preferences"} for i in range(10, 10 + MAX_EVENTS)])
+    window.add_events(
+        EVENTS.validate_python(
+            [{"id": i, "kind": "preferences"} for i in range(10, 10 + MAX_EVENTS)]
+        )
+    )
     assert events.count() == MAX_EVENTS
     assert events.item(0).text() == "Preferences changed"
+
+
+def test_describe_event_says_what_happened():
+    def say(event: dict[str, Any]) -> str:
+        (parsed,) = EVENTS.validate_python([event])
+        return describe_event(parsed)
+
+    project = "0123456789abcdef0123456789abcdef"
+    assert say({"kind": "project", "project": project, "joined": True}) == (
+        f"Project changed to {project}"
+    )
+    assert say({"kind": "project", "project": project, "joined": False}) == "Project left"
+    assert say({"kind": "experts", "experts": []}) == "No experts assigned"
+    assert say({"kind": "state", "run": True, "reason": ""}) == "Started working"
+    assert say({"kind": "benchmark", "what": "done", "done": 3, "total": 3}) == (
+        "Benchmark of this computer finished"
+    )

@@ -60,7 +60,7 @@ def test_libp2p_logs_reach_the_program_log():
 def test_errors_inside_exception_groups_become_one_line_errors():
     import trio
 
-    from core.cli import _run
+    from core.cli.common import run_async
     from net import DhtError
 
     async def fails_in_a_nursery():
@@ -72,7 +72,7 @@ def test_errors_inside_exception_groups_become_one_line_errors():
     import typer
 
     with pytest.raises(typer.Exit) as info:
-        _run(fails_in_a_nursery)
+        run_async(fails_in_a_nursery)
     assert info.value.exit_code == 1
 
 

@@ -9,8 +9,8 @@ import trio
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.service import AggregatorService
-from core.contrib.puller import WeightsPuller
-from core.contrib.sender import ContributionSender, SenderConfig
+from core.contributing.puller import WeightsPuller
+from core.contributing.sender import ContributionSender, SenderConfig
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.aggregator.verify import Rejected, VerifyContext, verify
-from core.contrib.codecs import CODECS, CodecError, ErrorFeedback, codec
+from core.contributing.codecs import CODECS, CodecError, ErrorFeedback, codec
 from core.protocol.contributions import Contribution, MessageError, ParamSpec, Receipt
 from net import Identity
 

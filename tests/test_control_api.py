@@ -12,36 +12,76 @@ import trio
 
 from core.control import ControlClient, ControlError, find_node
 from core.control.files import token_file
-from core.node.control_server import NodeControl, serve_control
+from core.control.limits import preference_limits
+from core.control.models import (
+    History,
+    HourOfWork,
+    PreferencesEvent,
+    ProjectSummary,
+    Status,
+)
+from core.control.preferences import Preferences
+from core.node.control_server import serve_control
+from core.node.events import EventLog
 from core.node.governor import Governor
-from core.node.preferences import Preferences, load_preferences
+from core.node.preferences import PreferenceStore
 from core.node.probes import FakeProbes
 from tests.waiting import eventually
 
 
-def make_control(tmp_path) -> tuple[NodeControl, Governor]:
-    prefs_path = tmp_path / "config" / "preferences.json"
-    holder: dict[str, NodeControl] = {}
-    governor = Governor(FakeProbes(), lambda: holder["c"].preferences, None)
+class GovernedApi:
+    """A NodeApi with a real governor, preference store and event log, and no swarm."""
 
-    def status() -> dict[str, Any]:
-        d = governor.decision
-        return {
-            "state": "working" if d is None or d.run else "paused",
-            "reason": d.describe() if d else "starting",
-        }
+    def __init__(self, tmp_path) -> None:
+        self.preferences = PreferenceStore(tmp_path / "config" / "preferences.json")
+        self.events = EventLog()
+        self.governor = Governor(FakeProbes(), lambda: self.preferences.current, None)
+        self.preferences.subscribe(lambda _: self.events.publish(PreferencesEvent()))
+        self.joined: list[str] = []
+        self.stopped = False
 
-    control = NodeControl(
-        status,
-        governor.pause,
-        governor.resume,
-        governor.snooze,
-        prefs_path,
-        load_preferences(prefs_path),
-        history=lambda since: {"hours": [{"since": since}], "temperatures": []},
-    )
-    holder["c"] = control
-    return control, governor
+    def status(self) -> Status:
+        d = self.governor.decision
+        return Status(
+            state="working" if d is None or d.run else "paused",
+            reason=d.describe() if d else "starting",
+            project=self.joined[-1] if self.joined else None,
+        )
+
+    def pause(self) -> None:
+        self.governor.pause()
+
+    def resume(self) -> None:
+        self.governor.resume()
+
+    def snooze(self, seconds: float) -> None:
+        self.governor.snooze(seconds)
+
+    async def settle(self) -> None:
+        await self.governor.step()
+
+    def work_history(self, since: float) -> History:
+        return History(hours=[HourOfWork(hour=int(since), working_s=60, samples=3)])
+
+    def join(self, project: str) -> None:
+        self.joined.append(project)
+
+    def leave(self) -> None:
+        self.joined.clear()
+
+    async def announced_projects(self) -> list[ProjectSummary]:
+        return [ProjectSummary(project="ab" * 16, name="demo")]
+
+    def measure_device(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def make_control(tmp_path) -> tuple[GovernedApi, Governor]:
+    api = GovernedApi(tmp_path)
+    return api, api.governor
 
 
 async def test_control_api(tmp_path):
@@ -64,10 +104,10 @@ async def test_control_api(tmp_path):
             wrong.close()
 
         client = find_node(data)
-        assert (await call(client.status))["state"] == "working"
+        assert (await call(client.status)).state == "working"
 
         async def reason_says(words: str) -> bool:
-            return words in (await call(client.status))["reason"]
+            return words in (await call(client.status)).reason
 
         await call(client.pause)
         await eventually(partial(reason_says, "paused by you"))
@@ -85,18 +125,37 @@ async def test_control_api(tmp_path):
         changed = await call(
             client.set_preferences, {"idle_minutes": 10, "exclusive_apps": ["game.exe"]}
         )
-        assert changed["idle_minutes"] == 10
-        assert (await call(client.history, 5.0))["hours"] == [{"since": 5.0}]
+        assert changed.idle_minutes == 10
+        assert (await call(client.history, 5.0)).hours[0].hour == 5
         events = await call(client.events, 0)
-        assert [e["kind"] for e in events] == ["preferences"]
+        assert [e.kind for e in events] == ["preferences"]
+        assert [e.id for e in events] == [1]
+
+        project = "0f" * 16
+        with pytest.raises(ControlError) as info:
+            await call(client.join, "not-an-id")
+        assert info.value.problems[0].startswith("project:"), info.value.problems
+        assert control.joined == []  # the id is checked before the node sees it
+        assert (await call(client.join, project)).project == project
+        assert (await call(client.leave)).project is None
+        assert await call(client.projects) == [ProjectSummary(project="ab" * 16, name="demo")]
+        await call(client.shutdown)
+        assert control.stopped
+
+        # the tray's rules and the node's are one: what the node serves is what the
+        # light package computes (the tray imports the latter)
+        assert await call(client.limits) == preference_limits()
+        schema = await call(client.openapi)
+        assert {"/v1/status", "/v1/events", "/v1/limits", "/v1/preferences"} <= set(schema["paths"])
+        assert "Status" in schema["components"]["schemas"]
         client.close()
         nursery.cancel_scope.cancel()
 
     # preferences survive a restart of the node
     restarted, _ = make_control(tmp_path)
-    assert restarted.preferences.idle_minutes == 10
-    assert restarted.preferences.exclusive_apps == ["game.exe"]
-    assert restarted.preferences != Preferences()
+    assert restarted.preferences.current.idle_minutes == 10
+    assert restarted.preferences.current.exclusive_apps == ["game.exe"]
+    assert restarted.preferences.current != Preferences()
 
 
 async def test_malformed_requests_get_clear_errors_never_500(tmp_path):
@@ -119,9 +178,11 @@ async def test_malformed_requests_get_clear_errors_never_500(tmp_path):
             return await trio.to_thread.run_sync(partial(request, method, path, **kw))
 
         for query in ("since=nan", "since=inf", "since=-inf", "since=1e300", "since=x"):
-            assert (await call("GET", f"/v1/history?{query}")).status_code == 400, query
+            assert (await call("GET", f"/v1/history?{query}")).status_code == 422, query
         for query in ("wait=nan", "wait=inf", "wait=-1", "since=1.5"):
-            assert (await call("GET", f"/v1/events?{query}")).status_code == 400, query
+            answer = await call("GET", f"/v1/events?{query}")
+            assert answer.status_code == 422, query
+            assert answer.json()["problems"][0].split(":")[0] in ("wait", "since"), query
         deep, deeper = "[" * 30_000 + "]" * 30_000, "[" * 100_000 + "]" * 100_000
         for path in ("/v1/preferences", "/v1/snooze"):
             method = "PUT" if path == "/v1/preferences" else "POST"
@@ -137,5 +198,5 @@ async def test_malformed_requests_get_clear_errors_never_500(tmp_path):
         foreign = await call("GET", "/v1/status", headers={**headers, "Host": "evil.example"})
         assert foreign.status_code == 403
         assert (await call("GET", "/v1/status")).status_code == 200
-        assert control.preferences == Preferences()  # nothing above changed anything
+        assert control.preferences.current == Preferences()  # nothing above changed anything
         nursery.cancel_scope.cancel()

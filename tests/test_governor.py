@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import trio
 
+from core.control.preferences import Preferences
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
@@ -13,7 +14,6 @@ from core.experts.uid import ExpertUID
 from core.moe.client import ExpertCaller, ExpertCallError, ExpertServerRef
 from core.namespaces import moehome_validator
 from core.node.governor import Governor
-from core.node.preferences import Preferences
 from core.node.probes import FakeProbes
 from core.node.throttle import Reason
 from net.testing import open_swarm
@@ -69,7 +69,9 @@ async def test_the_node_pauses_within_a_second_and_resumes():
         assert await eventually(refused, 1.0) < 1.0
         assert reason_of(governor) is Reason.GPU_HOT
         probes.set(gpu_temp_c=80.0)  # ...still above the resume temperature: stay paused
-        await trio.sleep(0.6)
+        await governor.step()  # a decision made on the new reading
+        assert governor.last_reading is not None
+        assert governor.last_reading.gpu_temp_c == 80.0
         assert await refused()
         probes.set(gpu_temp_c=70.0)
         assert await eventually(serving, 2.0) < 2.0

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from core.control.models import MinuteReading
 from core.node.history import History
 
 T0 = 1_800_000_000.0  # a minute boundary: 30_000_000 * 60
@@ -15,12 +16,12 @@ def test_history_per_hour_and_temperatures_survive_a_restart(tmp_path):
 
     history = History(db)
     hours = history.per_hour(T0 - 1)
-    assert [h["samples"] for h in hours] == [150, 10]
-    assert hours[0]["working_s"] == 50
-    assert hours[0]["gpu_temp_c_max"] == 70
-    temps = history.temperatures(T0)
-    assert temps[0] == (int(T0), 70, 55, 0.9)
-    assert temps[1] == (int(T0 + 3600), None, None, None)
+    assert [h.samples for h in hours] == [150, 10]
+    assert hours[0].working_s == 50
+    assert hours[0].gpu_temp_c_max == 70
+    temps = history.per_minute(T0)
+    assert temps[0] == MinuteReading(at=int(T0), gpu_temp_c=70, cpu_temp_c=55, gpu_utilization=0.9)
+    assert temps[1] == MinuteReading(at=int(T0 + 3600))
     history.close()
 
 
@@ -38,5 +39,8 @@ def test_a_database_from_before_utilization_is_upgraded(tmp_path):
     old.close()
     history = History(db)
     history.record(T0 + 60, working_s=60, samples=1, gpu_temp_c=67, cpu_temp_c=45, gpu_util=0.5)
-    assert history.temperatures(T0) == [(int(T0), 66, 44, None), (int(T0 + 60), 67, 45, 0.5)]
+    assert history.per_minute(T0) == [
+        MinuteReading(at=int(T0), gpu_temp_c=66, cpu_temp_c=44),
+        MinuteReading(at=int(T0 + 60), gpu_temp_c=67, cpu_temp_c=45, gpu_utilization=0.5),
+    ]
     history.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from unittest.mock import ANY
 
 import pytest
 import trio
@@ -23,7 +22,7 @@ from tests.waiting import eventually
 
 
 def is_working(node: Node) -> bool:
-    return bool(node.status()["state"] == "working")
+    return bool(node.status().state == "working")
 
 
 def options(tmp_path: Path, i: int, owner: Peer, **kw: object) -> NodeOptions:
@@ -60,33 +59,33 @@ async def test_a_node_joins_serves_and_obeys(tmp_path):
             nodes.append(node)
         first, second = nodes
         # the second node chose experts the first does not serve (least covered first)
-        assert len(first.status()["experts"]) == 2
-        assert not set(first.status()["experts"]) & set(second.status()["experts"])
+        assert len(first.status().experts) == 2
+        assert not set(first.status().experts) & set(second.status().experts)
         status = first.status()
-        assert status["project_name"] == "tiny"
-        assert status["device"]["device"] == "cpu"
-        assert "GB" in status["device"]["memory"]
-        assert status["readings"]["gpu_temp_c"] == 50.0
+        assert status.project_name == "tiny"
+        assert status.device.device == "cpu"
+        assert "GB" in status.device.memory
+        assert status.readings.gpu_temp_c == 50.0
 
         client = await trio.to_thread.run_sync(find_node, tmp_path / "node0")
         await trio.to_thread.run_sync(client.pause)
         await eventually(lambda: first.server.paused, 2)
         status = await trio.to_thread.run_sync(client.status)
-        assert status["state"] == "paused"
-        assert "paused by you" in status["reason"]
-        assert status["reason_code"] == "paused"
+        assert status.state == "paused"
+        assert "paused by you" in status.reason
+        assert status.reason_code == "paused"
         await trio.to_thread.run_sync(client.resume)
         await eventually(lambda: not first.server.paused, 2)
         second.probes.set(idle_seconds=10.0)  # the second volunteer sits down
         await eventually(lambda: second.server.paused, 2)
         # every change of state reached the event stream, with its reason
         events = await trio.to_thread.run_sync(client.events)
-        states = [(e["run"], e["reason_code"]) for e in events if e["kind"] == "state"]
+        states = [(e.run, e.reason_code) for e in events if e.kind == "state"]
         assert states[-3:] == [(True, ""), (False, "paused"), (True, "")]
-        assert any(e["kind"] == "experts" for e in events)
+        assert any(e.kind == "experts" for e in events)
         # the project is listed in the swarm's directory, with its verified name
         listed = await trio.to_thread.run_sync(client.projects)
-        assert listed == [{"project": pid, "name": "tiny", "description": ANY}]
+        assert [(p.project, p.name) for p in listed] == [(pid, "tiny")]
         client.close()
         nursery.cancel_scope.cancel()
 
@@ -105,11 +104,13 @@ async def test_measuring_the_device_again_reports_progress(tmp_path):
         await trio.to_thread.run_sync(client.benchmark)
         await eventually(lambda: bool(node.benchmark), 30)
         events = await trio.to_thread.run_sync(client.events)
-        progress = [e for e in events if e["kind"] == "benchmark"]
-        assert [e["what"] for e in progress][:2] == ["matmul fp32", "matmul fp16"]
-        assert progress[-1]["what"] == "done"
-        assert progress[-1]["figures"]["device_type"] == "cpu"
-        assert node.status()["device"]["benchmark"]["matmul_tflops_fp32"] > 0
+        progress = [e for e in events if e.kind == "benchmark"]
+        assert [e.what for e in progress][:2] == ["matmul fp32", "matmul fp16"]
+        assert progress[-1].what == "done"
+        figures = progress[-1].figures
+        assert figures is not None
+        assert figures["device_type"] == "cpu"
+        assert node.status().device.benchmark["matmul_tflops_fp32"] > 0
         client.close()
         nursery.cancel_scope.cancel()
 
@@ -124,24 +125,24 @@ async def test_join_and_leave_through_the_api_and_remember_it(tmp_path):
                 node = await inner.start(
                     Node(identity, options(tmp_path, 0, owner), probes=FakeProbes()).run
                 )
-                assert node.status()["state"] == "no project"
+                assert node.status().state == "no project"
                 client = await trio.to_thread.run_sync(find_node, tmp_path / "node0")
                 with pytest.raises(ControlError, match="project id") as bad:
                     await trio.to_thread.run_sync(client.join, "Not A Project!")
                 assert bad.value.problems[0].startswith("project:")
                 await trio.to_thread.run_sync(client.join, pid)
-                await eventually(lambda: node.status()["state"] == "working")
+                await eventually(lambda: node.status().state == "working")
                 first_run.cancel()
         client.close()
         # a restart without --project serves the remembered one
         node = await nursery.start(
             Node(identity, options(tmp_path, 0, owner), probes=FakeProbes()).run
         )
-        await eventually(lambda: node.status()["state"] == "working")
-        assert node.status()["project"] == pid
+        await eventually(lambda: node.status().state == "working")
+        assert node.status().project == pid
         client = await trio.to_thread.run_sync(find_node, tmp_path / "node0")
         status = await trio.to_thread.run_sync(client.leave)
-        assert status["state"] == "no project"
+        assert status.state == "no project"
         await eventually(lambda: node.server is None)
         # leaving withdrew the declarations: nobody serves the experts any more
         uids = list(prepared.signed.manifest.model.expert_uids())
@@ -170,8 +171,8 @@ async def test_an_unknown_project_is_an_error_state_not_a_crash(tmp_path):
                 probes=FakeProbes(),
             ).run
         )
-        await eventually(lambda: node.status()["state"] == "error")
-        assert "no valid manifest" in node.status()["reason"]
+        await eventually(lambda: node.status().state == "error")
+        assert "no valid manifest" in node.status().reason
         nursery.cancel_scope.cancel()
 
 
@@ -187,8 +188,8 @@ async def test_a_node_moves_from_a_crowded_expert_to_an_uncovered_one(tmp_path):
                 probes=FakeProbes(),
             ).run
         )
-        await eventually(lambda: node.status()["state"] == "working")
-        (mine,) = node.status()["experts"]
+        await eventually(lambda: node.status().state == "working")
+        (mine,) = node.status().experts
         # three other volunteers declare our expert and two of the others: the one left
         # has nobody, so the node should move there (gain 3 >= 2), once
         others = [u for u in uids if u != mine]
@@ -203,7 +204,7 @@ async def test_a_node_moves_from_a_crowded_expert_to_an_uncovered_one(tmp_path):
             for uid in [mine, *others[:2]]:
                 ann = ExpertAnnouncement(uid, SERVING, 0, "0" * 64, 0.0, 4096)
                 await peer.dht.put(expert_key(pid, uid), ann.encode(), ttl=60)
-        await eventually(lambda: node.status()["experts"].keys() == {others[2]}, 20)
+        await eventually(lambda: node.status().experts.keys() == {others[2]}, 20)
         assert node.rebalances == 1
         await trio.sleep(2)  # hysteresis: no further moves (everything else has 3)
         assert node.rebalances == 1

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from core.node.preferences import (
+from core.control.preferences import (
     Preferences,
     PreferencesError,
     Window,

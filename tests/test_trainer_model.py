@@ -12,7 +12,7 @@ import torch
 import trio
 
 from core.aggregator.robust import RobustSettings, influence
-from core.contrib.attacks import SIGN_FLIP_SCALE, Attack, alie, sign_flip
+from core.contributing.attacks import SIGN_FLIP_SCALE, Attack, alie, sign_flip
 from core.errors import UserFacingError
 from core.experts.records import SERVING, ExpertAnnouncement
 from core.experts.registry import build_expert

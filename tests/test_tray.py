@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import TypeAdapter
 from PySide6.QtWidgets import QApplication, QDoubleSpinBox, QLabel, QPushButton
 
 from app.link import NodeLink
 from app.supervisor import NodeSupervisor, node_command
 from app.tray import Tray, remaining, seconds_until_tomorrow, settings_at, status_line
+from core.control.models import Event, Status
 from tests.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +56,15 @@ def owner(tmp_path: Path) -> Iterator[tuple[str, str]]:
     stop_processes([proc])
 
 
+def state(tray: Tray) -> str | None:
+    """The node's state as the tray shows it; None while the node does not answer."""
+    return None if tray.status is None else tray.status.state
+
+
+def reason_code(tray: Tray) -> str | None:
+    return None if tray.status is None else tray.status.reason_code
+
+
 @pytest.mark.slow
 def test_the_tray_drives_a_real_node(qtbot, tmp_path, monkeypatch, owner):
     address, project = owner
@@ -72,7 +83,7 @@ def test_the_tray_drives_a_real_node(qtbot, tmp_path, monkeypatch, owner):
     supervisor.start()
     link.start()
     try:
-        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=60_000)
+        qtbot.waitUntil(lambda: state(tray) == "working", timeout=60_000)
         assert tray.find_action("statusAction").text().startswith("Working: serving")
         assert tray.find_action("pauseAction").isVisible()
         assert not tray.find_action("resumeAction").isVisible()
@@ -81,15 +92,15 @@ def test_the_tray_drives_a_real_node(qtbot, tmp_path, monkeypatch, owner):
         qtbot.waitUntil(lambda: tray.status_action.text() == "Paused: paused by you", timeout=2000)
         assert tray.find_action("resumeAction").isVisible()
         tray.find_action("resumeAction").trigger()
-        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=2000)
+        qtbot.waitUntil(lambda: state(tray) == "working", timeout=2000)
 
         tray.find_action("snooze3hAction").trigger()
-        qtbot.waitUntil(lambda: tray.status.get("reason_code") == "snoozed", timeout=2000)
+        qtbot.waitUntil(lambda: reason_code(tray) == "snoozed", timeout=2000)
         reason = tray.find_action("reasonAction")
         assert reason.isVisible()
         assert reason.text() in ("Snoozed — 3 h 00 min left", "Snoozed — 2 h 59 min left")
         tray.find_action("resumeAction").trigger()
-        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=2000)
+        qtbot.waitUntil(lambda: state(tray) == "working", timeout=2000)
 
         # limits: the node's validation message shows next to the field
         tray.find_action("limitsAction").trigger()
@@ -109,19 +120,19 @@ def test_the_tray_drives_a_real_node(qtbot, tmp_path, monkeypatch, owner):
 
         # the GPU gets hot: paused, and the volunteer is told why
         machine.write_text(json.dumps({"idle_seconds": 3600, "gpu_temp_c": 90}))
-        qtbot.waitUntil(lambda: tray.status.get("reason_code") == "gpu_hot", timeout=2000)
+        qtbot.waitUntil(lambda: reason_code(tray) == "gpu_hot", timeout=2000)
         qtbot.waitUntil(lambda: any("too hot" in m for _, m in tray.notifications), timeout=5000)
         machine.write_text(json.dumps({"idle_seconds": 3600, "gpu_temp_c": 60}))
-        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=2000)
+        qtbot.waitUntil(lambda: state(tray) == "working", timeout=2000)
 
         # the node dies: "not running" at once, restarted, and the tray follows it again
         first_pid = supervisor.pid
         assert first_pid is not None
         os.kill(first_pid, signal.SIGKILL)
-        qtbot.waitUntil(lambda: tray.status["state"] == "not running", timeout=3000)
+        qtbot.waitUntil(lambda: tray.status is None, timeout=3000)
         assert tray.status_action.text() == "Node not running"
         assert not tray.find_action("pauseAction").isVisible()
-        qtbot.waitUntil(lambda: tray.status["state"] == "working", timeout=60_000)
+        qtbot.waitUntil(lambda: state(tray) == "working", timeout=60_000)
         assert supervisor.pid not in (None, first_pid)
         assert any("restart" in title for title, _ in tray.notifications)
     finally:
@@ -136,14 +147,17 @@ def test_the_tray_drives_a_real_node(qtbot, tmp_path, monkeypatch, owner):
 @pytest.mark.parametrize(
     ("status", "line"),
     [
-        ({"state": "working", "experts": {"a": 0, "b": 0}}, "Working: serving 2 experts"),
-        ({"state": "working", "experts": {"a": 0}}, "Working: serving 1 expert"),
         (
-            {"state": "paused", "reason": "the GPU is too hot: 90 °C"},
+            Status(state="working", reason="", experts={"a": 0, "b": 0}),
+            "Working: serving 2 experts",
+        ),
+        (Status(state="working", reason="", experts={"a": 0}), "Working: serving 1 expert"),
+        (
+            Status(state="paused", reason="the GPU is too hot: 90 °C"),
             "Paused: the GPU is too hot: 90 °C",
         ),
-        ({"state": "not running", "reason": "the node is not running"}, "Node not running"),
-        ({"state": "no project", "reason": "join a project"}, "No project: join a project"),
+        (None, "Node not running"),
+        (Status(state="no project", reason="join a project"), "No project: join a project"),
     ],
 )
 def test_status_line(status, line):
@@ -184,7 +198,7 @@ def test_sigterm_to_the_tray_stops_its_node(tmp_path):
         while node_pid is None and time.monotonic() < deadline:
             try:
                 client = find_node(tmp_path / "data")
-                node_pid = client.status()["pid"]
+                node_pid = client.status().pid
                 client.close()
             except ControlError:
                 time.sleep(0.2)
@@ -202,3 +216,58 @@ def test_sigterm_to_the_tray_stops_its_node(tmp_path):
             pytest.fail("the node outlived the tray")
     finally:
         stop_processes([tray])
+
+
+def test_the_tray_shows_what_the_node_says(qtbot, tmp_path):
+    """Statuses, a node that stops answering and events, without a node: the menu's texts,
+    the tooltip, which actions show, and the notifications."""
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    link = NodeLink(tmp_path / "data")  # never started: the test feeds the tray itself
+    tray = Tray(app, link, None, settings_at(tmp_path / "config"), NoAutostart(), ["x"])
+    assert tray.status is None
+    assert tray.status_action.text() == "Node not running"
+    assert tray.icon.toolTip() == "moehome — Node not running"
+
+    with qtbot.waitSignal(tray.shown) as shown:
+        tray._on_status(Status(state="working", reason="", experts={"a": 0, "b": 1}, pid=42))
+    assert isinstance(shown.args[0], Status)
+    assert tray.status_action.text() == "Working: serving 2 experts"
+    assert tray.icon.toolTip() == "moehome — Working: serving 2 experts"
+    assert tray.node_pid == 42
+    assert tray.pause_action.isVisible()
+    assert not tray.resume_action.isVisible()
+
+    until = time.time() + 3 * 3600
+    tray._on_status(
+        Status(state="paused", reason="snoozed", reason_code="snoozed", snoozed_until=until)
+    )
+    assert tray.status_action.text() == "Paused: snoozed"
+    assert tray.reason_action.isVisible()
+    assert tray.reason_action.text() in ("Snoozed — 3 h 00 min left", "Snoozed — 2 h 59 min left")
+    assert tray.resume_action.isVisible()
+    assert not tray.pause_action.isVisible()
+
+    with qtbot.waitSignal(tray.shown) as shown:
+        tray._on_not_running("the node does not answer (connection refused)")
+    assert shown.args == [None]
+    assert tray.status is None
+    assert tray.not_running_why == "the node does not answer (connection refused)"
+    assert tray.status_action.text() == "Node not running"
+    assert not tray.pause_action.isVisible()
+    assert not tray.resume_action.isVisible()
+    assert not tray.reason_action.isVisible()
+    assert not tray.snooze_menu.isEnabled()
+
+    events = TypeAdapter(list[Event]).validate_python(
+        [
+            {"id": 1, "kind": "state", "run": False, "reason": "too hot", "reason_code": "gpu_hot"},
+            {"id": 2, "kind": "error", "message": "the manifest is not signed"},
+            {"id": 3, "kind": "contribution", "uid": "ffn.0.1", "outcome": "accepted"},
+        ]
+    )
+    tray._on_events(events)
+    assert tray.notifications == [
+        ("moehome paused", "Paused: too hot"),
+        ("moehome", "Cannot serve the project: the manifest is not signed"),
+    ]

@@ -35,7 +35,7 @@ from core.checkpoints import (
     make_optimizer,
     optimizer_state,
 )
-from core.contrib.codecs import codec
+from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
 from core.experts.wire import NAME_BY_TORCH, from_wire

@@ -9,7 +9,7 @@ from typing import Final
 
 import torch
 
-from core.contrib.codecs import CodecError, codec
+from core.contributing.codecs import CodecError, codec
 from core.protocol.contributions import Contribution, tensor_digest
 
 #: how far a contribution's clock may be from ours

@@ -1,14 +1,23 @@
-"""A client of the node's control API (httpx; synchronous, for the tray and the CLI)."""
+"""A client of the node's control API (httpx; synchronous, for the tray and the CLI).
+Answers come back as the models of core.control.models."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from core.control.files import control_file, token_file
+from core.control.limits import PreferenceLimits
+from core.control.models import Accepted, Event, History, ProjectSummary, Status
+from core.control.preferences import Preferences
+
+M = TypeVar("M", bound=BaseModel)
+_EVENTS = TypeAdapter(list[Event])
+_PROJECTS = TypeAdapter(list[ProjectSummary])
 
 
 class ControlError(Exception):
@@ -31,67 +40,101 @@ class ControlClient:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
         try:
             response = self._http.request(
-                method, path, json=body, timeout=timeout or self._http.timeout
+                method, path, json=body, params=params, timeout=timeout or self._http.timeout
             )
         except httpx.TransportError as exc:
             raise NodeNotRunning(f"the node does not answer ({exc})") from exc
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {"error": response.text}
         if response.status_code >= 400:
-            try:
-                detail = response.json()
-            except ValueError:
-                detail = {"error": response.text}
+            detail = answer if isinstance(answer, dict) else {}
             raise ControlError(
-                detail.get("error", f"HTTP {response.status_code}"), detail.get("problems")
+                str(detail.get("error", f"HTTP {response.status_code}")),
+                [str(p) for p in detail.get("problems") or []],
             )
-        return response.json()
+        return answer
 
-    def status(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/v1/status"))
+    def _model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+        answer = self._call(method, path, **kwargs)
+        try:
+            return model.model_validate(answer)
+        except ValidationError as exc:
+            raise ControlError(f"unexpected answer from the node to {path}: {exc}") from exc
 
-    def events(self, since: int = 0, wait: float = 0.0) -> list[dict[str, Any]]:
+    def status(self) -> Status:
+        return self._model(Status, "GET", "/v1/status")
+
+    def events(self, since: int = 0, wait: float = 0.0) -> list[Event]:
         """Events after id ``since``; waits up to ``wait`` s for a new one (long poll)."""
-        return list(self._call("GET", f"/v1/events?since={since}&wait={wait}", timeout=wait + 5))
+        answer = self._call(
+            "GET", "/v1/events", params={"since": since, "wait": wait}, timeout=wait + 5
+        )
+        try:
+            return _EVENTS.validate_python(answer)
+        except ValidationError as exc:
+            raise ControlError(f"unexpected events from the node: {exc}") from exc
 
-    def history(self, since: float = 0.0) -> dict[str, Any]:
-        """Work per hour and temperatures over time since ``since`` (unix time)."""
-        return dict(self._call("GET", f"/v1/history?since={since}"))
+    def history(self, since: float = 0.0) -> History:
+        """Work per hour and readings per minute since ``since`` (unix time)."""
+        return self._model(History, "GET", "/v1/history", params={"since": since})
 
-    def pause(self) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/pause"))
+    def pause(self) -> Status:
+        return self._model(Status, "POST", "/v1/pause")
 
-    def resume(self) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/resume"))
+    def resume(self) -> Status:
+        return self._model(Status, "POST", "/v1/resume")
 
-    def snooze(self, seconds: float) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/snooze", {"seconds": seconds}))
+    def snooze(self, seconds: float) -> Status:
+        return self._model(Status, "POST", "/v1/snooze", body={"seconds": seconds})
 
-    def preferences(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/v1/preferences"))
+    def preferences(self) -> Preferences:
+        return self._model(Preferences, "GET", "/v1/preferences")
 
-    def join(self, project: str) -> dict[str, Any]:
+    def set_preferences(self, changes: dict[str, Any]) -> Preferences:
+        return self._model(Preferences, "PUT", "/v1/preferences", body=changes)
+
+    def limits(self) -> PreferenceLimits:
+        """The node's defaults and ranges of the preferences, the format of a project id."""
+        return self._model(PreferenceLimits, "GET", "/v1/limits")
+
+    def join(self, project: str) -> Status:
         """Serve ``project`` from now on (the node remembers it)."""
-        return dict(self._call("POST", "/v1/project", {"project": project}))
+        return self._model(Status, "POST", "/v1/project", body={"project": project})
 
-    def leave(self) -> dict[str, Any]:
-        return dict(self._call("DELETE", "/v1/project"))
+    def leave(self) -> Status:
+        return self._model(Status, "DELETE", "/v1/project")
 
-    def projects(self) -> list[dict[str, str]]:
-        """Projects announced in the swarm (id, name, description)."""
-        return list(self._call("GET", "/v1/projects", timeout=30))
+    def projects(self) -> list[ProjectSummary]:
+        """Projects announced in the swarm."""
+        answer = self._call("GET", "/v1/projects", timeout=30)
+        try:
+            return _PROJECTS.validate_python(answer)
+        except ValidationError as exc:
+            raise ControlError(f"unexpected project list from the node: {exc}") from exc
 
     def benchmark(self) -> None:
         """Measure the device again; progress and figures come as "benchmark" events."""
-        self._call("POST", "/v1/benchmark")
+        self._model(Accepted, "POST", "/v1/benchmark")
 
     def shutdown(self) -> None:
         """Ask the node to stop cleanly (it withdraws its declarations, then exits)."""
-        self._call("POST", "/v1/shutdown")
+        self._model(Accepted, "POST", "/v1/shutdown")
 
-    def set_preferences(self, changes: dict[str, Any]) -> dict[str, Any]:
-        return dict(self._call("PUT", "/v1/preferences", changes))
+    def openapi(self) -> dict[str, Any]:
+        """The API's OpenAPI schema."""
+        return dict(self._call("GET", "/v1/openapi.json"))
 
 
 def find_node(data_dir: Path) -> ControlClient:

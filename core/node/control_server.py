@@ -1,238 +1,260 @@
-"""The node's side of the control API: Starlette on hypercorn (trio), bound to 127.0.0.1,
-every request checked against a random token (constant-time comparison)."""
+"""The node's side of the control API: FastAPI on hypercorn (trio), bound to 127.0.0.1,
+every request checked against a random token (constant-time comparison). The models it
+answers with live in core.control.models (the light package the tray imports)."""
 
 from __future__ import annotations
 
-import contextlib
 import hmac
-import json
 import logging
-import math
 import os
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Protocol
 
 import trio
+from fastapi import APIRouter, FastAPI, Query
+from fastapi.exceptions import RequestValidationError
 from hypercorn.config import Config
 from hypercorn.trio import serve
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.control.files import write_address, write_token
-from core.node.preferences import Preferences, PreferencesError, save_preferences
+from core.control.limits import PreferenceLimits, preference_limits
+from core.control.models import (
+    Accepted,
+    Event,
+    History,
+    JoinRequest,
+    Problem,
+    ProjectSummary,
+    SnoozeRequest,
+    Status,
+)
+from core.control.preferences import Preferences, PreferencesError
+from core.node.events import EventLog
+from core.node.preferences import PreferenceStore
 
 log = logging.getLogger(__name__)
 
 
-class NodeControl:
-    """What the API can see and do; the node implements it (tests use it directly)."""
+class NodeApi(Protocol):
+    """What the control API can see and do; the node implements it (tests may fake it)."""
 
-    def __init__(
-        self,
-        status: Callable[[], dict[str, Any]],
-        pause: Callable[[], None],
-        resume: Callable[[], None],
-        snooze: Callable[[float], None],
-        preferences_path: Path,
-        preferences: Preferences,
-        after_command: Callable[[], Awaitable[Any]] | None = None,
-        history: Callable[[float], dict[str, Any]] | None = None,
-        join: Callable[[str], None] | None = None,
-        leave: Callable[[], None] | None = None,
-        projects: Callable[[], Awaitable[list[dict[str, str]]]] | None = None,
-        benchmark: Callable[[], None] | None = None,
-        shutdown: Callable[[], None] | None = None,
-    ) -> None:
-        self.shutdown = shutdown  # stop the node cleanly (the tray's Quit)
-        self.projects = projects  # the projects announced in the swarm
-        self.benchmark = benchmark  # measure the device again (progress comes as events)
-        self.join = join  # raises ValueError for a malformed project id
-        self.leave = leave
-        self.history = history  # since (unix time) -> {"hours": [...], "temperatures": [...]}
-        self.after_command = after_command  # e.g. the governor deciding at once
-        self.status = status
-        self.pause = pause
-        self.resume = resume
-        self.snooze = snooze
-        self.preferences_path = preferences_path
-        self.preferences = preferences
-        self._events: list[dict[str, Any]] = []
-        self._next_id = 1
-        self._new_event = trio.Event()
+    preferences: PreferenceStore
+    events: EventLog
 
-    def event(self, kind: str, **data: Any) -> None:
-        """Record an event for the stream (kinds: state, preferences, contribution, ...)."""
-        self._events.append(
-            {"id": self._next_id, "at": round(time.time(), 3), "kind": kind, **data}
-        )
-        self._next_id += 1
-        del self._events[:-1000]
-        self._new_event.set()
-        self._new_event = trio.Event()
+    def status(self) -> Status: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def snooze(self, seconds: float) -> None: ...
+    async def settle(self) -> None:
+        """Let a command take effect, so that the answer shows the new state."""
 
-    async def events_after(self, since: int, wait: float) -> list[dict[str, Any]]:
-        newer = [e for e in self._events if e["id"] > since]
-        if not newer and wait > 0:
-            with trio.move_on_after(min(wait, 30.0)):
-                await self._new_event.wait()
-            newer = [e for e in self._events if e["id"] > since]
-        return newer
+    def work_history(self, since: float) -> History: ...
+    def join(self, project: str) -> None: ...
+    def leave(self) -> None: ...
+    async def announced_projects(self) -> list[ProjectSummary]: ...
+    def measure_device(self) -> None: ...
+    def stop(self) -> None: ...
 
-    def set_preferences(self, changes: dict[str, Any]) -> Preferences:
-        prefs = self.preferences.updated(changes)  # PreferencesError names the field
-        save_preferences(prefs, self.preferences_path)
-        self.preferences = prefs
-        self.event("preferences")
+
+def build_app(node: NodeApi, token: str) -> FastAPI:
+    """The API: every route answers with a model of core.control.models (its schema at
+    /v1/openapi.json); refusals are a :class:`Problem`."""
+    app = FastAPI(
+        title="moehome node control API",
+        version="1",
+        openapi_url="/v1/openapi.json",
+        docs_url=None,  # the documentation pages load scripts from the internet
+        redoc_url=None,
+        responses={422: {"model": Problem}, 401: {"model": Problem}},
+    )
+    app.add_middleware(LocalGate, token=token)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(PreferencesError, _invalid_preferences)
+    app.add_exception_handler(Refused, _refused)
+    app.add_exception_handler(RecursionError, _too_deep)
+    v1 = APIRouter(prefix="/v1")
+
+    async def after_command() -> Status:
+        await node.settle()
+        return node.status()
+
+    @v1.get("/status")
+    async def status() -> Status:
+        return node.status()
+
+    @v1.get("/events")
+    async def events(
+        since: Annotated[int, Query(ge=0)] = 0,
+        wait: Annotated[float, Query(ge=0, le=3600, allow_inf_nan=False)] = 0.0,
+    ) -> list[Event]:
+        """Events after id ``since``; waits up to ``wait`` s (at most 30) for a new one."""
+        return await node.events.wait_after(since, wait)
+
+    @v1.post("/pause")
+    async def pause() -> Status:
+        node.pause()
+        return await after_command()
+
+    @v1.post("/resume")
+    async def resume() -> Status:
+        node.resume()
+        return await after_command()
+
+    @v1.post("/snooze")
+    async def snooze(request: SnoozeRequest) -> Status:
+        node.snooze(request.seconds)
+        return await after_command()
+
+    @v1.get("/preferences")
+    async def preferences() -> Preferences:
+        return node.preferences.current
+
+    @v1.put("/preferences")
+    async def set_preferences(changes: dict[str, Any]) -> Preferences:
+        """Change some preferences; the result is validated as a whole."""
+        prefs = node.preferences.update(changes)  # PreferencesError: 422 with problems
+        await node.settle()  # new limits apply at once
         return prefs
 
+    @v1.get("/limits")
+    async def limits() -> PreferenceLimits:
+        """Defaults and ranges of the preferences, the format of a project id."""
+        return preference_limits()
 
-def build_app(control: NodeControl, token: str) -> Starlette:
-    class TokenGate(BaseHTTPMiddleware):
-        async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-            # a page that rebinds its own name to 127.0.0.1 sends its own Host: refused
-            # before the token is even looked at
-            if _host_name(request.headers.get("host", "")) not in LOCAL_HOSTS:
-                return JSONResponse({"error": "the control API answers on 127.0.0.1 only"}, 403)
-            given = request.headers.get("authorization", "").removeprefix("Bearer ")
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                return JSONResponse({"error": "missing or wrong token"}, status_code=401)
-            return await call_next(request)
-
-    async def status(request: Request) -> JSONResponse:
-        return JSONResponse(control.status())
-
-    async def events(request: Request) -> JSONResponse:
+    @v1.post("/project")
+    async def join(request: JoinRequest) -> Status:
         try:
-            since = int(request.query_params.get("since", "0"))
-            wait = _number(request.query_params.get("wait", "0"), 0.0, 3600.0)
-        except ValueError:
-            return JSONResponse(
-                {"error": "since must be an integer, wait a number of seconds"}, status_code=400
-            )
-        return JSONResponse(await control.events_after(since, wait))
-
-    def command(action: Callable[[], None]) -> Callable[[Request], Awaitable[JSONResponse]]:
-        async def endpoint(request: Request) -> JSONResponse:
-            action()
-            if control.after_command is not None:
-                await control.after_command()  # so the answer shows the new state
-            return JSONResponse(control.status())
-
-        return endpoint
-
-    async def snooze(request: Request) -> JSONResponse:
-        body = await _json(request)
-        if isinstance(body, JSONResponse):
-            return body
-        seconds = body.get("seconds") if isinstance(body, dict) else None
-        if (
-            not isinstance(seconds, (int, float))
-            or isinstance(seconds, bool)
-            or not 0 < seconds <= 7 * 86400
-        ):
-            return JSONResponse(
-                {
-                    "error": "seconds: a number of seconds up to a week",
-                    "problems": ["seconds: must be 0..604800"],
-                },
-                status_code=422,
-            )
-        control.snooze(float(seconds))
-        if control.after_command is not None:
-            await control.after_command()
-        return JSONResponse(control.status())
-
-    async def preferences(request: Request) -> JSONResponse:
-        if request.method == "GET":
-            return JSONResponse(control.preferences.model_dump(mode="json"))
-        body = await _json(request)
-        if isinstance(body, JSONResponse):
-            return body
-        if not isinstance(body, dict):
-            return JSONResponse({"error": "send a JSON object of preferences"}, status_code=400)
-        try:
-            prefs = control.set_preferences(body)
-        except PreferencesError as exc:
-            return JSONResponse({"error": str(exc), "problems": exc.problems}, status_code=422)
-        if control.after_command is not None:
-            await control.after_command()  # new limits apply at once
-        return JSONResponse(prefs.model_dump(mode="json"))
-
-    async def project(request: Request) -> JSONResponse:
-        if control.join is None or control.leave is None:
-            return JSONResponse({"error": "this node cannot change projects"}, status_code=404)
-        if request.method == "DELETE":
-            control.leave()
-            return JSONResponse(control.status())
-        body = await _json(request)
-        if isinstance(body, JSONResponse):
-            return body
-        project_id = body.get("project") if isinstance(body, dict) else None
-        if not isinstance(project_id, str):
-            return JSONResponse(
-                {"error": 'send {"project": "<project id>"}', "problems": ["project: missing"]},
-                status_code=422,
-            )
-        try:
-            control.join(project_id.strip())
+            node.join(request.project)
         except ValueError as exc:
-            return JSONResponse(
-                {"error": str(exc), "problems": [f"project: {exc}"]}, status_code=422
-            )
-        return JSONResponse(control.status())
+            raise Refused(422, str(exc), [f"project: {exc}"]) from exc
+        return node.status()
 
-    async def projects(request: Request) -> JSONResponse:
-        if control.projects is None:
-            return JSONResponse([])
-        return JSONResponse(await control.projects())
+    @v1.delete("/project")
+    async def leave() -> Status:
+        node.leave()
+        return node.status()
 
-    async def benchmark(request: Request) -> JSONResponse:
-        if control.benchmark is None:
-            return JSONResponse({"error": "this node cannot measure the device"}, status_code=404)
-        control.benchmark()
-        return JSONResponse({"started": True})
+    @v1.get("/projects")
+    async def projects() -> list[ProjectSummary]:
+        """The projects announced in the swarm."""
+        return await node.announced_projects()
 
-    async def shutdown(request: Request) -> JSONResponse:
-        if control.shutdown is None:
-            return JSONResponse({"error": "this node cannot be stopped from here"}, status_code=404)
-        control.shutdown()
-        return JSONResponse({"stopping": True})
+    @v1.post("/benchmark")
+    async def benchmark() -> Accepted:
+        """Measure the device again; progress and figures come as benchmark events."""
+        node.measure_device()
+        return Accepted()
 
-    async def history(request: Request) -> JSONResponse:
-        if control.history is None:
-            return JSONResponse({"hours": [], "temperatures": []})
-        try:
-            since = _number(request.query_params.get("since", "0"), 0.0, time.time() + 86400)
-        except ValueError:
-            return JSONResponse({"error": "since must be a unix time"}, status_code=400)
-        return JSONResponse(control.history(since))
+    @v1.post("/shutdown")
+    async def shutdown() -> Accepted:
+        """Stop the node cleanly (it withdraws its declarations first)."""
+        node.stop()
+        return Accepted()
 
-    routes = [
-        Route("/v1/history", history),
-        Route("/v1/status", status),
-        Route("/v1/events", events),
-        Route("/v1/pause", command(control.pause), methods=["POST"]),
-        Route("/v1/resume", command(control.resume), methods=["POST"]),
-        Route("/v1/snooze", snooze, methods=["POST"]),
-        Route("/v1/preferences", preferences, methods=["GET", "PUT"]),
-        Route("/v1/project", project, methods=["POST", "DELETE"]),
-        Route("/v1/projects", projects),
-        Route("/v1/benchmark", benchmark, methods=["POST"]),
-        Route("/v1/shutdown", shutdown, methods=["POST"]),
-    ]
-    return Starlette(routes=routes, middleware=[Middleware(TokenGate)])
+    @v1.get("/history")
+    async def history(since: Annotated[float, Query(ge=0, allow_inf_nan=False)] = 0.0) -> History:
+        """Work per hour and readings per minute since ``since`` (unix time)."""
+        if since > time.time() + 86400:
+            raise Refused(422, "since: a unix time, not in the future", ["since: in the future"])
+        return node.work_history(since)
+
+    app.include_router(v1)
+    return app
 
 
 #: Names the control API answers to (its Host header): the loopback address only.
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 #: The largest request body read (preferences are a few hundred bytes).
 MAX_BODY_BYTES = 64 * 1024
+
+
+class Refused(Exception):
+    """A request the node turns down, with the HTTP status and the field problems."""
+
+    def __init__(self, status_code: int, error: str, problems: list[str] | None = None) -> None:
+        super().__init__(error)
+        self.status_code = status_code
+        self.problems = problems or []
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Refused)
+    return _problem(exc.status_code, str(exc), exc.problems)
+
+
+class LocalGate:
+    """In front of every route: a page that rebinds its own name to 127.0.0.1 sends its
+    own Host, refused before the token is even looked at; then the token (compared in
+    constant time); then the body, read no further than MAX_BODY_BYTES."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if _host_name(headers.get("host", "")) not in LOCAL_HOSTS:
+            await _problem(403, "the control API answers on 127.0.0.1 only")(scope, receive, send)
+            return
+        given = headers.get("authorization", "").removeprefix("Bearer ").encode()
+        if not hmac.compare_digest(given, self.token):
+            await _problem(401, "missing or wrong token")(scope, receive, send)
+            return
+        # the whole body is read here, bounded, before any route sees it (bodies are a few
+        # hundred bytes; FastAPI would turn an error raised while it reads into a 400)
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY_BYTES:
+                await _problem(413, f"body over {MAX_BODY_BYTES} bytes")(scope, receive, send)
+                return
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()  # after the body: wait for the disconnect
+
+        await self.app(scope, replay, send)
+
+
+def _problem(status_code: int, error: str, problems: list[str] | None = None) -> JSONResponse:
+    body = Problem(error=error, problems=problems or [])
+    return JSONResponse(body.model_dump(mode="json"), status_code=status_code)
+
+
+async def _invalid_request(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for error in exc.errors():
+        # ("body", "seconds") -> "seconds"; ("query", "wait") -> "wait"
+        loc = ".".join(str(p) for p in error["loc"][1:]) or str(error["loc"][0])
+        problems.append(f"{loc}: {str(error['msg']).removeprefix('Value error, ')}")
+    return _problem(422, "; ".join(problems) or "invalid request", problems)
+
+
+async def _too_deep(request: Request, exc: Exception) -> Response:
+    return _problem(400, "the body is not JSON (nested too deep)")
+
+
+async def _invalid_preferences(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, PreferencesError)
+    return _problem(422, str(exc), exc.problems)
 
 
 def _host_name(host: str) -> str:
@@ -242,31 +264,8 @@ def _host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _number(text: str, low: float, high: float) -> float:
-    """A finite number within [low, high] (NaN and infinity are no numbers here)."""
-    value = float(text)
-    if not math.isfinite(value) or not low <= value <= high:
-        raise ValueError(f"{text!r} is outside {low:g}..{high:g}")
-    return value
-
-
-async def _json(request: Request) -> Any:
-    """The body as JSON; None when it is not JSON (too deep counts as not JSON), or a
-    413 response when it is larger than MAX_BODY_BYTES (read no further)."""
-    body = bytearray()
-    async with contextlib.aclosing(request.stream()) as chunks:
-        async for chunk in chunks:
-            body += chunk
-            if len(body) > MAX_BODY_BYTES:
-                return JSONResponse({"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413)
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-
-
 async def serve_control(
-    control: NodeControl,
+    node: NodeApi,
     data_dir: Path,
     *,
     port: int = 0,
@@ -282,7 +281,7 @@ async def serve_control(
     async def started(
         *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        await serve(build_app(control, token), config, task_status=task_status)  # type: ignore[arg-type]
+        await serve(build_app(node, token), config, task_status=task_status)  # type: ignore[arg-type]
 
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(started)

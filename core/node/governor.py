@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import trio
 
+from core.control.preferences import Preferences
 from core.experts.server import ExpertServer
-from core.node.preferences import Preferences
 from core.node.probes import Probes, Reading
 from core.node.throttle import Decision, Snapshot, ThrottleState, decide
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+
+from core.control.models import HourOfWork, MinuteReading
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS minutes (
@@ -59,7 +60,7 @@ class History:
             )
             self._db.execute("DELETE FROM minutes WHERE minute < ?", (minute - _KEEP_MINUTES,))
 
-    def per_hour(self, since: float) -> list[dict[str, Any]]:
+    def per_hour(self, since: float) -> list[HourOfWork]:
         with self._lock:
             rows = self._db.execute(
                 """SELECT minute / 60, sum(working_s), sum(samples),
@@ -68,27 +69,22 @@ class History:
                 (int(since // 60),),
             ).fetchall()
         return [
-            {
-                "hour": h * 3600,
-                "working_s": w,
-                "samples": s,
-                "gpu_temp_c_max": g,
-                "cpu_temp_c_max": c,
-            }
+            HourOfWork(hour=h * 3600, working_s=w, samples=s, gpu_temp_c_max=g, cpu_temp_c_max=c)
             for h, w, s, g, c in rows
         ]
 
-    def temperatures(
-        self, since: float
-    ) -> list[tuple[int, float | None, float | None, float | None]]:
-        """Per minute: (unix time, hottest GPU °C, hottest CPU °C, highest GPU use 0..1)."""
+    def per_minute(self, since: float) -> list[MinuteReading]:
+        """Per minute: the hottest GPU and CPU (°C) and the highest GPU use (0..1)."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT minute * 60, gpu_temp_c, cpu_temp_c, gpu_util FROM minutes "
                 "WHERE minute >= ? ORDER BY 1",
                 (int(since // 60),),
             ).fetchall()
-        return [(int(t), g, c, u) for t, g, c, u in rows]
+        return [
+            MinuteReading(at=int(t), gpu_temp_c=g, cpu_temp_c=c, gpu_utilization=u)
+            for t, g, c, u in rows
+        ]
 
     def close(self) -> None:
         with self._lock:

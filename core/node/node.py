@@ -19,11 +19,24 @@ from typing import Any
 
 import trio
 
-from core.contrib.attacks import Attack
-from core.contrib.sender import ContributionSender
-from core.contrib.wiring import start_contributing
+from core.contributing.attacks import Attack
+from core.contributing.sender import ContributionSender
+from core.contributing.wiring import start_contributing
+from core.control.limits import check_project_id
+from core.control.models import (
+    BenchmarkEvent,
+    ContributionEvent,
+    ErrorEvent,
+    ExpertsEvent,
+    PreferencesEvent,
+    ProjectEvent,
+    ProjectSummary,
+    StateEvent,
+    Status,
+)
+from core.control.models import History as HistoryModel
 from core.errors import UserFacingError, one_line
-from core.experts.records import SERVING, ExpertAnnouncement, check_project, expert_key
+from core.experts.records import SERVING, ExpertAnnouncement, expert_key
 from core.experts.server import ExpertServer, ServerConfig
 from core.files import replace_file
 from core.namespaces import moehome_validator
@@ -36,11 +49,13 @@ from core.node.capacity import (
     plan_device,
 )
 from core.node.choice import choose_experts, rebalance
-from core.node.control_server import NodeControl, serve_control
+from core.node.control_server import serve_control
+from core.node.events import EventLog
 from core.node.governor import Governor
 from core.node.history import History
-from core.node.preferences import Preferences, load_preferences
+from core.node.preferences import PreferenceStore
 from core.node.probes import Probes, probe_for_this_os
+from core.node.status import NodeSnapshot, build_status, reason_code
 from core.node.throttle import Decision
 from core.project.distribution import find_manifest, list_projects
 from core.project.manifest import Manifest
@@ -71,7 +86,7 @@ class NodeOptions:
     quick_benchmark: bool = False
     #: Seconds between retries after a failed join (doubles up to 10 minutes).
     join_retry: float = 15.0
-    #: Demo and tests only: poison the contributions this node sends (core.contrib.attacks).
+    #: Demo and tests only: poison the contributions this node sends (core.contributing.attacks).
     attack: str | None = None
     #: Demo and tests only: answer every request this many seconds late (a slow link).
     reply_delay: float = 0.0
@@ -87,7 +102,9 @@ class Node:
     server: ExpertServer | None = None
     sender: ContributionSender | None = None
     governor: Governor | None = None
-    control: NodeControl | None = None
+    #: Owned by the node: the governor and the control API read them from here.
+    preferences: PreferenceStore = field(init=False)
+    events: EventLog = field(default_factory=EventLog)
     control_url: str = ""
     history: History | None = None
     project: str | None = None
@@ -107,71 +124,55 @@ class Node:
 
     # ------------------------------------------------------------ status
 
-    def status(self) -> dict[str, Any]:
-        decision = self.governor.decision if self.governor else None
-        reading = self.governor.last_reading if self.governor else None
-        serving = sorted(self.server.backends) if self.server else []
-        if not self.project:
-            state = "no project"
-        elif self.project_error and self.server is None:
-            state = "error"
-        elif self.server is None or decision is None:
-            state = "starting"
-        else:
-            state = "working" if decision.run else "paused"
-        return {
-            "state": state,
-            "reason": self._reason(state, decision),
-            "reason_code": decision.reason.name.lower() if decision and decision.reason else "",
-            "project": self.project,
-            "project_name": self.project_name,
-            "project_error": self.project_error,
-            "experts": {u: self.server.backends[u].version for u in serving} if self.server else {},
-            "contributions": {
-                "sent": self._sent_before + (self.sender.stats.sent if self.sender else 0),
-                "accepted": self._outcomes["accepted"],
-                "given_up": self._outcomes["given_up"],
-                "refused": {
-                    k: n for k, n in self._outcomes.items() if k not in ("accepted", "given_up")
-                },
-            },
-            "samples_done": self._samples_done(),
-            "device": {
-                "device": self.device_plan.device if self.device_plan else "",
-                "memory": self.device_plan.why if self.device_plan else "",
-                "benchmark": self.benchmark,
-                "network_rtt_ms": self.rtt_ms,
-            },
-            "readings": {
-                "gpu_temp_c": reading.gpu_temp_c if reading else None,
-                "gpu_utilization": reading.gpu_utilization if reading else None,
-                "gpu_power_w": reading.gpu_power_w if reading else None,
-                "cpu_temp_c": reading.cpu_temp_c if reading else None,
-                "idle_seconds": reading.idle_seconds if reading else None,
-                "on_battery": reading.on_battery if reading else None,
-            },
-            "peers": len(self.peer.dht.known_peers()) if self.peer else 0,
-            "peer_id": str(self.identity.peer_id),
-            "uptime_s": round(time.time() - self.started),
-            "snoozed_until": self._snoozed_until(),
-            "pid": os.getpid(),
-        }
+    def status(self) -> Status:
+        return build_status(self.snapshot())
 
-    def _snoozed_until(self) -> float | None:
-        until = self.governor.state.snoozed_until if self.governor else None
-        return until.timestamp() if until is not None else None
+    def snapshot(self) -> NodeSnapshot:
+        governor = self.governor
+        snoozed = governor.state.snoozed_until if governor else None
+        return NodeSnapshot(
+            project=self.project,
+            project_name=self.project_name,
+            project_error=self.project_error,
+            serving=self.server is not None,
+            experts={u: b.version for u, b in self.server.backends.items()} if self.server else {},
+            decision=governor.decision if governor else None,
+            reading=governor.last_reading if governor else None,
+            sent=self._sent_before + (self.sender.stats.sent if self.sender else 0),
+            outcomes=Counter(self._outcomes),
+            samples_done=self._samples_done(),
+            device_plan=self.device_plan,
+            benchmark=self.benchmark,
+            rtt_ms=self.rtt_ms,
+            peers=len(self.peer.dht.known_peers()) if self.peer else 0,
+            peer_id=str(self.identity.peer_id),
+            uptime_s=time.time() - self.started,
+            snoozed_until=snoozed.timestamp() if snoozed is not None else None,
+            pid=os.getpid(),
+        )
 
-    def _reason(self, state: str, decision: Decision | None) -> str:
-        if state == "no project":
-            return "join a project to start helping"
-        if state == "error":
-            return f"cannot join the project: {self.project_error}"
-        if state == "starting":
-            return "joining the project"
-        assert decision is not None
-        return decision.describe()
+    # ------------------------------------------------------------ commands (control API)
+
+    def pause(self) -> None:
+        self._governor().pause()
+
+    def resume(self) -> None:
+        self._governor().resume()
+
+    def snooze(self, seconds: float) -> None:
+        self._governor().snooze(seconds)
+
+    async def settle(self) -> None:
+        await self._governor().step()
+
+    def _governor(self) -> Governor:
+        assert self.governor is not None, "the node is not running"
+        return self.governor
 
     # ------------------------------------------------------------ lifecycle
+
+    def __post_init__(self) -> None:
+        self.preferences = PreferenceStore(self.options.config_dir / "preferences.json")
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         opts = self.options
@@ -189,30 +190,15 @@ class Node:
 
     async def _run_services(self, task_status: trio.TaskStatus[Node]) -> None:
         opts = self.options
-        prefs_path = opts.config_dir / "preferences.json"
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.governor = Governor(
-                self.probes, lambda: self._prefs(), None, on_change=self._decided
+                self.probes, lambda: self.preferences.current, None, on_change=self._decided
             )
-            self.control = NodeControl(
-                self.status,
-                self.governor.pause,
-                self.governor.resume,
-                self.governor.snooze,
-                prefs_path,
-                load_preferences(prefs_path),
-                after_command=self.governor.step,
-                history=self._history_since,
-                join=self.join,
-                leave=self.leave,
-                projects=self._list_projects,
-                benchmark=self.measure_device,
-                shutdown=self.stop,
-            )
+            self.preferences.subscribe(lambda _: self.events.publish(PreferencesEvent()))
             await nursery.start(self.governor.run)
             self.control_url = await nursery.start(
-                partial(serve_control, self.control, opts.data_dir, port=opts.control_port)
+                partial(serve_control, self, opts.data_dir, port=opts.control_port)
             )
             self.history = History(opts.data_dir / "history.sqlite")
             nursery.start_soon(self._record_history)
@@ -239,7 +225,7 @@ class Node:
 
     def join(self, project: str) -> None:
         """Serve ``project`` from now on (leaving the one served now); remembered."""
-        check_project(project)  # ValueError with the rule
+        check_project_id(project)  # ValueError with the rule
         if project == self.project and self._project_scope is not None:
             return
         self.leave(remember=False)
@@ -249,14 +235,14 @@ class Node:
         scope = trio.CancelScope()
         self._project_scope = scope
         self._nursery.start_soon(self._serve_project, project, scope)
-        self._event("project", project=project, joined=True)
+        self.events.publish(ProjectEvent(project=project, joined=True))
 
     def leave(self, remember: bool = True) -> None:
         """Stop serving the project (declarations are withdrawn on the way out)."""
         if self._project_scope is not None:
             self._project_scope.cancel()
             self._project_scope = None
-            self._event("project", project=self.project, joined=False)
+            self.events.publish(ProjectEvent(project=self.project, joined=False))
         self.project, self.project_name, self.project_error = None, "", ""
         if remember:
             self._save_project(None)
@@ -279,7 +265,7 @@ class Node:
                         delay,
                         exc_info=not isinstance(exc, UserFacingError),
                     )
-                    self._event("error", message=self.project_error)
+                    self.events.publish(ErrorEvent(message=self.project_error))
                     await trio.sleep(delay)
                     delay = min(delay * 2, 600.0)
 
@@ -342,7 +328,7 @@ class Node:
                     )
                     self.server, self.sender, self.project_error = server, sender, ""
                     await self.governor.attach(server)
-                    self._event("experts", experts=sorted(chosen))
+                    self.events.publish(ExpertsEvent(experts=sorted(chosen)))
                     log.info("serving %s of project %s", ", ".join(chosen), manifest.project.name)
                     chosen = await self._wait_for_better(project, uids, chosen, order, manifest)
                     if sender is not None:
@@ -396,7 +382,7 @@ class Node:
         return coverage
 
     def _capacity(self, manifest: Manifest) -> int:
-        prefs = self._prefs()
+        prefs = self.preferences.current
         self.device_plan = plan_device(prefs.gpus, prefs.memory_cap_gb)
         spec = manifest.model.expert.spec()
         return experts_that_fit(
@@ -408,30 +394,24 @@ class Node:
 
     # ------------------------------------------------------------ events and figures
 
-    def _event(self, kind: str, **data: Any) -> None:
-        if self.control is not None:
-            self.control.event(kind, **data)
-
     def _decided(self, decision: Decision) -> None:
-        self._event(
-            "state",
-            run=decision.run,
-            reason=decision.describe(),
-            reason_code=decision.reason.name.lower() if decision.reason else "",
+        self.events.publish(
+            StateEvent(
+                run=decision.run, reason=decision.describe(), reason_code=reason_code(decision)
+            )
         )
 
     def _contribution_ended(self, uid: str, outcome: str) -> None:
         self._outcomes[outcome] += 1
-        self._event("contribution", uid=uid, outcome=outcome)
+        self.events.publish(ContributionEvent(uid=uid, outcome=outcome))
 
     async def _benchmark(self, force: bool = False) -> None:
         cache = self.options.data_dir / "device-benchmark.json"
         token = trio.lowlevel.current_trio_token()
 
         def progress(what: str, done: int, total: int) -> None:  # from the worker thread
-            token.run_sync_soon(
-                partial(self._event, "benchmark", what=what, done=done, total=total)
-            )
+            event = BenchmarkEvent(what=what, done=done, total=total)
+            token.run_sync_soon(self.events.publish, event)
 
         try:
             self.benchmark = await trio.to_thread.run_sync(
@@ -445,7 +425,7 @@ class Node:
             )
         finally:
             self._benchmarking = False
-        self._event("benchmark", what="done", done=1, total=1, figures=self.benchmark)
+        self.events.publish(BenchmarkEvent(what="done", done=1, total=1, figures=self.benchmark))
 
     def measure_device(self) -> None:
         """Measure again (the full benchmark), in the background; progress as events."""
@@ -455,10 +435,11 @@ class Node:
         self._benchmarking = True
         self._nursery.start_soon(partial(self._benchmark, force=True))
 
-    async def _list_projects(self) -> list[dict[str, str]]:
+    async def announced_projects(self) -> list[ProjectSummary]:
+        """The projects announced in the swarm (what it finds in 20 s)."""
         assert self.peer is not None
         with trio.move_on_after(20):
-            return await list_projects(self.peer)
+            return [ProjectSummary.model_validate(p) for p in await list_projects(self.peer)]
         return []
 
     async def _measure_network(self, every: float = 60.0) -> None:
@@ -497,17 +478,12 @@ class Node:
         current = self.server.samples_done() if self.server is not None else 0
         return self._samples_before + current
 
-    def _history_since(self, since: float) -> dict[str, Any]:
+    def work_history(self, since: float) -> HistoryModel:
         if self.history is None:
-            return {"hours": [], "temperatures": []}
-        return {
-            "hours": self.history.per_hour(since),
-            "temperatures": self.history.temperatures(since),
-        }
-
-    def _prefs(self) -> Preferences:
-        assert self.control is not None
-        return self.control.preferences
+            return HistoryModel()
+        return HistoryModel(
+            hours=self.history.per_hour(since), temperatures=self.history.per_minute(since)
+        )
 
     # ------------------------------------------------------------ the remembered project
 

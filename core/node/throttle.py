@@ -11,7 +11,7 @@ import datetime as dt
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from core.node.preferences import Preferences
+from core.control.preferences import Preferences
 
 
 class Reason(Enum):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from core.contrib.wiring import start_contributing
+from core.contributing.wiring import start_contributing
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig

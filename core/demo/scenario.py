@@ -1,5 +1,5 @@
-"""``moehome demo``: the whole system training a model on 127.0.0.1, every part its own
-process, started with the same commands a real swarm uses:
+"""The demo's scenario (``moehome demo``): the whole system training a model on
+127.0.0.1, every part its own process, started with the same commands a real swarm uses:
 
     moehome peer                      a bootstrap peer
     moehome owner init / publish      the owner signs and publishes a small char-level LM
@@ -18,56 +18,26 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from core.demo.options import DemoOptions
+from core.demo.summary import demo_summary
+from core.demo.supervisor import Proc, Swarm, free_port
 from core.errors import UserFacingError
-from core.trainer.progress import TrainingProgress, loss_text
-from net.identity import load_or_create, peer_id_from_public_key
+from core.trainer.progress import TrainingProgress
+from net.identity import load_or_create
 
 log = logging.getLogger(__name__)
-
-START_TIMEOUT_S = 120.0  # a 2-core machine starting ten Python processes with torch is slow
-
-
-@dataclass(frozen=True)
-class DemoOptions:
-    volunteers: int = 4
-    steps: int = 200
-    churn: bool = False
-    attackers: int = 0
-    attack: str = "sign-flip"
-    slow: int = 0
-    slow_ms: float = 100.0
-    rule: str = "centered_clip"
-    data: str = "stdlib"
-    batch_size: int = 16
-    workdir: Path | None = None
-    #: the demo model: hidden width, experts per layer as a grid, experts per volunteer
-    hidden: int = 64
-    grid: tuple[int, ...] = (2, 4)
-    mixture_layers: int = 2
-    #: every volunteer serves every expert (16): each expert then has several servers,
-    #: so each aggregation round compares several volunteers' gradients
-    experts_per_volunteer: int = 16
-    learning_rate: float = 3e-3
-    eval_every: int = 100
 
 
 def demo_manifest(options: DemoOptions, aggregator: tuple[str, str], trainer: str) -> str:
@@ -116,121 +86,6 @@ key = "{trainer}"
 [weights]
 seed = 1
 """
-
-
-def moehome_command() -> list[str]:
-    """How to start ``moehome`` from here: the bundled executable, or this Python."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable]
-    return [sys.executable, "-m", "core.cli"]
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (the aggregator's: its address goes in the manifest,
-    which must be signed before the aggregator starts)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[str]
-    role: str = ""
-    public_key: str = ""
-    lines: list[str] = field(default_factory=list)
-
-
-class Swarm:
-    """The demo's processes: started in their own session (a Ctrl-C in the terminal
-    reaches only the demo, which then stops them in order), stopped on the way out."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.procs: list[Proc] = []
-        self._log_files: list[Any] = []
-
-    def folder(self, name: str) -> Path:
-        path = self.root / name
-        (path / "data").mkdir(parents=True, exist_ok=True)
-        (path / "config").mkdir(parents=True, exist_ok=True)
-        return path
-
-    def start(self, name: str, args: list[str], *, threads: int | None = 1, role: str = "") -> Proc:
-        folder = self.folder(name)
-        env = {
-            **os.environ,
-            "MOEHOME_DATA_DIR": str(folder / "data"),
-            "MOEHOME_CONFIG_DIR": str(folder / "config"),
-        }
-        if threads is not None:  # ten processes on a few cores: one thread each
-            env["OMP_NUM_THREADS"] = str(threads)
-        log_file = open(folder / "log.txt", "a")  # noqa: SIM115 - closed in stop_all
-        self._log_files.append(log_file)
-        cmd = [*moehome_command(), "--data-dir", str(folder / "data"), *args]
-        popen = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        proc = Proc(name, popen, role)
-        self.procs.append(proc)
-        return proc
-
-    async def first_line(self, proc: Proc, prefix: str = "/ip4/") -> str:
-        """The first stdout line starting with ``prefix`` (an address, mostly)."""
-        assert proc.popen.stdout is not None
-        with trio.fail_after(START_TIMEOUT_S):
-            while True:
-                line = await trio.to_thread.run_sync(
-                    proc.popen.stdout.readline, abandon_on_cancel=True
-                )
-                if not line:
-                    code = proc.popen.wait()
-                    raise UserFacingError(
-                        f"{proc.name} exited with code {code}; see {self.root / proc.name}/log.txt"
-                    )
-                proc.lines.append(line)
-                if line.startswith(prefix):
-                    return line.strip()
-
-    async def run_to_end(self, name: str, args: list[str]) -> str:
-        proc = self.start(name, args)
-        assert proc.popen.stdout is not None
-        out = await trio.to_thread.run_sync(proc.popen.stdout.read)
-        code = await trio.to_thread.run_sync(proc.popen.wait)
-        if code:
-            raise UserFacingError(f"{name} failed ({code}); see {self.root / name}/log.txt")
-        return out
-
-    def kill(self, proc: Proc) -> None:
-        """SIGKILL: a volunteer whose machine vanished (no goodbye to anyone)."""
-        if proc.popen.poll() is None:
-            proc.popen.kill()
-            proc.popen.wait()
-
-    def stop_all(self) -> None:
-        """SIGTERM in reverse start order (volunteers withdraw their experts), then
-        SIGKILL whatever is still running after 15 s."""
-        for proc in reversed(self.procs):
-            if proc.popen.poll() is None:
-                proc.popen.terminate()
-        deadline = time.monotonic() + 15
-        for proc in self.procs:
-            try:
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
-            if proc.popen.stdout is not None:
-                proc.popen.stdout.close()
-        for f in self._log_files:
-            f.close()
 
 
 @contextmanager
@@ -443,7 +298,7 @@ async def _follow_trainer(
             f"the trainer exited with code {code} before its summary; "
             f"see {swarm.root / 'trainer'}/log.txt"
         )
-    return _demo_summary(options, summary, swarm.procs, events)
+    return demo_summary(options, summary, swarm.procs, events)
 
 
 async def _churn(
@@ -472,99 +327,3 @@ async def _forward_ctrl_c(trainer: Proc, console: Console) -> None:
                 break
     # leaving the receiver restores trio's own handling: a second Ctrl-C raises
     # KeyboardInterrupt, and run_demo's cleanup stops every process at once
-
-
-def _demo_summary(
-    options: DemoOptions, trained: dict[str, Any], procs: list[Proc], events: list[dict[str, Any]]
-) -> dict[str, Any]:
-    rejected: dict[str, int] = {}
-    accepted = 0
-    contributors: dict[str, dict[str, Any]] = {}
-    for agg in trained.get("aggregators", []):
-        accepted += int(agg.get("accepted", 0))
-        for reason, n in agg.get("rejected", {}).items():
-            rejected[reason] = rejected.get(reason, 0) + int(n)
-        contributors.update(agg.get("contributors", {}))
-    volunteers = []
-    answered = trained.get("answered_by", {})
-    for p in procs:
-        if not p.public_key:
-            continue
-        c = contributors.get(p.public_key, {})
-        peer = str(peer_id_from_public_key(bytes.fromhex(p.public_key)))
-        volunteers.append(
-            {
-                "name": p.name,
-                "role": p.role,
-                "peer": peer,
-                "answers": answered.get(peer, 0),
-                "accepted": c.get("accepted", 0),
-                "rejected": c.get("rejected", {}),
-                "rounds": c.get("rounds", 0),
-                "influence": c.get("influence"),
-            }
-        )
-    evals = [e for e in events if e.get("event") == "eval" and not _nan(e.get("loss"))]
-    start = next((e for e in events if e.get("event") == "start"), {})
-    return {
-        "resumed_at_step": start.get("resumed_at_step"),
-        "volunteers": options.volunteers,
-        "attackers": options.attackers,
-        "attack": options.attack if options.attackers else None,
-        "slow": options.slow,
-        "churn": options.churn,
-        "rule": options.rule,
-        "steps": trained["steps"],
-        "stopped_early": trained["stopped_early"],
-        "samples": trained["samples"],
-        "samples_per_s": trained["samples_per_s"],
-        "seconds": trained["seconds"],
-        "initial_loss": trained["initial_loss"],
-        "final_loss": trained["final_loss"],
-        "evaluations": [[e["step"], e["loss"]] for e in evals],
-        "failed_steps": trained["failed_steps"],
-        "version_max": trained["version_max"],
-        "version_min": trained["version_min"],
-        "contributions_accepted": accepted,
-        "contributions_rejected": rejected,
-        "per_volunteer": volunteers,
-        "calls": trained.get("calls", {}),
-    }
-
-
-def _nan(x: Any) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
-def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console()
-    if summary["resumed_at_step"]:
-        console.print(f"(the trainer resumed its checkpoint at step {summary['resumed_at_step']})")
-    if summary["stopped_early"]:
-        console.print("(stopped before the last step)")
-    console.print(
-        f"\n[bold]summary[/]: {summary['steps']} steps, {summary['samples']} samples in "
-        f"{summary['seconds']:.0f} s ({summary['samples_per_s']:.1f} samples/s); "
-        f"validation loss {loss_text(summary['initial_loss'])} -> "
-        f"{loss_text(summary['final_loss'])} nats/byte"
-    )
-    rejected = ", ".join(f"{k} {v}" for k, v in sorted(summary["contributions_rejected"].items()))
-    console.print(
-        f"experts at versions {summary['version_min']}-{summary['version_max']}; contributions: "
-        f"{summary['contributions_accepted']} accepted, rejected: {rejected or 'none'} "
-        f"(aggregation: {summary['rule']})"
-    )
-    table = Table(title="volunteers")
-    for column in ("name", "role", "expert answers", "accepted", "rejected", "influence"):
-        table.add_column(column, justify="left" if column in ("name", "role") else "right")
-    for v in summary["per_volunteer"]:
-        rejected_v = ", ".join(f"{k} {n}" for k, n in sorted(v["rejected"].items())) or "-"
-        influence = "-" if v["influence"] is None else f"{100 * v['influence']:.1f}%"
-        table.add_row(
-            v["name"], v["role"], str(v["answers"]), str(v["accepted"]), rejected_v, influence
-        )
-    console.print(table)
-    console.print(
-        "influence: the share of a volunteer's gradient the robust rule kept, averaged over "
-        "rounds (poisoned gradients are clipped to a small share)"
-    )

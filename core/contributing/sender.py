@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import trio
 
-from core.contrib.attacks import Attack
-from core.contrib.codecs import ErrorFeedback, codec
+from core.contributing.attacks import Attack
+from core.contributing.codecs import ErrorFeedback, codec
 from core.experts.backend import ExpertBackend
 from core.experts.wire import to_wire
 from core.protocol.aggregator_methods import CONTRIBUTE, responsible_aggregator

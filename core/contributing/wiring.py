@@ -10,9 +10,9 @@ from pathlib import Path
 
 import trio
 
-from core.contrib.attacks import Attack
-from core.contrib.puller import WeightsPuller
-from core.contrib.sender import ContributionSender, SenderConfig
+from core.contributing.attacks import Attack
+from core.contributing.puller import WeightsPuller
+from core.contributing.sender import ContributionSender, SenderConfig
 from core.experts.backend import ExpertBackend
 from core.experts.server import ExpertServer
 from core.project.chunks import ChunkStore

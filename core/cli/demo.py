@@ -1,0 +1,81 @@
+"""``moehome demo``: a local swarm of separate processes trains a small language model."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from core.cli.common import (
+    run_async,
+)
+
+demo_app = typer.Typer()
+
+
+@demo_app.command()
+def demo(
+    volunteers: Annotated[
+        int, typer.Option(min=1, max=32, help="Volunteer nodes, each its own process.")
+    ] = 4,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps of the trainer.")] = 200,
+    churn: Annotated[
+        bool, typer.Option(help="Kill a third of the volunteers mid-run; as many new ones join.")
+    ] = False,
+    attackers: Annotated[
+        int, typer.Option(min=0, max=32, help="Extra volunteers that poison their gradients.")
+    ] = 0,
+    attack: Annotated[str, typer.Option(help="What attackers send: sign-flip or alie.")] = (
+        "sign-flip"
+    ),
+    slow: Annotated[
+        int, typer.Option(min=0, max=32, help="Volunteers behind a slow link (of --volunteers).")
+    ] = 0,
+    slow_ms: Annotated[float, typer.Option(min=0, help="The slow link's delay per message.")] = 100,
+    rule: Annotated[
+        str, typer.Option(help="Aggregation rule: centered_clip, median, trimmed_mean, mean.")
+    ] = "centered_clip",
+    data: Annotated[
+        str, typer.Option(help="Training text: 'stdlib' or a folder of text files.")
+    ] = "stdlib",
+    workdir: Annotated[
+        Path | None, typer.Option(help="Keep every process's files here (default: a temp folder).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Train a small language model on a local swarm: a bootstrap peer, the owner
+    publishing a project, an aggregator, volunteer nodes and a trainer, each its own
+    process on 127.0.0.1. Live progress, then a summary. Ctrl-C stops everything."""
+    from core.aggregator.robust import RULES
+    from core.contributing.attacks import ATTACKS
+    from core.demo import DemoOptions, print_summary, run_demo
+
+    if attack not in ATTACKS:
+        typer.echo(f"error: --attack must be one of {', '.join(ATTACKS)}", err=True)
+        raise typer.Exit(2)
+    if slow > volunteers:
+        typer.echo("error: --slow cannot exceed --volunteers", err=True)
+        raise typer.Exit(2)
+    if rule not in RULES:
+        typer.echo(f"error: --rule must be one of {', '.join(RULES)}", err=True)
+        raise typer.Exit(2)
+    options = DemoOptions(
+        volunteers=volunteers,
+        steps=steps,
+        churn=churn,
+        attackers=attackers,
+        attack=attack,
+        slow=slow,
+        slow_ms=slow_ms,
+        rule=rule,
+        data=data,
+        workdir=workdir,
+    )
+    summary = run_async(partial(run_demo, options, quiet=as_json))
+    if as_json:
+        typer.echo(json.dumps(summary))
+    elif summary is not None:
+        print_summary(summary)

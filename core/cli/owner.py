@@ -1,0 +1,344 @@
+"""``moehome owner ...``: the project owner's keys, manifests, publishing, status and
+training; ``moehome aggregator ...``: an aggregator of a project."""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from core.cli.common import (
+    BootstrapOpt,
+    ListenOpt,
+    data_folder,
+    load_identity,
+    run_async,
+)
+
+owner_app = typer.Typer(
+    help="For project owners: keys, manifests, publishing, status.", no_args_is_help=True
+)
+aggregator_app = typer.Typer(help="Run an aggregator of a project.", no_args_is_help=True)
+
+PassphraseFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help=(
+            "File holding the owner key's passphrase "
+            "(else MOEHOME_OWNER_PASSPHRASE, else a prompt)."
+        )
+    ),
+]
+
+
+def _passphrase(file: Path | None, *, needed: bool = True, confirm: bool = False) -> str | None:
+    import os
+
+    if file is not None:
+        return file.read_text().strip("\n")
+    env = os.environ.get("MOEHOME_OWNER_PASSPHRASE")
+    if env is not None:
+        return env
+    if needed and sys.stdin.isatty():
+        return str(
+            typer.prompt("owner key passphrase", hide_input=True, confirmation_prompt=confirm)
+        )
+    return None
+
+
+def _owner_key(passphrase_file: Path | None) -> Any:
+    from core.project.keys import OwnerKey, OwnerKeyError
+    from core.project.owner import OwnerFiles
+
+    files = OwnerFiles.default()
+    try:
+        data = files.key.read_bytes() if files.key.exists() else b""
+        encrypted = b"ENCRYPTED" in data
+        return OwnerKey.load(files.key, _passphrase(passphrase_file, needed=encrypted)), files
+    except OwnerKeyError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@owner_app.command("init")
+def owner_init(
+    protect: Annotated[
+        bool,
+        typer.Option("--passphrase/--no-passphrase", help="Encrypt the key with a passphrase."),
+    ] = False,
+    passphrase_file: PassphraseFileOpt = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing owner key.")] = False,
+) -> None:
+    """Create the owner's Ed25519 key and print its fingerprint."""
+    from core.project.keys import OwnerKeyError
+    from core.project.owner import OwnerFiles, init_owner
+
+    files = OwnerFiles.default()
+    secret = _passphrase(passphrase_file, needed=protect, confirm=True) if protect else None
+    if protect and not secret:
+        typer.echo(
+            "error: --passphrase needs a passphrase (a file, the environment, or a terminal)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    try:
+        key = init_owner(files, secret, force=force)
+    except OwnerKeyError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"owner key:   {files.key}{' (passphrase-protected)' if secret else ''}")
+    typer.echo(f"fingerprint: {key.fingerprint}")
+    typer.echo(f"public key:  {key.public_key.hex()}")
+
+
+@owner_app.command("new")
+def owner_new(
+    path: Annotated[Path, typer.Argument(help="Where to write the manifest.")] = Path(
+        "project.toml"
+    ),
+    name: Annotated[
+        str, typer.Option(help="Project name (lowercase, digits, '-').")
+    ] = "my-project",
+) -> None:
+    """Write a commented project manifest to edit before publishing."""
+    from core.project.manifest import write_template
+
+    try:
+        write_template(path, name)
+    except FileExistsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"wrote {path}; edit it, then: moehome owner publish {path}")
+
+
+@owner_app.command("publish")
+def owner_publish(
+    manifest: Annotated[Path, typer.Argument(help="The project manifest (TOML).")],
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="Where weights and chunks go (default: beside the manifest)."),
+    ] = None,
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    serve: Annotated[
+        bool, typer.Option("--serve/--no-serve", help="Stay up serving the weights.")
+    ] = True,
+) -> None:
+    """Check and sign the manifest, make the weights, announce the project, serve it."""
+    from rich.progress import Progress
+
+    from core.project.manifest import ManifestError
+    from core.project.publish import prepare
+
+    key, files = _owner_key(passphrase_file)
+    workdir = workdir or manifest.parent / f"{manifest.stem}.moehome"
+    try:
+        with Progress(transient=True) as progress:
+            task = progress.add_task("making weights", total=None)
+            prepared = prepare(
+                manifest,
+                key,
+                files.load_rotations(),
+                workdir,
+                lambda done, total: progress.update(task, completed=done, total=total),
+            )
+    except ManifestError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    signed = prepared.signed
+    typer.echo(f"project id:  {signed.project_id}")
+    typer.echo(f"owner:       {key.fingerprint}")
+    typer.echo(
+        f"experts:     {len(prepared.index.files)} "
+        f"({len(list(prepared.store.root.glob('??/*')))} chunks)"
+    )
+    if not serve:
+        return
+    from core.roles.owner import publish_and_serve
+
+    run_async(
+        partial(
+            publish_and_serve,
+            load_identity(False),
+            prepared,
+            listen=listen,
+            bootstrap=bootstrap or [],
+        )
+    )
+
+
+@owner_app.command("status")
+def owner_status(
+    project_id: Annotated[str, typer.Argument(help="The project id printed by publish.")],
+    bootstrap: BootstrapOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """What the swarm looks like for a project."""
+    from core.roles.owner import status_once
+
+    status = run_async(
+        partial(status_once, load_identity(True), project_id, bootstrap or [], data_folder())
+    )
+    if as_json:
+        from core.project.owner import to_json
+
+        typer.echo(to_json(status))
+        return
+    typer.echo(f"{status['name']} ({status['project_id']}), owner {status['owner']}")
+    typer.echo(
+        f"experts covered: {status['experts_covered']}/{status['experts_total']}, "
+        f"volunteers: {len(status['volunteers'])}"
+    )
+    for uid, servers in status["experts"].items():
+        typer.echo(f"  {uid:<16} {len(servers)} server(s)")
+    typer.echo(
+        f"weight providers: {len(status['weight_providers'])}, "
+        f"aggregators: {len(status['aggregators'])}"
+    )
+    for agg in status["aggregators"]:
+        if "unreachable" in agg:
+            typer.echo(f"  aggregator {agg['peer'][-12:]}: unreachable ({agg['unreachable']})")
+            continue
+        rejected = ", ".join(f"{k} {v}" for k, v in sorted(agg["rejected"].items())) or "none"
+        typer.echo(
+            f"  aggregator {agg['peer'][-12:]}: {agg['accepted']} accepted, rejected: {rejected}; "
+            f"versions {agg['versions']}"
+        )
+
+
+@owner_app.command("rotate-key")
+def owner_rotate_key(
+    bootstrap: BootstrapOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    new_passphrase_file: Annotated[
+        Path | None, typer.Option(help="Passphrase for the new key.")
+    ] = None,
+) -> None:
+    """Replace the owner key; the old key signs the hand-over (announced if -b is given).
+    Publish again afterwards: volunteers follow the rotation."""
+    from core.project.keys import OwnerKeyError
+    from core.project.owner import OwnerFiles, rotate_owner
+
+    files = OwnerFiles.default()
+    try:
+        data = files.key.read_bytes() if files.key.exists() else b""
+        old_secret = _passphrase(passphrase_file, needed=b"ENCRYPTED" in data)
+        new_secret = (
+            new_passphrase_file.read_text().strip("\n") if new_passphrase_file else old_secret
+        )
+        rotation = rotate_owner(files, old_secret, new_secret)
+    except OwnerKeyError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    from core.project.keys import fingerprint
+
+    typer.echo(f"owner key rotated: {fingerprint(rotation.old)} -> {fingerprint(rotation.new)}")
+    if bootstrap:
+        from core.roles.owner import announce_rotation_once
+
+        replicas = run_async(
+            partial(announce_rotation_once, load_identity(True), rotation, bootstrap)
+        )
+        typer.echo(f"rotation announced on {replicas} peers")
+
+
+@owner_app.command("train")
+def owner_train(
+    project_id: Annotated[str, typer.Option("--project", help="The project id.")],
+    data: Annotated[
+        str,
+        typer.Option(
+            help="Training text: 'stdlib' (Python's own sources) or a folder of text files."
+        ),
+    ] = "stdlib",
+    steps: Annotated[int, typer.Option(min=1, help="Train until this step.")] = 1000,
+    batch_size: Annotated[int, typer.Option(min=1, max=4096, help="Sequences per step.")] = 16,
+    learning_rate: Annotated[
+        float, typer.Option("--lr", min=0, help="Adam's rate for the trainer-side layers.")
+    ] = 3e-3,
+    eval_every: Annotated[int, typer.Option(min=1, help="Validation every N steps.")] = 100,
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 50,
+    log_every: Annotated[int, typer.Option(min=1, help="Progress every N steps.")] = 10,
+    max_data_mb: Annotated[float, typer.Option(min=0.01, help="Read at most this much text.")] = 32,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="Checkpoints (default: <data dir>/trainer/<project>); reused to resume."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    device: Annotated[
+        str, typer.Option(help="Trainer-side layers on: auto (a GPU if any), cpu, cuda[:N].")
+    ] = "auto",
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """Train the project's model through the swarm: the trainer-side layers here, the
+    experts on volunteers' machines. This computer's key (`moehome aggregator key`) must be
+    in the manifest's [[trainers]]. Resumes from its checkpoint after a restart."""
+    from core.trainer.progress import TrainingProgress, json_line
+    from core.trainer.train import TrainerOptions, run_trainer
+
+    data_dir = data_folder()
+    options = TrainerOptions(
+        project=project_id,
+        workdir=workdir or data_dir / "trainer" / project_id,
+        data=data,
+        steps=steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        log_every=log_every,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        max_data_bytes=int(max_data_mb * 1024 * 1024),
+        device=device,
+    )
+    run = partial(
+        run_trainer,
+        load_identity(False),
+        options,
+        data_dir=data_dir,
+        listen=listen,
+        bootstrap=bootstrap or [],
+    )
+    if as_json:
+        run_async(partial(run, report=json_line))
+        return
+    with TrainingProgress() as progress:
+        run_async(partial(run, report=progress))
+
+
+@aggregator_app.command("key")
+def aggregator_key() -> None:
+    """Print this computer's public key, for a manifest's [[aggregators]] or [[trainers]]."""
+    identity = load_identity(ephemeral=False)
+    typer.echo(identity.public_key.hex())
+
+
+@aggregator_app.command("run")
+def aggregator_run(
+    project_id: Annotated[str, typer.Option("--project", help="The project id.")],
+    workdir: Annotated[
+        Path | None, typer.Option(help="State folder (default: <data dir>/aggregator/<project>).")
+    ] = None,
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """Verify and robustly aggregate contributions for this computer's share of the
+    project's experts; publish new versions. State survives kill -9 (restart resumes)."""
+    from core.roles.aggregator import run_aggregator
+
+    data = data_folder()
+    run_async(
+        partial(
+            run_aggregator,
+            load_identity(False),
+            project_id,
+            workdir=workdir or data / "aggregator" / project_id,
+            data_dir=data,
+            listen=listen,
+            bootstrap=bootstrap or [],
+        )
+    )

@@ -1,0 +1,273 @@
+"""The volunteer's commands: ``moehome node`` runs the node; ``status``, ``pause``,
+``resume``, ``snooze``, ``join``, ``leave`` and ``prefs`` talk to it through its control
+API; ``bench`` measures this device."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from core.cli.common import (
+    BootstrapOpt,
+    ListenOpt,
+    data_folder,
+    load_identity,
+    run_async,
+)
+from core.control import ControlClient, ControlError, NodeNotRunning, find_node
+
+volunteer_app = typer.Typer()
+
+
+@volunteer_app.command()
+def node(
+    project: Annotated[
+        str | None, typer.Option(help="Project id to serve (else: join the swarm only).")
+    ] = None,
+    experts: Annotated[
+        int | None,
+        typer.Option(min=1, max=64, help="Most experts to serve (default: as many as fit)."),
+    ] = None,
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+    fake_probes: Annotated[
+        Path | None,
+        typer.Option(hidden=True, help="Tests: read the machine's state from this JSON file."),
+    ] = None,
+    benchmark: Annotated[
+        bool, typer.Option(help="Measure the device at start (cached after the first time).")
+    ] = True,
+    selftest: Annotated[
+        bool,
+        typer.Option("--selftest", help="Check this install (device, libp2p, an expert) and exit."),
+    ] = False,
+    attack: Annotated[
+        str | None,
+        typer.Option(hidden=True, help="Demo/tests: poison contributions (sign-flip, alie)."),
+    ] = None,
+    reply_delay_ms: Annotated[
+        float,
+        typer.Option(hidden=True, min=0, help="Demo/tests: answer requests this late."),
+    ] = 0.0,
+) -> None:
+    """Run the volunteer node (what the tray starts): serves experts when allowed."""
+    from core.contributing.attacks import ATTACKS
+
+    if attack is not None and attack not in ATTACKS:
+        typer.echo(f"error: --attack must be one of {', '.join(ATTACKS)}", err=True)
+        raise typer.Exit(2)
+    if selftest:
+        _node_selftest()
+        return
+    from core.node.node import Node, NodeOptions
+    from core.node.probes import FileProbes, probe_for_this_os
+    from core.paths import config_dir
+
+    data = data_folder()
+
+    async def main() -> None:
+        import trio
+
+        options = NodeOptions(
+            data_dir=data,
+            config_dir=config_dir(),
+            project=project,
+            bootstrap=tuple(bootstrap or ()),
+            listen=tuple(listen or ("/ip4/127.0.0.1/tcp/0",)),
+            experts=experts,
+            benchmark=benchmark,
+            attack=attack,
+            reply_delay=reply_delay_ms / 1000,
+        )
+        probes = FileProbes(fake_probes) if fake_probes else probe_for_this_os()
+        async with trio.open_nursery() as nursery:
+
+            async def run_node(*, task_status: trio.TaskStatus[Node]) -> None:
+                await Node(load_identity(False), options, probes=probes).run(
+                    task_status=task_status
+                )
+                nursery.cancel_scope.cancel()  # stopped (control API): end the watcher too
+
+            started = await nursery.start(run_node)
+            for addr in started.peer.addrs():
+                sys.stdout.write(addr + "\n")
+            sys.stdout.flush()
+            nursery.start_soon(_stop_on_sigterm, started.stop, nursery.cancel_scope)
+
+    run_async(main)
+
+
+async def _stop_on_sigterm(stop: Callable[[], None], scope: Any) -> None:
+    """SIGTERM (what a supervisor sends) stops the node as cleanly as Ctrl-C: its
+    declarations are withdrawn before it exits."""
+    import signal
+
+    import trio
+
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            stop()
+            scope.cancel()
+            return
+
+
+def _node_selftest() -> None:
+    from core.node.selftest import run_selftest
+
+    def report(name: str, ok: bool, detail: str) -> None:
+        typer.echo(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
+
+    if not run_async(run_selftest, report):
+        raise typer.Exit(1)
+    typer.echo("node selftest: ok")
+
+
+def _client() -> ControlClient:
+    try:
+        return find_node(data_folder())
+    except NodeNotRunning as exc:
+        typer.echo(f"error: {exc} (start it with `moehome node`)", err=True)
+        raise typer.Exit(1) from exc
+
+
+@volunteer_app.command("status")
+def node_status(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """What the running node is doing, and why."""
+    try:
+        status = _client().status()
+    except ControlError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if as_json:
+        typer.echo(status.model_dump_json(indent=2))
+        return
+    typer.echo(f"{status.state}: {status.reason}")
+    for uid, expert_version in status.experts.items():
+        typer.echo(f"  serving {uid} (version {expert_version})")
+
+
+@volunteer_app.command("pause")
+def node_pause() -> None:
+    """Pause the running node (until `moehome resume`)."""
+    typer.echo(_client().pause().reason)
+
+
+@volunteer_app.command("resume")
+def node_resume() -> None:
+    """Resume the running node (also ends a snooze)."""
+    typer.echo(_client().resume().reason)
+
+
+@volunteer_app.command("snooze")
+def node_snooze(
+    duration: Annotated[str, typer.Argument(help="How long: 30m, 1h, 3h, 1d.")] = "1h",
+) -> None:
+    """Pause the running node for a while; it resumes by itself."""
+    typer.echo(_client().snooze(_seconds(duration)).reason)
+
+
+def _seconds(duration: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = duration.strip().lower()
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text) * 60
+    except ValueError:
+        value = -1
+    if not 0 < value <= 7 * 86400:
+        raise typer.BadParameter(f"{duration!r}: a duration up to a week, like 30m, 2h or 1d")
+    return value
+
+
+@volunteer_app.command("join")
+def node_join(project: Annotated[str, typer.Argument(help="The project id to serve.")]) -> None:
+    """Make the running node serve a project (it remembers it)."""
+    try:
+        status = _client().join(project)
+    except ControlError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"{status.state}: {status.reason}")
+
+
+@volunteer_app.command("leave")
+def node_leave() -> None:
+    """Make the running node leave its project."""
+    status = _client().leave()
+    typer.echo(f"{status.state}: {status.reason}")
+
+
+@volunteer_app.command("prefs")
+def node_prefs(
+    changes: Annotated[
+        list[str] | None,
+        typer.Argument(help='name=value pairs (values in JSON: 70, true, [0], "18:00").'),
+    ] = None,
+) -> None:
+    """Show the running node's preferences, or change some (validated by the node)."""
+    client = _client()
+    try:
+        if not changes:
+            prefs = client.preferences()
+        else:
+            prefs = client.set_preferences(dict(_assignment(c) for c in changes))
+    except ControlError as exc:
+        for problem in exc.problems or [str(exc)]:
+            typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(1) from exc
+    for name, value in prefs.model_dump(mode="json").items():
+        typer.echo(f"{name:<20} {json.dumps(value)}")
+
+
+def _assignment(text: str) -> tuple[str, Any]:
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise typer.BadParameter(f"{text!r}: write name=value")
+    try:
+        return name.strip(), json.loads(raw)
+    except ValueError:
+        return name.strip(), raw  # a bare word: a string
+
+
+@volunteer_app.command()
+def bench(
+    again: Annotated[
+        bool, typer.Option("--again", help="Measure even if cached figures exist.")
+    ] = False,
+    quick: Annotated[bool, typer.Option(help="A short run.")] = False,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """Measure this device (cached per device, driver and torch version); with
+    --bootstrap, also the round trip to a few peers of the swarm (not cached)."""
+    from rich.progress import Progress
+
+    from core.node.bench import cached_benchmark
+
+    with Progress(transient=True) as progress:
+        task = progress.add_task("benchmark", total=None)
+
+        def step(what: str, done: int, total: int) -> None:
+            progress.update(task, description=what, completed=done, total=total)
+
+        result = cached_benchmark(
+            data_folder() / "device-benchmark.json", force=again, quick=quick, progress=step
+        )
+    if bootstrap:
+        result.update(run_async(_network_rtt, bootstrap))
+    for key, value in result.items():
+        typer.echo(f"{key:<22} {value}")
+
+
+async def _network_rtt(bootstrap: list[str]) -> dict[str, Any]:
+    from core.node.bench import network_rtt_ms
+    from core.roles.peer import joined_client
+    from net import Identity
+
+    async with joined_client(Identity.generate(), bootstrap) as peer:
+        return await network_rtt_ms(peer)

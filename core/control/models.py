@@ -1,0 +1,201 @@
+"""The control API's contract: what the node's status, events, history and project list
+look like, and the bodies of its commands. The node builds these, the API serves them
+(and their OpenAPI schema at ``/v1/openapi.json``), the CLI and the tray read them.
+
+Models the node sends ignore keys they do not know (a newer node may add figures) so
+that an older tray keeps working; models the node receives forbid them (a typo is an
+error, not a silent no-op)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.control.limits import ProjectId
+
+#: "working" and "paused" once the node serves a project; "error" when it cannot join.
+NodeState = Literal["no project", "starting", "working", "paused", "error"]
+
+
+class _Sent(BaseModel):
+    """A model the node sends: frozen, unknown keys ignored (a newer node may add some)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class _Received(BaseModel):
+    """A model the node receives: unknown keys are an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ContributionCounts(_Sent):
+    sent: int = 0
+    accepted: int = 0
+    given_up: int = 0
+    #: The aggregators' refusals, by reason code.
+    refused: dict[str, int] = {}
+
+
+class DeviceStatus(_Sent):
+    device: str = ""
+    #: How the memory budget was chosen, in words.
+    memory: str = ""
+    benchmark: dict[str, Any] = {}
+    network_rtt_ms: float | None = None
+
+
+class Readings(_Sent):
+    """The probes' last reading; None where this computer has no such sensor."""
+
+    gpu_temp_c: float | None = None
+    gpu_utilization: float | None = None
+    gpu_power_w: float | None = None
+    cpu_temp_c: float | None = None
+    idle_seconds: float | None = None
+    on_battery: bool | None = None
+
+
+class Status(_Sent):
+    state: NodeState
+    #: Why, in a sentence a volunteer can read.
+    reason: str
+    #: The throttle's reason as a code ("too_hot", "user_active", ...); "" when working.
+    reason_code: str = ""
+    project: str | None = None
+    project_name: str = ""
+    project_error: str = ""
+    #: Experts served now, with the version of their weights.
+    experts: dict[str, int] = {}
+    contributions: ContributionCounts = ContributionCounts()
+    samples_done: int = 0
+    device: DeviceStatus = DeviceStatus()
+    readings: Readings = Readings()
+    peers: int = 0
+    peer_id: str = ""
+    uptime_s: float = 0
+    #: Unix time the snooze ends; None when not snoozed.
+    snoozed_until: float | None = None
+    pid: int | None = None
+
+
+# ---------------------------------------------------------------- events
+
+
+class _Event(_Sent):
+    #: Increasing from 1 in each node process (a restarted node starts again at 1).
+    id: int = 0
+    #: Unix time.
+    at: float = 0.0
+
+
+class StateEvent(_Event):
+    kind: Literal["state"] = "state"
+    run: bool
+    reason: str
+    reason_code: str = ""
+
+
+class PreferencesEvent(_Event):
+    kind: Literal["preferences"] = "preferences"
+
+
+class ContributionEvent(_Event):
+    kind: Literal["contribution"] = "contribution"
+    uid: str
+    #: "accepted", "given_up" or the aggregator's refusal code.
+    outcome: str
+
+
+class ProjectEvent(_Event):
+    kind: Literal["project"] = "project"
+    project: str | None
+    joined: bool
+
+
+class ExpertsEvent(_Event):
+    kind: Literal["experts"] = "experts"
+    experts: list[str]
+
+
+class ErrorEvent(_Event):
+    kind: Literal["error"] = "error"
+    message: str
+
+
+class BenchmarkEvent(_Event):
+    kind: Literal["benchmark"] = "benchmark"
+    #: What is being measured; "done" with the figures at the end.
+    what: str
+    done: int
+    total: int
+    figures: dict[str, Any] | None = None
+
+
+Event = Annotated[
+    StateEvent
+    | PreferencesEvent
+    | ContributionEvent
+    | ProjectEvent
+    | ExpertsEvent
+    | ErrorEvent
+    | BenchmarkEvent,
+    Field(discriminator="kind"),
+]
+
+
+# ---------------------------------------------------------------- history and projects
+
+
+class HourOfWork(_Sent):
+    #: Unix time of the hour's start.
+    hour: int
+    working_s: float
+    samples: int
+    gpu_temp_c_max: float | None = None
+    cpu_temp_c_max: float | None = None
+
+
+class MinuteReading(_Sent):
+    #: Unix time of the minute's start.
+    at: int
+    gpu_temp_c: float | None = None
+    cpu_temp_c: float | None = None
+    gpu_utilization: float | None = None
+
+
+class History(_Sent):
+    hours: list[HourOfWork] = []
+    temperatures: list[MinuteReading] = []
+
+
+class ProjectSummary(_Sent):
+    project: str
+    name: str = ""
+    description: str = ""
+
+
+# ---------------------------------------------------------------- commands
+
+
+class SnoozeRequest(_Received):
+    #: Up to a week.
+    seconds: Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)]
+
+
+class JoinRequest(_Received):
+    project: ProjectId
+
+
+class Accepted(_Sent):
+    """A command that goes on in the background was started."""
+
+    started: bool = True
+
+
+class Problem(_Sent):
+    """What every refusal carries: a sentence, and field problems ("field: message")."""
+
+    error: str
+    problems: list[str] = []

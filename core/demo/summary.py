@@ -1,0 +1,114 @@
+"""The demo's summary: what the trainer reported, the experts' versions, each volunteer's
+work, as a dict (``--json``) and as tables."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from core.demo.options import DemoOptions
+from core.demo.supervisor import Proc
+from core.trainer.progress import loss_text
+from net.identity import peer_id_from_public_key
+
+log = logging.getLogger(__name__)
+
+
+def demo_summary(
+    options: DemoOptions, trained: dict[str, Any], procs: list[Proc], events: list[dict[str, Any]]
+) -> dict[str, Any]:
+    rejected: dict[str, int] = {}
+    accepted = 0
+    contributors: dict[str, dict[str, Any]] = {}
+    for agg in trained.get("aggregators", []):
+        accepted += int(agg.get("accepted", 0))
+        for reason, n in agg.get("rejected", {}).items():
+            rejected[reason] = rejected.get(reason, 0) + int(n)
+        contributors.update(agg.get("contributors", {}))
+    volunteers = []
+    answered = trained.get("answered_by", {})
+    for p in procs:
+        if not p.public_key:
+            continue
+        c = contributors.get(p.public_key, {})
+        peer = str(peer_id_from_public_key(bytes.fromhex(p.public_key)))
+        volunteers.append(
+            {
+                "name": p.name,
+                "role": p.role,
+                "peer": peer,
+                "answers": answered.get(peer, 0),
+                "accepted": c.get("accepted", 0),
+                "rejected": c.get("rejected", {}),
+                "rounds": c.get("rounds", 0),
+                "influence": c.get("influence"),
+            }
+        )
+    evals = [e for e in events if e.get("event") == "eval" and not _nan(e.get("loss"))]
+    start = next((e for e in events if e.get("event") == "start"), {})
+    return {
+        "resumed_at_step": start.get("resumed_at_step"),
+        "volunteers": options.volunteers,
+        "attackers": options.attackers,
+        "attack": options.attack if options.attackers else None,
+        "slow": options.slow,
+        "churn": options.churn,
+        "rule": options.rule,
+        "steps": trained["steps"],
+        "stopped_early": trained["stopped_early"],
+        "samples": trained["samples"],
+        "samples_per_s": trained["samples_per_s"],
+        "seconds": trained["seconds"],
+        "initial_loss": trained["initial_loss"],
+        "final_loss": trained["final_loss"],
+        "evaluations": [[e["step"], e["loss"]] for e in evals],
+        "failed_steps": trained["failed_steps"],
+        "version_max": trained["version_max"],
+        "version_min": trained["version_min"],
+        "contributions_accepted": accepted,
+        "contributions_rejected": rejected,
+        "per_volunteer": volunteers,
+        "calls": trained.get("calls", {}),
+    }
+
+
+def _nan(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    if summary["resumed_at_step"]:
+        console.print(f"(the trainer resumed its checkpoint at step {summary['resumed_at_step']})")
+    if summary["stopped_early"]:
+        console.print("(stopped before the last step)")
+    console.print(
+        f"\n[bold]summary[/]: {summary['steps']} steps, {summary['samples']} samples in "
+        f"{summary['seconds']:.0f} s ({summary['samples_per_s']:.1f} samples/s); "
+        f"validation loss {loss_text(summary['initial_loss'])} -> "
+        f"{loss_text(summary['final_loss'])} nats/byte"
+    )
+    rejected = ", ".join(f"{k} {v}" for k, v in sorted(summary["contributions_rejected"].items()))
+    console.print(
+        f"experts at versions {summary['version_min']}-{summary['version_max']}; contributions: "
+        f"{summary['contributions_accepted']} accepted, rejected: {rejected or 'none'} "
+        f"(aggregation: {summary['rule']})"
+    )
+    table = Table(title="volunteers")
+    for column in ("name", "role", "expert answers", "accepted", "rejected", "influence"):
+        table.add_column(column, justify="left" if column in ("name", "role") else "right")
+    for v in summary["per_volunteer"]:
+        rejected_v = ", ".join(f"{k} {n}" for k, n in sorted(v["rejected"].items())) or "-"
+        influence = "-" if v["influence"] is None else f"{100 * v['influence']:.1f}%"
+        table.add_row(
+            v["name"], v["role"], str(v["answers"]), str(v["accepted"]), rejected_v, influence
+        )
+    console.print(table)
+    console.print(
+        "influence: the share of a volunteer's gradient the robust rule kept, averaged over "
+        "rounds (poisoned gradients are clipped to a small share)"
+    )

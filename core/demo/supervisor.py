@@ -1,0 +1,137 @@
+"""Starting and stopping the demo's processes: each part is the ``moehome`` command in a
+process of its own, watched, and stopped (SIGTERM, then SIGKILL) on the way out."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from core.errors import UserFacingError
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 120.0  # a 2-core machine starting ten Python processes with torch is slow
+
+
+def moehome_command() -> list[str]:
+    """How to start ``moehome`` from here: the bundled executable, or this Python."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable]
+    return [sys.executable, "-m", "core.cli"]
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the aggregator's: its address goes in the manifest,
+    which must be signed before the aggregator starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[str]
+    role: str = ""
+    public_key: str = ""
+    lines: list[str] = field(default_factory=list)
+
+
+class Swarm:
+    """The demo's processes: started in their own session (a Ctrl-C in the terminal
+    reaches only the demo, which then stops them in order), stopped on the way out."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: list[Proc] = []
+        self._log_files: list[Any] = []
+
+    def folder(self, name: str) -> Path:
+        path = self.root / name
+        (path / "data").mkdir(parents=True, exist_ok=True)
+        (path / "config").mkdir(parents=True, exist_ok=True)
+        return path
+
+    def start(self, name: str, args: list[str], *, threads: int | None = 1, role: str = "") -> Proc:
+        folder = self.folder(name)
+        env = {
+            **os.environ,
+            "MOEHOME_DATA_DIR": str(folder / "data"),
+            "MOEHOME_CONFIG_DIR": str(folder / "config"),
+        }
+        if threads is not None:  # ten processes on a few cores: one thread each
+            env["OMP_NUM_THREADS"] = str(threads)
+        log_file = open(folder / "log.txt", "a")  # noqa: SIM115 - closed in stop_all
+        self._log_files.append(log_file)
+        cmd = [*moehome_command(), "--data-dir", str(folder / "data"), *args]
+        popen = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        proc = Proc(name, popen, role)
+        self.procs.append(proc)
+        return proc
+
+    async def first_line(self, proc: Proc, prefix: str = "/ip4/") -> str:
+        """The first stdout line starting with ``prefix`` (an address, mostly)."""
+        assert proc.popen.stdout is not None
+        with trio.fail_after(START_TIMEOUT_S):
+            while True:
+                line = await trio.to_thread.run_sync(
+                    proc.popen.stdout.readline, abandon_on_cancel=True
+                )
+                if not line:
+                    code = proc.popen.wait()
+                    raise UserFacingError(
+                        f"{proc.name} exited with code {code}; see {self.root / proc.name}/log.txt"
+                    )
+                proc.lines.append(line)
+                if line.startswith(prefix):
+                    return line.strip()
+
+    async def run_to_end(self, name: str, args: list[str]) -> str:
+        proc = self.start(name, args)
+        assert proc.popen.stdout is not None
+        out = await trio.to_thread.run_sync(proc.popen.stdout.read)
+        code = await trio.to_thread.run_sync(proc.popen.wait)
+        if code:
+            raise UserFacingError(f"{name} failed ({code}); see {self.root / name}/log.txt")
+        return out
+
+    def kill(self, proc: Proc) -> None:
+        """SIGKILL: a volunteer whose machine vanished (no goodbye to anyone)."""
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait()
+
+    def stop_all(self) -> None:
+        """SIGTERM in reverse start order (volunteers withdraw their experts), then
+        SIGKILL whatever is still running after 15 s."""
+        for proc in reversed(self.procs):
+            if proc.popen.poll() is None:
+                proc.popen.terminate()
+        deadline = time.monotonic() + 15
+        for proc in self.procs:
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+            if proc.popen.stdout is not None:
+                proc.popen.stdout.close()
+        for f in self._log_files:
+            f.close()

@@ -1,0 +1,104 @@
+"""The node's status, built by a pure function from a snapshot of its parts (so every
+state and reason can be tested from a table, without a running node)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.control.models import ContributionCounts, DeviceStatus, NodeState, Readings, Status
+from core.node.capacity import DevicePlan
+from core.node.probes import Reading
+from core.node.throttle import Decision
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    project: str | None = None
+    project_name: str = ""
+    project_error: str = ""
+    #: Whether an expert server runs for the project now.
+    serving: bool = False
+    #: Served experts and the version of their weights.
+    experts: dict[str, int] = field(default_factory=dict)
+    decision: Decision | None = None
+    reading: Reading | None = None
+    sent: int = 0
+    #: Ended contributions by outcome ("accepted", "given_up", refusal codes).
+    outcomes: Counter[str] = field(default_factory=Counter)
+    samples_done: int = 0
+    device_plan: DevicePlan | None = None
+    benchmark: dict[str, Any] = field(default_factory=dict)
+    rtt_ms: float | None = None
+    peers: int = 0
+    peer_id: str = ""
+    uptime_s: float = 0.0
+    snoozed_until: float | None = None
+    pid: int | None = None
+
+
+def node_state(snap: NodeSnapshot) -> NodeState:
+    if not snap.project:
+        return "no project"
+    if snap.project_error and not snap.serving:
+        return "error"
+    if not snap.serving or snap.decision is None:
+        return "starting"
+    return "working" if snap.decision.run else "paused"
+
+
+def state_reason(state: NodeState, snap: NodeSnapshot) -> str:
+    if state == "no project":
+        return "join a project to start helping"
+    if state == "error":
+        return f"cannot join the project: {snap.project_error}"
+    if state == "starting":
+        return "joining the project"
+    assert snap.decision is not None
+    return snap.decision.describe()
+
+
+def reason_code(decision: Decision | None) -> str:
+    return decision.reason.name.lower() if decision is not None and decision.reason else ""
+
+
+def build_status(snap: NodeSnapshot) -> Status:
+    state = node_state(snap)
+    reading = snap.reading
+    plan = snap.device_plan
+    return Status(
+        state=state,
+        reason=state_reason(state, snap),
+        reason_code=reason_code(snap.decision),
+        project=snap.project,
+        project_name=snap.project_name,
+        project_error=snap.project_error,
+        experts=dict(sorted(snap.experts.items())),
+        contributions=ContributionCounts(
+            sent=snap.sent,
+            accepted=snap.outcomes["accepted"],
+            given_up=snap.outcomes["given_up"],
+            refused={k: n for k, n in snap.outcomes.items() if k not in ("accepted", "given_up")},
+        ),
+        samples_done=snap.samples_done,
+        device=DeviceStatus(
+            device=plan.device if plan else "",
+            memory=plan.why if plan else "",
+            benchmark=snap.benchmark,
+            network_rtt_ms=snap.rtt_ms,
+        ),
+        readings=Readings(
+            gpu_temp_c=reading.gpu_temp_c if reading else None,
+            gpu_utilization=reading.gpu_utilization if reading else None,
+            gpu_power_w=reading.gpu_power_w if reading else None,
+            cpu_temp_c=reading.cpu_temp_c if reading else None,
+            idle_seconds=reading.idle_seconds if reading else None,
+            on_battery=reading.on_battery if reading else None,
+        ),
+        peers=snap.peers,
+        peer_id=snap.peer_id,
+        uptime_s=round(snap.uptime_s),
+        snoozed_until=snap.snoozed_until,
+        pid=snap.pid,
+    )

@@ -1,0 +1,74 @@
+"""The node's status is a pure function of a snapshot: every state and reason, from a table."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from core.node.capacity import DevicePlan
+from core.node.probes import Reading
+from core.node.status import NodeSnapshot, build_status
+from core.node.throttle import Decision, Reason
+
+WORKING = Decision(True, None)
+TOO_HOT = Decision(False, Reason.GPU_HOT, "90 °C")
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "state", "reason_starts", "code"),
+    [
+        (NodeSnapshot(), "no project", "join a project", ""),
+        (NodeSnapshot(project="p" * 32), "starting", "joining the project", ""),
+        (
+            NodeSnapshot(project="p" * 32, project_error="no manifest"),
+            "error",
+            "cannot join the project: no manifest",
+            "",
+        ),
+        # a server that runs outranks an old error (it was fixed by a retry)
+        (
+            NodeSnapshot(project="p" * 32, project_error="old", serving=True, decision=WORKING),
+            "working",
+            "working",
+            "",
+        ),
+        (NodeSnapshot(project="p" * 32, serving=True), "starting", "joining", ""),
+        (
+            NodeSnapshot(project="p" * 32, serving=True, decision=TOO_HOT),
+            "paused",
+            TOO_HOT.describe(),
+            "gpu_hot",
+        ),
+    ],
+)
+def test_state_and_reason(snapshot, state, reason_starts, code):
+    status = build_status(snapshot)
+    assert status.state == state
+    assert status.reason.startswith(reason_starts)
+    assert status.reason_code == code
+
+
+def test_figures_are_carried_over():
+    status = build_status(
+        NodeSnapshot(
+            project="p" * 32,
+            serving=True,
+            decision=WORKING,
+            experts={"ffn.1": 3, "ffn.0": 2},
+            sent=7,
+            outcomes=Counter({"accepted": 4, "given_up": 1, "stale": 2}),
+            reading=Reading(gpu_temp_c=61.0, idle_seconds=400.0),
+            device_plan=DevicePlan("cpu", 2**30, "1.0 GB of 4.0 GB"),
+            uptime_s=12.6,
+        )
+    )
+    assert list(status.experts) == ["ffn.0", "ffn.1"]
+    assert status.contributions.sent == 7
+    assert status.contributions.accepted == 4
+    assert status.contributions.given_up == 1
+    assert status.contributions.refused == {"stale": 2}
+    assert status.readings.gpu_temp_c == 61.0
+    assert status.readings.cpu_temp_c is None
+    assert status.device.device == "cpu"
+    assert status.uptime_s == 13
