@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bundle compare-env clean
+.PHONY: setup demo test test-fast lint bench bundle compare-env clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ lint:
 
 test: lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest
+
+# The fast tier alone (pure functions, decoders, models; no sockets, no processes): < 1 min.
+test-fast:
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest tests/unit
 
 bundle:
 	$(BIN)/python installer/build.py

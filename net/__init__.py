@@ -1,6 +1,6 @@
 """moehome's networking: libp2p host and identity, framed tensor RPC, DHT of signed records.
 
-Never imports torch, Qt, core or app (checked by tests/test_architecture.py).
+Never imports torch, Qt, core or app (checked by tests/unit/test_architecture.py).
 """
 
 from net.dht import (

@@ -15,7 +15,7 @@ from core.namespaces import moehome_validator
 from core.project.keys import OwnerKey
 from core.project.publish import prepare, serve_project
 from net import Identity, Peer
-from tests.test_project import small_manifest
+from tests.swarm.test_project import small_manifest
 
 
 async def main(workdir: Path) -> None:

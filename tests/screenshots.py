@@ -1,5 +1,5 @@
 """Screenshots of the tray's menu and windows, for a person to look at: run under a real
-X server (Xvfb) by tests/test_screenshots.py, in the light and the dark palette.
+X server (Xvfb) by tests/gui/test_screenshots.py, in the light and the dark palette.
 
     python -m tests.screenshots <out dir>
 """

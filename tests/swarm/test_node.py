@@ -17,7 +17,7 @@ from core.node.probes import FakeProbes
 from core.project.keys import OwnerKey
 from core.project.publish import Prepared, prepare, serve_project
 from net import Identity, Peer
-from tests.test_project import small_manifest
+from tests.swarm.test_project import small_manifest
 from tests.waiting import eventually
 
 

@@ -17,11 +17,11 @@ from core.moe.finder import ExpertFinder
 from core.moe.mixture import MoEConfig, RemoteMixtureOfExperts
 from core.namespaces import moehome_validator
 from net import Identity, Peer, PeerConfig, parse_peer_addr
-from tests.processes import stop_processes
-from tests.test_mixture import HIDDEN, Model, task, train_steps
+from tests.child_processes import stop_processes
+from tests.swarm.test_mixture import HIDDEN, Model, task, train_steps
 from tests.waiting import eventually
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_server(

@@ -20,7 +20,7 @@ from core.project.distribution import WeightsService
 from net import Identity, Peer, PeerConfig, RemoteError, RequestHead
 from net.rpc import CallContext, InternalError
 from net.wire import DTYPE_SIZES, Request, Tensor
-from tests.test_aggregator_core import make_core, settings
+from tests.unit.test_aggregator_core import make_core, settings
 
 FFN = ExpertSpec("ffn", hidden=8, inner=16)
 KEYS = ["uid", "keep", "handle", "receipt", "target", "key", "addrs", "hash", "header", "x"]

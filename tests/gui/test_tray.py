@@ -22,9 +22,9 @@ from app.link import NodeLink
 from app.supervisor import NodeSupervisor, node_command
 from app.tray import Tray, remaining, seconds_until_tomorrow, settings_at, status_line
 from core.control.models import Event, Status
-from tests.processes import stop_processes
+from tests.child_processes import stop_processes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class NoAutostart:

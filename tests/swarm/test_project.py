@@ -202,7 +202,7 @@ async def test_a_manifest_signed_by_another_key_is_refused(tmp_path):
         fake = SignedManifest.create(manifest, mallory, (), "1" * 64)
         from net.dht import sign_record
         from net.dht.node import STORE
-        from tests.test_dht import records_tensor
+        from tests.swarm.test_dht import records_tensor
 
         record = sign_record(
             swarm.node(1).identity, project_key(genuine.project_id), fake.encode(), 60, _now()

@@ -24,10 +24,10 @@ from core.protocol.aggregator_methods import CONTRIBUTE, STATS
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity, Peer, RemoteError, Tensor, parse_peer_addr
 from net.identity import load_or_create
-from tests.processes import stop_processes
-from tests.test_project import small_manifest
+from tests.child_processes import stop_processes
+from tests.swarm.test_project import small_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def start_aggregator(

@@ -17,10 +17,10 @@ import psutil
 import pytest
 import trio
 
-from tests.processes import stop_processes
+from tests.child_processes import stop_processes
 from tests.waiting import eventually
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

@@ -147,8 +147,8 @@ async def test_a_bootstrap_peer_process_outlives_every_hostile_frame():
     nothing restarts a bootstrap peer."""
     from net.peer import PING
     from net.rpc import RPC_PROTOCOL
-    from tests.processes import stop_processes
-    from tests.test_multiprocess import start_peer
+    from tests.child_processes import stop_processes
+    from tests.processes.test_multiprocess import start_peer
 
     proc, addr = start_peer([])
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_import_linter_contracts_hold():
@@ -99,3 +99,13 @@ def test_no_import_inside_a_function_crosses_between_core_packages():
                     if target != own:
                         crossing.append(f"{relative}:{inner.lineno} imports {inner.module}")
     assert not crossing, crossing
+
+
+def test_every_test_sits_in_a_tier():
+    """tests/<tier>/: unit (the fast tier), properties, swarm, processes, gui, bundle; a test
+    file at the top would run in no tier of its own (README names the tiers)."""
+    tiers = {"unit", "properties", "swarm", "processes", "gui", "bundle"}
+    tests = ROOT / "tests"
+    assert not sorted(p.name for p in tests.glob("test_*.py"))
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == tiers

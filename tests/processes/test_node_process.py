@@ -18,10 +18,10 @@ from core.namespaces import moehome_validator
 from core.project.keys import OwnerKey
 from core.project.publish import prepare, serve_project
 from net import Identity, Peer
-from tests.processes import stop_processes
-from tests.test_project import small_manifest
+from tests.child_processes import stop_processes
+from tests.swarm.test_project import small_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

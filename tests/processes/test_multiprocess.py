@@ -13,9 +13,9 @@ import trio
 
 from net import Identity, Peer, PeerConfig, Tensor, parse_peer_addr
 from net.peer import PING
-from tests.processes import stop_processes
+from tests.child_processes import stop_processes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "core.cli", "--quiet"]
 
 

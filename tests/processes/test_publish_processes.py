@@ -22,9 +22,9 @@ from core.project.owner import OwnerFiles
 from core.project.publish import prepare, seed_for, serve_project
 from core.protocol.expert_methods import INFO
 from net import Identity, Peer, parse_peer_addr
-from tests.test_project import small_manifest
+from tests.swarm.test_project import small_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
