@@ -69,15 +69,15 @@ async def test_a_node_joins_serves_and_obeys(tmp_path):
 
         client = await trio.to_thread.run_sync(find_node, tmp_path / "node0")
         await trio.to_thread.run_sync(client.pause)
-        await eventually(lambda: first.server.paused, 2)
+        await eventually(lambda: first.serving.server.paused, 2)
         status = await trio.to_thread.run_sync(client.status)
         assert status.state == "paused"
         assert "paused by you" in status.reason
         assert status.reason_code == "paused"
         await trio.to_thread.run_sync(client.resume)
-        await eventually(lambda: not first.server.paused, 2)
+        await eventually(lambda: not first.serving.server.paused, 2)
         second.probes.set(idle_seconds=10.0)  # the second volunteer sits down
-        await eventually(lambda: second.server.paused, 2)
+        await eventually(lambda: second.serving.server.paused, 2)
         # every change of state reached the event stream, with its reason
         events = await trio.to_thread.run_sync(client.events)
         states = [(e.run, e.reason_code) for e in events if e.kind == "state"]
@@ -102,7 +102,7 @@ async def test_measuring_the_device_again_reports_progress(tmp_path):
         )
         client = await trio.to_thread.run_sync(find_node, tmp_path / "node0")
         await trio.to_thread.run_sync(client.benchmark)
-        await eventually(lambda: bool(node.benchmark), 30)
+        await eventually(lambda: bool(node.device.benchmark), 30)
         events = await trio.to_thread.run_sync(client.events)
         progress = [e for e in events if e.kind == "benchmark"]
         assert [e.what for e in progress][:2] == ["matmul fp32", "matmul fp16"]
@@ -143,7 +143,7 @@ async def test_join_and_leave_through_the_api_and_remember_it(tmp_path):
         client = await trio.to_thread.run_sync(find_node, tmp_path / "node0")
         status = await trio.to_thread.run_sync(client.leave)
         assert status.state == "no project"
-        await eventually(lambda: node.server is None)
+        await eventually(lambda: node.serving.server is None)
         # leaving withdrew the declarations: nobody serves the experts any more
         uids = list(prepared.signed.manifest.model.expert_uids())
 
@@ -205,7 +205,7 @@ async def test_a_node_moves_from_a_crowded_expert_to_an_uncovered_one(tmp_path):
                 ann = ExpertAnnouncement(uid, SERVING, 0, "0" * 64, 0.0, 4096)
                 await peer.dht.put(expert_key(pid, uid), ann.encode(), ttl=60)
         await eventually(lambda: node.status().experts.keys() == {others[2]}, 20)
-        assert node.rebalances == 1
+        assert node.serving.rebalances == 1
         await trio.sleep(2)  # hysteresis: no further moves (everything else has 3)
-        assert node.rebalances == 1
+        assert node.serving.rebalances == 1
         nursery.cancel_scope.cancel()

@@ -1,0 +1,34 @@
+"""How a node is started (``moehome node`` options; tests set the rest)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from net.host import DEFAULT_LISTEN
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    data_dir: Path
+    config_dir: Path
+    #: Project to serve; None: the one joined last time (through the control API), if any.
+    project: str | None = None
+    bootstrap: Sequence[str] = ()
+    listen: Sequence[str] = DEFAULT_LISTEN
+    #: Most experts to serve; None: as many as fit in the memory the volunteer allows.
+    experts: int | None = None
+    control_port: int = 0
+    #: Seconds between looks at the swarm's coverage (with +-20% jitter).
+    rebalance_every: float = 300.0
+    #: Measure the device at start (cached); off in tests that do not need it.
+    benchmark: bool = True
+    #: Also when asked to measure again (tests; the full run takes ~10 s on a CPU).
+    quick_benchmark: bool = False
+    #: Seconds between retries after a failed join (doubles up to 10 minutes).
+    join_retry: float = 15.0
+    #: Demo and tests only: poison the contributions this node sends (core.contributing.attacks).
+    attack: str | None = None
+    #: Demo and tests only: answer every request this many seconds late (a slow link).
+    reply_delay: float = 0.0

@@ -1,0 +1,280 @@
+"""Serving a project: join it (the choice is remembered), serve the least covered experts
+that fit the memory the volunteer allows, send their contributions, now and then look at
+the swarm's coverage and hand over to a better set, leave. A failed join is retried with
+a growing delay; its error is what the status says."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from core.contributing.attacks import Attack
+from core.contributing.sender import ContributionSender
+from core.contributing.wiring import start_contributing
+from core.control.limits import check_project_id
+from core.control.models import ContributionEvent, ErrorEvent, ExpertsEvent, ProjectEvent
+from core.control.preferences import Preferences
+from core.errors import UserFacingError, one_line
+from core.experts.records import SERVING, ExpertAnnouncement, expert_key
+from core.experts.server import ExpertServer, ServerConfig
+from core.files import replace_file
+from core.node.capacity import (
+    DevicePlan,
+    experts_that_fit,
+    graph_cache_bytes,
+    parameter_count,
+    plan_device,
+)
+from core.node.choice import choose_experts, rebalance
+from core.node.events import EventLog
+from core.node.governor import Governor
+from core.node.options import NodeOptions
+from core.project.distribution import find_manifest
+from core.project.manifest import Manifest
+from core.project.pins import PinStore
+from core.project.publish import join_project
+from net import Identity, Peer
+
+log = logging.getLogger(__name__)
+
+
+class ProjectService:
+    """The project this node serves, and everything that comes with serving it."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        options: NodeOptions,
+        peer: Peer,
+        governor: Governor,
+        preferences: Callable[[], Preferences],
+        events: EventLog,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.identity = identity
+        self.options = options
+        self.peer = peer
+        self.governor = governor
+        self.preferences = preferences
+        self.events = events
+        self._nursery = nursery
+        self.project: str | None = None
+        self.project_name = ""
+        self.project_error = ""
+        self.server: ExpertServer | None = None
+        self.sender: ContributionSender | None = None
+        self.device_plan: DevicePlan | None = None
+        self.rebalances = 0
+        # totals over every server and sender this node ran (a rebalance starts new ones)
+        self._samples_before = 0
+        self._sent_before = 0
+        self.outcomes: Counter[str] = Counter()
+        self._scope: trio.CancelScope | None = None
+
+    def samples_done(self) -> int:
+        current = self.server.samples_done() if self.server is not None else 0
+        return self._samples_before + current
+
+    def contributions_sent(self) -> int:
+        return self._sent_before + (self.sender.stats.sent if self.sender else 0)
+
+    def remembered(self) -> str | None:
+        """The project joined last time (through the control API), if any."""
+        return self._saved_project()
+
+    def join(self, project: str) -> None:
+        """Serve ``project`` from now on (leaving the one served now); remembered."""
+        check_project_id(project)  # ValueError with the rule
+        if project == self.project and self._scope is not None:
+            return
+        self.leave(remember=False)
+        self.project, self.project_error = project, ""
+        self._save_project(project)
+        scope = trio.CancelScope()
+        self._scope = scope
+        self._nursery.start_soon(self._serve_project, project, scope)
+        self.events.publish(ProjectEvent(project=project, joined=True))
+
+    def leave(self, remember: bool = True) -> None:
+        """Stop serving the project (declarations are withdrawn on the way out)."""
+        if self._scope is not None:
+            self._scope.cancel()
+            self._scope = None
+            self.events.publish(ProjectEvent(project=self.project, joined=False))
+        self.project, self.project_name, self.project_error = None, "", ""
+        if remember:
+            self._save_project(None)
+
+    # ------------------------------------------------------------ serving a project
+
+    async def _serve_project(self, project: str, scope: trio.CancelScope) -> None:
+        delay = self.options.join_retry
+        with scope:
+            while True:
+                try:
+                    await self._serve_until_rebalanced(project)
+                    return  # pragma: no cover - only returns through cancellation
+                except Exception as exc:
+                    self.project_error = one_line(exc)
+                    log.warning(
+                        "cannot serve project %s: %s; retrying in %.0f s",
+                        project,
+                        self.project_error,
+                        delay,
+                        exc_info=not isinstance(exc, UserFacingError),
+                    )
+                    self.events.publish(ErrorEvent(message=self.project_error))
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 600.0)
+
+    async def _serve_until_rebalanced(self, project: str) -> None:
+        """Serve the least covered experts that fit; now and then look at the coverage and,
+        when another set helps more, hand over: flush what was accumulated, withdraw,
+        and serve the new set."""
+        signed = await find_manifest(
+            self.peer, project, PinStore(self.options.data_dir / "pinned-owners.json")
+        )
+        manifest = signed.manifest
+        self.project_name = manifest.project.name
+        uids = list(manifest.model.expert_uids())
+        order = list(uids)
+        random.Random(self.identity.public_key).shuffle(order)  # volunteers spread out
+        capacity = self._capacity(manifest)
+        chosen = choose_experts(await self._coverage(project, uids), capacity, order)
+        while True:
+            if not chosen:
+                raise MemoryError(
+                    "not even one expert fits in the memory you allow "
+                    f"({self.device_plan.why if self.device_plan else '?'})"
+                )
+            assert self.device_plan is not None
+            _, backends = await join_project(
+                self.peer,
+                project,
+                chosen,
+                data_dir=self.options.data_dir,
+                device=self.device_plan.device,
+                graph_cache_bytes=graph_cache_bytes(self.device_plan.budget_bytes, len(chosen)),
+            )
+            decision = self.governor.decision
+            server = ExpertServer(
+                self.peer,
+                backends,
+                ServerConfig(
+                    project=project,
+                    require_receipts=True,
+                    trainers=frozenset(bytes.fromhex(t.key) for t in manifest.trainers),
+                ),
+                paused=decision is None or not decision.run,
+            )
+            sender: ContributionSender | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(server.run)
+                    sender = await start_contributing(
+                        nursery,
+                        self.peer,
+                        project,
+                        manifest,
+                        backends,
+                        server,
+                        self.options.data_dir,
+                        on_result=self._contribution_ended,
+                        attack=Attack(self.options.attack) if self.options.attack else None,
+                    )
+                    self.server, self.sender, self.project_error = server, sender, ""
+                    await self.governor.attach(server)
+                    self.events.publish(ExpertsEvent(experts=sorted(chosen)))
+                    log.info("serving %s of project %s", ", ".join(chosen), manifest.project.name)
+                    chosen = await self._wait_for_better(project, uids, chosen, order, manifest)
+                    if sender is not None:
+                        for uid in backends:  # gradients of the old set still count
+                            await sender.flush(uid)
+                        with trio.move_on_after(30):  # let the deliveries finish
+                            await sender.delivered()
+                    nursery.cancel_scope.cancel()
+            finally:
+                # only now: the server has withdrawn its declarations on its way out
+                self.governor.detach()
+                self._samples_before += server.samples_done()
+                self._sent_before += sender.stats.sent if sender is not None else 0
+                self.server = self.sender = None
+            self.rebalances += 1
+
+    async def _wait_for_better(
+        self,
+        project: str,
+        uids: list[str],
+        serving: list[str],
+        order: list[str],
+        manifest: Manifest,
+    ) -> list[str]:
+        """Returns a better set of experts once the coverage calls for one."""
+        every = self.options.rebalance_every
+        while True:
+            await trio.sleep(every * random.uniform(0.8, 1.2))
+            coverage = await self._coverage(project, uids)
+            # our own declarations are withdrawn while paused: count us as serving
+            for uid in serving:
+                coverage[uid] = max(coverage.get(uid, 0), 1)
+            better = rebalance(serving, coverage, self._capacity(manifest), order)
+            if set(better) != set(serving):
+                log.info("rebalancing: %s -> %s", sorted(serving), sorted(better))
+                return better
+
+    async def _coverage(self, project: str, uids: list[str]) -> dict[str, int]:
+        """How many volunteers declare each expert (including this node)."""
+        peer = self.peer
+        coverage: dict[str, int] = {}
+
+        async def count(uid: str) -> None:
+            announcers = await peer.dht.announcers(expert_key(project, uid))
+            coverage[uid] = sum(1 for r in announcers.values() if _serving(r.value))
+
+        async with trio.open_nursery() as lookups:
+            for uid in uids:
+                lookups.start_soon(count, uid)
+        return coverage
+
+    def _capacity(self, manifest: Manifest) -> int:
+        prefs = self.preferences()
+        self.device_plan = plan_device(prefs.gpus, prefs.memory_cap_gb)
+        spec = manifest.model.expert.spec()
+        return experts_that_fit(
+            parameter_count(spec),
+            spec.torch_dtype.itemsize,
+            self.device_plan.budget_bytes,
+            self.options.experts,
+        )
+
+    def _contribution_ended(self, uid: str, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+        self.events.publish(ContributionEvent(uid=uid, outcome=outcome))
+
+    # ------------------------------------------------------------ the remembered project
+
+    def _state_file(self) -> Path:
+        return self.options.config_dir / "node.json"
+
+    def _saved_project(self) -> str | None:
+        try:
+            project = json.loads(self._state_file().read_text()).get("project")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return project if isinstance(project, str) else None
+
+    def _save_project(self, project: str | None) -> None:
+        replace_file(self._state_file(), json.dumps({"project": project}))
+
+
+def _serving(value: bytes) -> bool:
+    try:
+        return ExpertAnnouncement.decode(value).state == SERVING
+    except Exception:  # noqa: BLE001 - checked on the way in
+        return False
