@@ -36,9 +36,9 @@ from core.node.events import EventLog
 from core.node.governor import Governor
 from core.node.options import NodeOptions
 from core.project.distribution import find_manifest
+from core.project.joining import join_project
 from core.project.manifest import Manifest
 from core.project.pins import PinStore
-from core.project.publish import join_project
 from net import Identity, Peer
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from core.errors import UserFacingError
 from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore
 from core.project.distribution import WeightsFetcher, WeightsService, find_manifest
+from core.project.joining import backends_from_files
 from core.project.pins import PinStore
-from core.project.publish import backends_from_files
 from core.project.signed import SignedManifest
 from core.protocol.aggregator_methods import responsible_aggregator
 from core.roles.peer import print_addresses

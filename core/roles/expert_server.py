@@ -16,7 +16,7 @@ from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.namespaces import moehome_validator
-from core.project.publish import join_project
+from core.project.joining import join_project
 from core.roles.peer import print_addresses
 from net import Identity, Peer, PeerConfig, running_last
 from net.host import DEFAULT_LISTEN

@@ -12,10 +12,11 @@ from core.experts.weights import weights_hash
 from core.namespaces import moehome_validator
 from core.project.chunks import CHUNK_BYTES, ChunkStore, WeightsIndex, split_file
 from core.project.distribution import GET_CHUNK, ProjectNotFound, WeightsFetcher
+from core.project.joining import join_project
 from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError
 from core.project.manifest import ManifestError, load_manifest, write_template
 from core.project.pins import PinStore
-from core.project.publish import join_project, prepare, seed_for, serve_project
+from core.project.publish import prepare, seed_for, serve_project
 from core.project.records import project_key
 from core.project.signed import ManifestRejected, SignedManifest
 from net import BadRequest, Reply
