@@ -12,6 +12,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QPoint, QSettings
 from PySide6.QtGui import QColor, QPalette
+from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QPushButton, QWidget
 
 from app.dashboard import DashboardWindow
@@ -88,8 +89,8 @@ def dark_palette() -> QPalette:
 
 def shoot(widget: QWidget, path: Path) -> None:
     widget.show()
-    QApplication.processEvents()
-    time.sleep(0.2)  # let the X server map the window
+    if not QTest.qWaitForWindowExposed(widget, 5000):  # the X server mapped it
+        raise RuntimeError(f"{widget.objectName() or widget} was never shown")
     QApplication.processEvents()
     if not widget.grab().save(str(path)):
         raise RuntimeError(f"could not save {path}")
