@@ -6,7 +6,6 @@ same nonce, so an aggregator never counts one contribution twice."""
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,14 @@ class SenderStatistics:
     given_up: int = 0
 
 
+def contribution_due(samples: int, seconds_since_last: float, config: SenderConfig) -> bool:
+    """Send when ``every_samples`` are in, or when some are and the last send is
+    ``every_seconds`` old (a slow expert still contributes, a busy one in bounded pieces)."""
+    return samples >= config.every_samples or (
+        samples > 0 and seconds_since_last >= config.every_seconds
+    )
+
+
 class ContributionSender:
     def __init__(
         self,
@@ -73,23 +80,21 @@ class ContributionSender:
         self._all_delivered.set()
         self._feedback = {uid: ErrorFeedback() for uid in backends}
         self._nursery: trio.Nursery | None = None
-        self._since = {uid: time.monotonic() for uid in backends}
+        self._since: dict[str, float] = {}  # uid -> trio time of its last send
 
     async def run(
         self, *, task_status: trio.TaskStatus[ContributionSender] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            started = trio.current_time()
             task_status.started(self)
             while True:
                 for uid, backend in self.backends.items():
-                    acc = backend.accumulator
-                    due = acc.samples >= self.config.every_samples or (
-                        acc.samples > 0
-                        and time.monotonic() - self._since[uid] >= self.config.every_seconds
-                    )
-                    if due:
-                        self._since[uid] = time.monotonic()
+                    now = trio.current_time()
+                    since = self._since.get(uid, started)
+                    if contribution_due(backend.accumulator.samples, now - since, self.config):
+                        self._since[uid] = now
                         contribution, parts = await trio.to_thread.run_sync(
                             self._build, uid, backend
                         )
@@ -102,7 +107,7 @@ class ContributionSender:
         tied to the version its gradients were computed on). Delivery goes on in the
         background; this returns once the accumulator is emptied."""
         contribution, parts = await trio.to_thread.run_sync(self._build, uid, self.backends[uid])
-        self._since[uid] = time.monotonic()
+        self._since[uid] = trio.current_time()
         if contribution is not None:
             if self._nursery is None:
                 raise RuntimeError("the sender is not running")

@@ -10,6 +10,7 @@ import torch
 
 from core.aggregator.verify import Rejected, VerifyContext, verify
 from core.contributing.codecs import CODECS, CodecError, ErrorFeedback, codec
+from core.contributing.sender import SenderConfig, contribution_due
 from core.protocol.contributions import Contribution, MessageError, ParamSpec, Receipt
 from net import Identity
 
@@ -196,3 +197,19 @@ def test_an_oversized_contribution_header_is_refused_before_decoding():
 
     with pytest.raises(MessageError, match="too large"):
         Contribution.decode(b"\x90" * (MAX_HEADER_BYTES + 1))
+
+
+@pytest.mark.parametrize(
+    ("samples", "seconds", "due"),
+    [
+        (0, 0.0, False),  # nothing to send
+        (0, 3600.0, False),  # nothing to send, however long it has been
+        (511, 29.9, False),  # neither enough samples nor old enough
+        (512, 0.0, True),  # enough samples
+        (1, 30.0, True),  # a few samples, and the last send is old enough
+        (10_000, 0.0, True),
+    ],
+)
+def test_when_a_contribution_is_due(samples, seconds, due):
+    config = SenderConfig(project="p1", every_samples=512, every_seconds=30.0)
+    assert contribution_due(samples, seconds, config) is due
