@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from core.control.files import control_file, token_file
 from core.control.limits import PreferenceLimits
 from core.control.models import Accepted, Event, History, ProjectSummary, Status
 from core.control.preferences import Preferences
 
-M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 _EVENTS = TypeAdapter(list[Event])
 _PROJECTS = TypeAdapter(list[ProjectSummary])
 
@@ -66,10 +66,12 @@ class ControlClient:
             )
         return answer
 
-    def _model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+    def _model(self, model: type[T] | TypeAdapter[T], method: str, path: str, **kwargs: Any) -> T:
+        """The answer to ``method path``, validated as ``model`` (ControlError if it is not)."""
+        adapter = model if isinstance(model, TypeAdapter) else TypeAdapter(model)
         answer = self._call(method, path, **kwargs)
         try:
-            return model.model_validate(answer)
+            return adapter.validate_python(answer)
         except ValidationError as exc:
             raise ControlError(f"unexpected answer from the node to {path}: {exc}") from exc
 
@@ -78,13 +80,9 @@ class ControlClient:
 
     def events(self, since: int = 0, wait: float = 0.0) -> list[Event]:
         """Events after id ``since``; waits up to ``wait`` s for a new one (long poll)."""
-        answer = self._call(
-            "GET", "/v1/events", params={"since": since, "wait": wait}, timeout=wait + 5
+        return self._model(
+            _EVENTS, "GET", "/v1/events", params={"since": since, "wait": wait}, timeout=wait + 5
         )
-        try:
-            return _EVENTS.validate_python(answer)
-        except ValidationError as exc:
-            raise ControlError(f"unexpected events from the node: {exc}") from exc
 
     def history(self, since: float = 0.0) -> History:
         """Work per hour and readings per minute since ``since`` (unix time)."""
@@ -118,11 +116,7 @@ class ControlClient:
 
     def projects(self) -> list[ProjectSummary]:
         """Projects announced in the swarm."""
-        answer = self._call("GET", "/v1/projects", timeout=30)
-        try:
-            return _PROJECTS.validate_python(answer)
-        except ValidationError as exc:
-            raise ControlError(f"unexpected project list from the node: {exc}") from exc
+        return self._model(_PROJECTS, "GET", "/v1/projects", timeout=30)
 
     def benchmark(self) -> None:
         """Measure the device again; progress and figures come as "benchmark" events."""

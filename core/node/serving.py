@@ -84,10 +84,6 @@ class ProjectService:
     def contributions_sent(self) -> int:
         return self._sent_before + (self.sender.stats.sent if self.sender else 0)
 
-    def remembered(self) -> str | None:
-        """The project joined last time (through the control API), if any."""
-        return self._saved_project()
-
     def join(self, project: str) -> None:
         """Serve ``project`` from now on (leaving the one served now); remembered."""
         check_project_id(project)  # ValueError with the rule
@@ -262,7 +258,8 @@ class ProjectService:
     def _state_file(self) -> Path:
         return self.options.config_dir / "node.json"
 
-    def _saved_project(self) -> str | None:
+    def remembered(self) -> str | None:
+        """The project joined last time (through the control API), if any."""
         try:
             project = json.loads(self._state_file().read_text()).get("project")
         except (OSError, ValueError, AttributeError):
