@@ -57,6 +57,10 @@ _TOOLTIPS: Final[dict[str, str]] = {
         "A window whose end is before its start runs past midnight."
     ),
     "pause_on_battery": "Stop working when the laptop runs on battery.",
+    "listen_on_network": (
+        "Serving needs it: the trainers of the project connect to this computer. "
+        "Off, only programs on this computer can. Applies when moehome starts again."
+    ),
     "exclusive_apps": (
         "Process names, one per line (e.g. steam.exe). While any of them runs, the node pauses."
     ),
@@ -271,6 +275,8 @@ class LimitsDialog(QDialog):
         self._memory_cap = self._spin("memory_cap_gb", " GB", decimals=1, step=1.0)
         self._memory_cap.setObjectName("memoryCap")
         self._memory_limit.toggled.connect(self._memory_cap.setEnabled)
+        self._listen_on_network = QCheckBox("Let other computers connect (needed to serve)")
+        self._listen_on_network.setObjectName("listenOnNetwork")
 
         gpus = QWidget()
         gpus_layout = QHBoxLayout(gpus)
@@ -314,10 +320,13 @@ class LimitsDialog(QDialog):
                 ("memory_cap_gb", "GPU memory", memory),
             ],
         )
+        network = self._section(
+            "Network", [("listen_on_network", "Reachable", self._listen_on_network)]
+        )
 
         content = QWidget()
         content_layout = QVBoxLayout(content)
-        for section in (when, temperature, resources):
+        for section in (when, temperature, resources, network):
             content_layout.addWidget(section)
         content_layout.addStretch(1)
         # The schedule can grow to many rows; scroll rather than outgrow the screen.
@@ -413,6 +422,7 @@ class LimitsDialog(QDialog):
         self._memory_limit.setChecked(cap is not None)
         self._memory_cap.setEnabled(cap is not None)
         self._memory_cap.setValue(_DEFAULT_MEMORY_CAP_GB if cap is None else cap)
+        self._listen_on_network.setChecked(preferences.listen_on_network)
 
     def values(self) -> dict[str, Any]:
         """What the form holds, in the shape of the node's preferences.
@@ -444,6 +454,7 @@ class LimitsDialog(QDialog):
         result["memory_cap_gb"] = (
             float(self._memory_cap.value()) if self._memory_limit.isChecked() else None
         )
+        result["listen_on_network"] = self._listen_on_network.isChecked()
         return result
 
     def schedule_editor(self) -> ScheduleEditor:

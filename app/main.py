@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from app.icons import state_icon
 from app.link import NodeLink
+from app.single_instance import SHOW, SingleInstance
 from app.supervisor import NodeSupervisor, node_command
 from app.tray import Tray, settings_at
 from core.control import ControlError, find_node
@@ -77,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-node", action="store_true", help="do not start a node; show the one running"
     )
     parser.add_argument("--no-wizard", action="store_true", help="skip the first-start wizard")
+    parser.add_argument(
+        "invite",
+        nargs="?",
+        default="",
+        help="an invite (moehome://join/...) to look at; joining it takes a click",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
@@ -85,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     app.setApplicationName("moehome")
     app.setQuitOnLastWindowClosed(False)  # closing a window must not end the tray
     app.setWindowIcon(state_icon("working", ""))
+    instance = SingleInstance(data_dir())
+    if not args.selftest and not instance.claim():
+        # one tray per user: hand the invite (or "show yourself") to the running one
+        handed = instance.send(args.invite or SHOW)
+        log.info("moehome is already running%s", "" if handed else ", but does not answer")
+        return 0 if handed else 1
     link = NodeLink(data_dir())
     supervisor = (
         None
@@ -113,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     if supervisor is not None:
         supervisor.start()
     link.start()
+    instance.message.connect(tray.handle_message)
     if not args.no_wizard:
         tray.first_start()
+    if args.invite:
+        tray.handle_message(args.invite)
     _quit_on_signals(tray)
     code = app.exec()
     link.stop()
+    instance.release()
     return code
 
 

@@ -1,7 +1,9 @@
 """The tray runs the node as a child process and keeps it running: restarts after a crash
 with growing pauses (1 s, 2 s, 4 s ... 60 s; back to 1 s after a minute of good health),
-stops it cleanly on Quit. A node that is already running for the same data folder (one
-started by hand) is used as it is, not doubled."""
+stops it cleanly on Quit; a node stopped cleanly by someone else (``moehome stop``) is
+not restarted. The node ends with the tray (``--exit-with-parent``), also a killed one.
+A node that is already running for the same data folder (one started by hand) is used as
+it is, not doubled."""
 
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ log = logging.getLogger(__name__)
 
 def node_command(extra: Sequence[str] = ()) -> list[str]:
     """How to start the node: the bundled executable next to the tray's when frozen
-    (PyInstaller), else this Python with the CLI module."""
+    (PyInstaller), else this Python with the CLI module. The node ends with the tray,
+    also when the tray is killed and cannot say so."""
+    node = ["node", "--exit-with-parent", *extra]
     if getattr(sys, "frozen", False):
         exe = Path(sys.executable).with_name("moehome.exe" if os.name == "nt" else "moehome")
-        return [str(exe), "node", *extra]
-    return [sys.executable, "-m", "core.cli", "node", *extra]
+        return [str(exe), *node]
+    return [sys.executable, "-m", "core.cli", *node]
 
 
 class NodeSupervisor(QObject):
@@ -30,6 +34,8 @@ class NodeSupervisor(QObject):
     started = Signal(int)
     #: The node process ended unexpectedly (exit code, seconds until the restart).
     crashed = Signal(int, float)
+    #: The node ended cleanly without being asked by us (``moehome stop``): not restarted.
+    stopped = Signal()
 
     def __init__(
         self,
@@ -111,6 +117,12 @@ class NodeSupervisor(QObject):
     def _finished(self, code: int, status: QProcess.ExitStatus) -> None:
         self._healthy.stop()
         if self._stopping:
+            return
+        if code == 0 and status == QProcess.ExitStatus.NormalExit:
+            # a clean stop someone asked for (`moehome stop`): a crash never exits with 0
+            log.info("node stopped cleanly; not restarting it")
+            self._stopping = True
+            self.stopped.emit()
             return
         delay = self._delay
         self._delay = min(self._delay * 2, self.most_delay)

@@ -11,16 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from PySide6.QtCore import QObject, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction
+from PySide6.QtCore import QObject, QSettings, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QAction, QDesktopServices
 from PySide6.QtWidgets import (
     QApplication,
     QDialog,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
-    QListWidget,
-    QListWidgetItem,
     QMenu,
     QPushButton,
     QSystemTrayIcon,
@@ -29,14 +26,16 @@ from PySide6.QtWidgets import (
 )
 
 from app.autostart import Autostart, autostart_for_this_os
+from app.background import Runner, run_in_thread
 from app.dashboard import DashboardWindow
 from app.icons import state_icon
 from app.limits import LimitsDialog
 from app.link import NodeLink
+from app.project_picker import ProjectPicker, error_label, show_problems
+from app.single_instance import SHOW
 from app.supervisor import NodeSupervisor
 from app.wizard import FirstStartWizard, WizardActions
 from core.control import ControlClient, ControlError
-from core.control.limits import normalize_project_id
 from core.control.models import BenchmarkEvent, ErrorEvent, Event, History, StateEvent, Status
 
 log = logging.getLogger(__name__)
@@ -73,39 +72,39 @@ def seconds_until_tomorrow(now: dt.datetime, hour: int = 7) -> float:
 
 
 class ProjectDialog(QDialog):
-    """The project the node serves: join one (pasted or announced), or leave."""
+    """The project the node serves: join one (an invite, or one announced), or leave."""
 
     def __init__(
-        self, link: NodeLink, current: Status | None, parent: QWidget | None = None
+        self,
+        link: NodeLink,
+        current: Status | None,
+        run: Runner = run_in_thread,
+        parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
         self.link = link
+        self._run = run
         self.setObjectName("projectDialog")
-        self.setWindowTitle("moehome — project")
+        self.setWindowTitle("moehome \N{EM DASH} project")
+        self.resize(560, 480)
         layout = QVBoxLayout(self)
         name = "none" if current is None else current.project_name or current.project or "none"
-        self.current = QLabel(f"Serving: {name}")
+        self.current = QLabel(f"Serving now: {name}")
         self.current.setObjectName("projectCurrent")
+        self.current.setTextFormat(Qt.TextFormat.PlainText)
         layout.addWidget(self.current)
-        self.edit = QLineEdit()
-        self.list = QListWidget()
-        self.list.setObjectName("projectList")
-        self.list.itemClicked.connect(
-            lambda item: self.edit.setText(item.data(Qt.ItemDataRole.UserRole))
+        self.picker = ProjectPicker(
+            lambda: link.call(lambda c: c.projects()),
+            lambda invite: link.call(lambda c: c.find_project(invite.project, invite.peers)),
+            run,
         )
-        layout.addWidget(QLabel("Projects announced in the swarm:"))
-        layout.addWidget(self.list)
-        self.edit.setObjectName("projectIdEdit")
-        self.edit.setPlaceholderText("or paste a project id")
-        layout.addWidget(self.edit)
-        self.error = QLabel()
-        self.error.setObjectName("projectError")
-        self.error.setStyleSheet("color: #c62828")
-        self.error.setWordWrap(True)
+        self.picker.chosen_changed.connect(self._on_chosen_changed)
+        layout.addWidget(self.picker, 1)
+        self.error = error_label("projectError")
         layout.addWidget(self.error)
         buttons = QHBoxLayout()
+        self.buttons: dict[str, QPushButton] = {}
         for text, name_, slot in (
-            ("Refresh", "refreshButton", self.refresh),
             ("Join", "joinButton", self.join),
             ("Leave", "leaveButton", self.leave),
             ("Close", "closeButton", self.reject),
@@ -114,34 +113,39 @@ class ProjectDialog(QDialog):
             button.setObjectName(name_)
             button.clicked.connect(slot)
             buttons.addWidget(button)
+            self.buttons[name_] = button
+        self.buttons["joinButton"].setEnabled(False)
+        self.buttons["leaveButton"].setEnabled(current is not None and current.project is not None)
         layout.addLayout(buttons)
 
-    def refresh(self) -> None:
-        self.list.clear()
-        try:
-            projects = self.link.call(lambda c: c.projects())
-        except ControlError as exc:
-            self.error.setText(f"could not list projects: {exc}")
-            return
-        for p in projects:
-            item = QListWidgetItem(f"{p.name} — {p.description[:80]}")
-            item.setData(Qt.ItemDataRole.UserRole, p.project)
-            self.list.addItem(item)
-        if not projects:
-            self.error.setText("no project is announced in the swarm right now")
+    def _on_chosen_changed(self) -> None:
+        show_problems(self.error, [])
+        self.buttons["joinButton"].setEnabled(self.picker.chosen is not None)
 
     def join(self) -> None:
-        project = normalize_project_id(self.edit.text())
-        problems = self.link.problems(lambda c: c.join(project))
-        if problems:
-            self.error.setText("\n".join(problems))
-        else:
-            self.accept()
+        chosen = self.picker.chosen
+        if chosen is None:
+            return
+        invite, _summary = chosen
+        self.buttons["joinButton"].setEnabled(False)
+
+        def done(problems: list[str]) -> None:
+            if problems:
+                self.buttons["joinButton"].setEnabled(True)
+                show_problems(self.error, problems)
+            else:
+                self.accept()
+
+        self._run(
+            lambda: self.link.problems(lambda c: c.join(invite.project, invite.peers)),
+            done,
+            lambda exc: done([str(exc)]),
+        )
 
     def leave(self) -> None:
         error = self.link.try_call(lambda c: c.leave())
         if error:
-            self.error.setText(error)
+            show_problems(self.error, [error])
         else:
             self.accept()
 
@@ -173,6 +177,8 @@ class Tray(QObject):
         self.dashboard: DashboardWindow | None = None
         self.limits: LimitsDialog | None = None
         self.wizard: FirstStartWizard | None = None
+        self.project_dialog: ProjectDialog | None = None
+        self._problems_told: set[str] = set()
         self.notifications: list[tuple[str, str]] = []  # (title, message), for tests too
         self.icon = QSystemTrayIcon(state_icon(NOT_RUNNING, ""), self)
         self.icon.setObjectName("tray")
@@ -184,6 +190,7 @@ class Tray(QObject):
         link.events.connect(self._on_events)
         if supervisor is not None:
             supervisor.crashed.connect(self._on_crash)
+            supervisor.stopped.connect(self._on_node_stopped)
             supervisor.started.connect(lambda _pid: link.node_restarted())
         self._history_timer = QTimer(self)
         self._history_timer.timeout.connect(self._refresh_history)
@@ -224,7 +231,8 @@ class Tray(QObject):
         self.menu.addSeparator()
         self._action("Limits…", "limitsAction", self.open_limits)
         self._action("Dashboard…", "dashboardAction", self.open_dashboard)
-        self._action("Project…", "projectAction", self.open_project)
+        self._action("Project…", "projectAction", lambda: self.open_project())
+        self._action("Show log…", "showLogAction", self.show_log)
         self.menu.addSeparator()
         self.login_action = self._action("Start at login", "startAtLoginAction")
         self.login_action.setCheckable(True)
@@ -320,10 +328,29 @@ class Tray(QObject):
             return
         self.dashboard.update_history(history)
 
-    def open_project(self) -> None:
-        dialog = ProjectDialog(self.link, self.status)
-        dialog.refresh()
-        dialog.exec()
+    def handle_message(self, text: str) -> None:
+        """What the command line or another tray asked for: an invite is shown (in the
+        wizard when it is open, else in Project…); anything else shows the dashboard."""
+        if text == SHOW or not text.strip():
+            self.open_dashboard()
+        elif self.wizard is not None and self.wizard.isVisible():
+            self.wizard.project_page.picker.set_invite_text(text)
+            self.wizard.raise_()
+            self.wizard.activateWindow()
+        else:
+            self.open_project(text)
+
+    def open_project(self, invite: str = "") -> None:
+        """The project dialog; with ``invite`` (the tray's command line, another tray
+        handing one over) filled in and looked up. Nothing is joined without a click."""
+        if self.project_dialog is None or not self.project_dialog.isVisible():
+            self.project_dialog = ProjectDialog(self.link, self.status)
+            self.project_dialog.picker.refresh()
+        if invite:
+            self.project_dialog.picker.set_invite_text(invite)
+        self.project_dialog.show()
+        self.project_dialog.raise_()
+        self.project_dialog.activateWindow()
 
     def first_start(self) -> None:
         """The wizard, once (until it is finished)."""
@@ -333,7 +360,9 @@ class Tray(QObject):
 
         actions = WizardActions(
             list_projects=lambda: link.call(lambda c: c.projects()),
-            join=lambda project: link.problems(lambda c: c.join(project)),
+            find=lambda invite: link.call(lambda c: c.find_project(invite.project, invite.peers)),
+            join=lambda invite: link.problems(lambda c: c.join(invite.project, invite.peers)),
+            leave=lambda: link.problems(lambda c: c.leave()),
             start_benchmark=lambda: link.call(lambda c: c.benchmark()),
             apply_limits=self._apply_preferences,
         )
@@ -369,7 +398,7 @@ class Tray(QObject):
         self.icon.setToolTip(f"moehome — {line}")
         self.status_action.setText(line)
         until = status.snoozed_until if status is not None else None
-        snoozed = until is not None and state == "paused" and code == "snoozed"
+        snoozed = until is not None and code == "snoozed"
         self.reason_action.setText(
             f"Snoozed — {remaining(until, time.time())} left"
             if snoozed and until is not None
@@ -377,12 +406,15 @@ class Tray(QObject):
         )
         self.reason_action.setVisible(snoozed)
         running = status is not None
-        paused_by_user = state == "paused" and code in ("paused", "snoozed")
+        # also without a project: a pause is stored and must be undoable from the menu
+        paused_by_user = running and code in ("paused", "snoozed")
         self.pause_action.setVisible(running and not paused_by_user)
         self.resume_action.setVisible(running and paused_by_user)
         self.snooze_menu.setEnabled(running)
         if self.dashboard is not None and self.dashboard.isVisible():
             self.dashboard.update_status(status)
+        if state == "working":
+            self._problems_told.clear()  # solved: say it again if it comes back
         self.shown.emit(status)
 
     def _on_events(self, events: list[Event]) -> None:
@@ -391,8 +423,14 @@ class Tray(QObject):
         for event in events:
             if isinstance(event, StateEvent) and event.reason_code in HOT:
                 self._notify("moehome paused", f"Paused: {event.reason or 'too hot'}")
-            elif isinstance(event, ErrorEvent):
-                self._notify("moehome", f"Cannot serve the project: {event.message}")
+            elif isinstance(event, ErrorEvent) and event.message not in self._problems_told:
+                # once per problem: a join retried every few minutes repeats it
+                self._problems_told.add(event.message)
+                self._notify(
+                    "moehome cannot serve its project",
+                    f"{event.message}. It keeps trying; Project\N{HORIZONTAL ELLIPSIS} in the "
+                    "menu changes or leaves the project.",
+                )
             elif isinstance(event, BenchmarkEvent) and self.wizard is not None:
                 page = self.wizard.benchmark_page
                 if event.what == "done":
@@ -401,10 +439,38 @@ class Tray(QObject):
                     page.benchmark_progress(event.done, event.total, event.what)
 
     def _on_crash(self, code: int, delay: float) -> None:
+        # one balloon per series of crashes (the first after a healthy run); a node that
+        # cannot start would otherwise interrupt every few seconds
+        if delay > 1.0:
+            log.info("node stopped again (exit %s); restarting in %.0f s", code, delay)
+            return
         self._notify(
             "moehome restarted its node",
-            f"The node stopped unexpectedly (exit code {code}); restarting in {delay:.0f} s.",
+            f"The node stopped unexpectedly (exit code {code}) and was started again. "
+            "If it keeps stopping, Show log\N{HORIZONTAL ELLIPSIS} in the menu says why.",
         )
+
+    def node_log(self) -> Path:
+        if self.supervisor is not None and self.supervisor.log_path is not None:
+            return self.supervisor.log_path
+        return self.link.data_dir / "node.log"
+
+    def show_log(self) -> None:
+        """The node's log in the system's text viewer."""
+        path = self.node_log()
+        if not path.exists():
+            self._notify("moehome", f"The node has written no log yet ({path}).")
+            return
+        if not self.open_file(path):
+            self._notify("moehome", f"Could not open the log; it is {path}")
+
+    def open_file(self, path: Path) -> bool:
+        return QDesktopServices.openUrl(QUrl.fromLocalFile(str(path)))
+
+    def _on_node_stopped(self) -> None:
+        """``moehome stop`` stopped the node: the tray has nothing left to do."""
+        self._notify("moehome stopped", "The node was stopped (moehome stop); moehome quits.")
+        self.quit()
 
     def _notify(self, title: str, message: str) -> None:
         self.notifications.append((title, message))

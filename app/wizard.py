@@ -12,18 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
     QFormLayout,
-    QHBoxLayout,
     QLabel,
-    QLineEdit,
-    QListWidget,
-    QListWidgetItem,
     QProgressBar,
     QPushButton,
     QSpinBox,
@@ -33,48 +29,38 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
+from app.background import Runner, run_in_thread
 from app.limits import spin_range
-from core.control.limits import (
-    PROJECT_ID_RULE,
-    PreferenceLimits,
-    is_project_id,
-    normalize_project_id,
-    preference_limits,
-)
+from app.project_picker import ProjectPicker, error_label, show_problems
+from core.control.invite import Invite
+from core.control.limits import PreferenceLimits, preference_limits
 from core.control.models import ProjectSummary
 
 log = logging.getLogger(__name__)
 
-_ERROR_STYLE: Final = "color: #c53030;"
-
 
 @dataclass(frozen=True)
 class WizardActions:
-    """What the wizard asks of the tray; each call may block briefly on the node."""
+    """What the wizard asks of the tray (the node's commands); the slow ones run through
+    ``run`` (a worker thread in the app, at once in tests)."""
 
     # Projects announced in the swarm.
     list_projects: Callable[[], list[ProjectSummary]]
-    # Join a project; the problems that prevented it (empty: joined).
-    join: Callable[[str], list[str]]
+    # Find and verify an invite's project; ControlError (its words) when it is not found.
+    find: Callable[[Invite], ProjectSummary]
+    # Join the project of an invite; the problems that prevented it (empty: joined).
+    join: Callable[[Invite], list[str]]
+    # Leave the project (undoes a join when the volunteer goes back and skips).
+    leave: Callable[[], list[str]]
     # Ask the node to measure this device; progress comes back through the benchmark page.
     start_benchmark: Callable[[], None]
     # Save preference changes; the problems that prevented it (empty: saved).
     apply_limits: Callable[[dict[str, Any]], list[str]]
+    run: Runner = run_in_thread
 
 
-def _error_label(name: str) -> QLabel:
-    label = QLabel()
-    label.setObjectName(name)
-    label.setStyleSheet(_ERROR_STYLE)
-    label.setWordWrap(True)
-    label.setTextFormat(Qt.TextFormat.PlainText)  # problems may quote user input
-    label.hide()
-    return label
-
-
-def _show_problems(label: QLabel, problems: list[str]) -> None:
-    label.setText("\n".join(problems))
-    label.setVisible(bool(problems))
+_error_label = error_label
+_show_problems = show_problems
 
 
 def pause_limit_range(limits: PreferenceLimits) -> tuple[int, int]:
@@ -117,118 +103,102 @@ class WelcomePage(QWizardPage):
 
 
 class ProjectPage(QWizardPage):
+    """The project to help. Next joins it, once the node has found and shown it; the
+    join runs in the background and moves the wizard on when it is done."""
+
     def __init__(self, actions: WizardActions, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._actions = actions
         self.setObjectName("projectPage")
         self.setTitle("Choose a project")
         self.setSubTitle(
-            "A project is one model being trained. Pick one below, or paste the id "
-            "someone gave you."
+            "A project is one model being trained. Paste the invite its owner gave you "
+            "(a moehome:// link), or pick one announced in the swarm."
         )
-
-        self.project_list = QListWidget()
-        self.project_list.setObjectName("projectList")
-        # Selection, not the current item: focusing the list makes its first row current,
-        # and that must not choose a project for the user.
-        self.project_list.itemSelectionChanged.connect(self._on_item_chosen)
-
-        self.list_status = QLabel()
-        self.list_status.setObjectName("projectListStatus")
-        self.list_status.setWordWrap(True)
-        self.list_status.setTextFormat(Qt.TextFormat.PlainText)
-
-        self.refresh_button = QPushButton("Refresh")
-        self.refresh_button.setObjectName("projectRefreshButton")
-        self.refresh_button.clicked.connect(self.refresh)
-
-        self.id_edit = QLineEdit()
-        self.id_edit.setObjectName("projectIdEdit")
-        self.id_edit.setPlaceholderText(PROJECT_ID_RULE)
-        self.id_edit.setClearButtonEnabled(True)
-        self.id_edit.textChanged.connect(self._on_text_changed)
-
+        self.picker = ProjectPicker(actions.list_projects, actions.find, actions.run)
+        self.picker.chosen_changed.connect(self._on_chosen_changed)
         self.skip_check = QCheckBox("Skip for now (I will choose a project later)")
         self.skip_check.setObjectName("skipProjectCheck")
         self.skip_check.toggled.connect(self._on_skip_toggled)
-
         self.error = _error_label("projectError")
-
-        status_row = QHBoxLayout()
-        status_row.addWidget(self.list_status, 1)
-        status_row.addWidget(self.refresh_button)
+        self.joining = QLabel()
+        self.joining.setObjectName("projectJoining")
+        self.joining.hide()
+        #: The project this wizard joined (a later Skip leaves it again).
+        self.joined: str | None = None
+        self._joining = False
         layout = QVBoxLayout(self)
-        layout.addWidget(self.project_list, 1)
-        layout.addLayout(status_row)
-        layout.addWidget(QLabel("Project id:"))
-        layout.addWidget(self.id_edit)
+        layout.addWidget(self.picker, 1)
         layout.addWidget(self.skip_check)
+        layout.addWidget(self.joining)
         layout.addWidget(self.error)
 
     def initializePage(self) -> None:  # noqa: N802 (Qt's name)
-        self.refresh()
+        self.picker.refresh()
 
-    def refresh(self) -> None:
-        """Fill the list from the projects announced in the swarm."""
-        self.project_list.clear()
-        try:
-            projects = self._actions.list_projects()
-        except Exception as exc:  # noqa: BLE001 (any failure: the paste field still works)
-            log.warning("could not list projects: %s", exc)
-            self.list_status.setText(f"could not list projects: {exc}")
-            return
-        for project in projects:
-            name = project.name or project.project
-            description = project.description
-            item = QListWidgetItem(f"{name} \N{EM DASH} {description}" if description else name)
-            item.setData(Qt.ItemDataRole.UserRole, project.project)
-            item.setToolTip(project.project)
-            self.project_list.addItem(item)
-        if projects:
-            self.list_status.setText(f"{len(projects)} project(s) announced right now.")
-        else:
-            self.list_status.setText(
-                "No project is announced right now; you can paste an id or skip."
-            )
-
-    def _on_item_chosen(self) -> None:
-        chosen = self.project_list.selectedItems()
-        if chosen:
-            self.id_edit.setText(str(chosen[0].data(Qt.ItemDataRole.UserRole)))
-
-    def _on_text_changed(self, _text: str) -> None:
+    def _on_chosen_changed(self) -> None:
         _show_problems(self.error, [])
         self.completeChanged.emit()
 
     def _on_skip_toggled(self, skip: bool) -> None:
-        for widget in (self.project_list, self.id_edit, self.refresh_button):
-            widget.setEnabled(not skip)
+        self.picker.setEnabled(not skip)
         _show_problems(self.error, [])
         self.completeChanged.emit()
 
-    def project_id(self) -> str:
-        return normalize_project_id(self.id_edit.text())
-
     def isComplete(self) -> bool:  # noqa: N802 (Qt's name)
-        return self.skip_check.isChecked() or is_project_id(self.project_id())
+        if self._joining:
+            return False
+        return self.skip_check.isChecked() or self.picker.chosen is not None
 
     def validatePage(self) -> bool:  # noqa: N802 (Qt's name)
         if self.skip_check.isChecked():
+            return self._undo_join()
+        chosen = self.picker.chosen
+        if chosen is None:
+            return False
+        invite, summary = chosen
+        if self.joined == invite.project:
             return True
-        project_id = self.project_id()
-        if not is_project_id(project_id):
-            _show_problems(self.error, [f"{PROJECT_ID_RULE[0].upper()}{PROJECT_ID_RULE[1:]}."])
-            return False
-        try:
-            problems = self._actions.join(project_id)
-        except Exception as exc:  # noqa: BLE001 (shown to the user, who can retry or skip)
-            log.warning("could not join project %s: %s", project_id, exc)
-            problems = [f"could not join: {exc}"]
+        answered: list[list[str]] = []
+        later = False
+        self._set_joining(f"Joining {summary.name or invite.project}\N{HORIZONTAL ELLIPSIS}")
+
+        def done(problems: list[str]) -> None:
+            self._set_joining("")
+            _show_problems(self.error, problems)
+            if not problems:
+                self.joined = invite.project
+                log.info("joined project %s", invite.project)
+            if not later:
+                answered.append(problems)
+            elif not problems and self.wizard() is not None:
+                self.wizard().next()  # the answer came later: move on now
+
+        def failed(exc: Exception) -> None:
+            done([f"Could not join: {exc}"])
+
+        self._actions.run(lambda: self._actions.join(invite), done, failed)
+        if answered:  # answered at once
+            return not answered[0]
+        later = True
+        return False
+
+    def _set_joining(self, text: str) -> None:
+        self._joining = bool(text)
+        self.joining.setText(text)
+        self.joining.setVisible(bool(text))
+        self.picker.setEnabled(not text)
+        self.completeChanged.emit()
+
+    def _undo_join(self) -> bool:
+        if self.joined is None:
+            return True
+        problems = self._actions.leave()
         _show_problems(self.error, problems)
-        if problems:
-            return False
-        log.info("joined project %s", project_id)
-        return True
+        if not problems:
+            log.info("left project %s (skipped)", self.joined)
+            self.joined = None
+        return not problems
 
 
 class BenchmarkPage(QWizardPage):
@@ -289,23 +259,32 @@ class BenchmarkPage(QWizardPage):
         self.progress.setValue(1)
         self.button.setEnabled(True)
         self.button.setText("Measure again")
-        lines = []
-        if figures.get("device"):
-            lines.append(f"Device: {figures['device']}")
-        for dtype in ("fp32", "fp16", "bf16"):
-            tflops = figures.get(f"matmul_tflops_{dtype}")
-            if isinstance(tflops, int | float):
-                lines.append(f"{dtype}: {tflops:.1f} TFLOPS")
-        memory = figures.get("memory_total_gb")
-        if isinstance(memory, int | float):
-            lines.append(f"Memory: {memory:.1f} GB")
-        self.result.setText("\n".join(lines) or "Measured.")
+        self.result.setText("\n".join(benchmark_lines(figures)) or "Measured.")
 
     def benchmark_failed(self, message: str) -> None:
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         self.button.setEnabled(True)
         self.result.setText(f"The measurement failed: {message}")
+
+
+def benchmark_lines(figures: dict[str, Any]) -> list[str]:
+    """The benchmark's figures in words: a processor without a GPU said so, small speeds
+    in GFLOPS (0.0 TFLOPS reads as "nothing")."""
+    lines = []
+    if figures.get("device_type") == "cpu":
+        lines.append("No GPU found: the processor will be used (it does far less work).")
+    if figures.get("device"):
+        lines.append(f"Device: {figures['device']}")
+    for dtype in ("fp32", "fp16", "bf16"):
+        tflops = figures.get(f"matmul_tflops_{dtype}")
+        if isinstance(tflops, int | float) and tflops > 0:
+            speed = f"{tflops:.1f} TFLOPS" if tflops >= 1 else f"{tflops * 1000:.0f} GFLOPS"
+            lines.append(f"{dtype}: {speed}")
+    memory = figures.get("memory_total_gb")
+    if isinstance(memory, int | float):
+        lines.append(f"Memory: {memory:.1f} GB")
+    return lines
 
 
 class LimitsPage(QWizardPage):

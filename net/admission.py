@@ -82,6 +82,9 @@ class AdmissionStatistics:
     #: connections refused at once because their source is banned
     refused_banned: int = 0
     inbound_open: int = 0
+    #: handshakes completed with peers on other computers (not loopback): proof that
+    #: this host can be reached from its network
+    inbound_from_network: int = 0
 
 
 K = TypeVar("K")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import multiaddr
+import psutil
 import trio
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.network.swarm import Swarm
@@ -50,6 +53,54 @@ def parse_peer_addr(addr: str) -> PeerInfo:
         return info_from_p2p_addr(multiaddr.Multiaddr(addr))
     except Exception as exc:  # multiaddr raises several unrelated types
         raise AddressError(f"{addr!r} is not a valid peer address ({exc})") from exc
+
+
+def interface_addresses() -> list[str]:
+    """This computer's IP addresses (every interface, loopback included)."""
+    found = []
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                found.append(a.address.split("%", 1)[0])
+    return found
+
+
+def expand_unspecified(bound: Sequence[str], interfaces: Sequence[str]) -> list[str]:
+    """``bound`` with each listener on every interface (``/ip4/0.0.0.0``, ``/ip6/::``)
+    replaced by the interfaces' addresses of its family: the others first, loopback last
+    (it reaches only this computer), link-local left out (it needs a zone to be dialled)."""
+    out: list[str] = []
+    for addr in bound:
+        parts = addr.split("/")  # "", "ip4", "0.0.0.0", "tcp", "4001", ...
+        if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
+            out.append(addr)
+            continue
+        try:
+            ip = ipaddress.ip_address(parts[2])
+        except ValueError:
+            out.append(addr)
+            continue
+        if not ip.is_unspecified:
+            out.append(addr)
+            continue
+        family = [
+            candidate
+            for candidate in (_ip_or_none(i) for i in interfaces)
+            if candidate is not None
+            and candidate.version == ip.version
+            and not candidate.is_link_local
+        ]
+        family.sort(key=lambda c: c.is_loopback)
+        rest = "/".join(parts[3:])
+        out.extend(f"/{parts[1]}/{c}/{rest}" for c in family)
+    return list(dict.fromkeys(out))
+
+
+def _ip_or_none(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
 
 
 class SwarmHost:
@@ -108,11 +159,15 @@ class SwarmHost:
     def listen_addrs(self) -> list[str]:
         """Addresses we listen on, without the /p2p/ part (what peers store for us);
         none once the host stopped (libp2p then fails on the closed listening socket, and a
-        task still announcing must get an RPC error, not a crash)."""
+        task still announcing must get an RPC error, not a crash). A listener on every
+        interface (0.0.0.0, ::) is given as the interfaces' own addresses."""
         try:
-            return [str(a) for a in self._host.get_transport_addrs()]
+            bound = [str(a) for a in self._host.get_transport_addrs()]
         except OSError:
             return []
+        if not any(a.startswith(("/ip4/0.0.0.0/", "/ip6/::/")) for a in bound):
+            return bound  # the usual case (and the DHT asks on every message)
+        return expand_unspecified(bound, interface_addresses())
 
     def addrs(self) -> list[str]:
         """Full addresses to give to others, e.g. as bootstrap peers."""

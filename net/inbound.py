@@ -17,6 +17,7 @@ counters are what leaked, and these limits replace it.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -96,6 +97,9 @@ class InboundGate:
             await _close_quietly(read_write_closer)
             return
         self.policy.stats.handshakes_completed += 1
+        if not _is_loopback(source):
+            # another computer reached us: what the node can say about its reachability
+            self.policy.stats.inbound_from_network += 1
         self.policy.connection_opened(source)
         watch = trio.CancelScope()
         self._connections.setdefault(source, set()).add(watch)
@@ -111,6 +115,13 @@ class InboundGate:
                     del self._connections[source]
         if watch.cancelled_caught:  # banned: the connection goes
             await _close_quietly(muxed)
+
+
+def _is_loopback(source: str) -> bool:
+    try:
+        return ipaddress.ip_network(source, strict=False).is_loopback
+    except ValueError:
+        return False
 
 
 def _remote_host(stream: Any) -> str | None:

@@ -13,5 +13,6 @@ def stop_processes(procs: Iterable[subprocess.Popen[Any]]) -> None:
         if p.poll() is None:
             p.terminate()
             p.wait(timeout=10)
-        if p.stdout:
-            p.stdout.close()
+        for pipe in (p.stdin, p.stdout, p.stderr):
+            if pipe:
+                pipe.close()

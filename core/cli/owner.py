@@ -17,6 +17,7 @@ from core.cli.common import (
     load_identity,
     run_async,
 )
+from core.control.invite import make_invite
 
 owner_app = typer.Typer(
     help="For project owners: keys, manifests, publishing, status.", no_args_is_help=True
@@ -189,6 +190,7 @@ def owner_status(
         typer.echo(to_json(status))
         return
     typer.echo(f"{status['name']} ({status['project_id']}), owner {status['owner']}")
+    typer.echo(f"invite: {make_invite(status['project_id'], bootstrap or []).link()}")
     typer.echo(
         f"experts covered: {status['experts_covered']}/{status['experts_total']}, "
         f"volunteers: {len(status['volunteers'])}"

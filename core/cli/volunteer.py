@@ -1,14 +1,16 @@
 """The volunteer's commands: ``moehome node`` runs the node; ``status``, ``pause``,
-``resume``, ``snooze``, ``join``, ``leave`` and ``prefs`` talk to it through its control
-API; ``bench`` measures this device."""
+``resume``, ``snooze``, ``join``, ``leave``, ``stop`` and ``prefs`` talk to it through its
+control API; ``bench`` measures this device."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -20,6 +22,10 @@ from core.cli.common import (
     run_async,
 )
 from core.control import ControlClient, ControlError, NodeNotRunning, find_node
+from core.control.invite import InviteError, parse_invite
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 volunteer_app = typer.Typer()
 
@@ -54,6 +60,14 @@ def node(
         float,
         typer.Option(hidden=True, min=0, help="Demo/tests: answer requests this late."),
     ] = 0.0,
+    exit_with_parent: Annotated[
+        bool,
+        typer.Option(
+            "--exit-with-parent",
+            hidden=True,
+            help="Stop when the process that started this one ends (what the tray asks).",
+        ),
+    ] = False,
 ) -> None:
     """Run the volunteer node (what the tray starts): serves experts when allowed."""
     from core.contributing.attacks import ATTACKS
@@ -78,7 +92,7 @@ def node(
             config_dir=config_dir(),
             project=project,
             bootstrap=tuple(bootstrap or ()),
-            listen=tuple(listen or ("/ip4/127.0.0.1/tcp/0",)),
+            listen=tuple(listen or ()),  # none: as the preferences say
             experts=experts,
             benchmark=benchmark,
             attack=attack,
@@ -98,6 +112,8 @@ def node(
                 sys.stdout.write(addr + "\n")
             sys.stdout.flush()
             nursery.start_soon(_stop_on_sigterm, started.stop, nursery.cancel_scope)
+            if exit_with_parent:
+                nursery.start_soon(_stop_when_orphaned, started.stop, nursery.cancel_scope)
 
     run_async(main)
 
@@ -116,6 +132,28 @@ async def _stop_on_sigterm(stop: Callable[[], None], scope: Any) -> None:
             return
 
 
+async def _stop_when_orphaned(stop: Callable[[], None], scope: Any, every: float = 0.5) -> None:
+    """The tray started this node: when the tray is gone (quit without a word, killed,
+    crashed), the node stops as cleanly as on SIGTERM, within a second. Gone means this
+    process was handed to another parent, or the parent no longer runs (psutil compares
+    start times, so a pid used again by another program is not taken for the tray)."""
+    import psutil
+    import trio
+
+    first = os.getppid()
+    try:
+        parent = psutil.Process(first)
+    except psutil.Error:
+        parent = None
+    while True:
+        await trio.sleep(every)
+        if os.getppid() != first or parent is None or not parent.is_running():
+            log.warning("the app that started this node is gone: stopping")
+            stop()
+            scope.cancel()
+            return
+
+
 def _node_selftest() -> None:
     from core.node.selftest import run_selftest
 
@@ -127,12 +165,30 @@ def _node_selftest() -> None:
     typer.echo("node selftest: ok")
 
 
-def _client() -> ControlClient:
+#: What a command says when no node answers (the tray starts one; so does `moehome node`).
+NOT_RUNNING = "error: the moehome node is not running; start the moehome app, or `moehome node`"
+
+
+def _ask(action: Callable[[ControlClient], T]) -> T:
+    """One command to the running node. A node that is not running, or a refusal, is one
+    line on standard error (each field's problem on its own line) and exit code 1: never
+    a traceback."""
     try:
-        return find_node(data_folder())
+        client = find_node(data_folder())
     except NodeNotRunning as exc:
-        typer.echo(f"error: {exc} (start it with `moehome node`)", err=True)
+        typer.echo(NOT_RUNNING, err=True)
         raise typer.Exit(1) from exc
+    try:
+        return action(client)
+    except NodeNotRunning as exc:
+        typer.echo(NOT_RUNNING, err=True)
+        raise typer.Exit(1) from exc
+    except ControlError as exc:
+        for problem in exc.problems or [str(exc)]:
+            typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        client.close()
 
 
 @volunteer_app.command("status")
@@ -140,11 +196,7 @@ def node_status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """What the running node is doing, and why."""
-    try:
-        status = _client().status()
-    except ControlError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+    status = _ask(lambda c: c.status())
     if as_json:
         typer.echo(status.model_dump_json(indent=2))
         return
@@ -156,13 +208,13 @@ def node_status(
 @volunteer_app.command("pause")
 def node_pause() -> None:
     """Pause the running node (until `moehome resume`)."""
-    typer.echo(_client().pause().reason)
+    typer.echo(_ask(lambda c: c.pause()).reason)
 
 
 @volunteer_app.command("resume")
 def node_resume() -> None:
     """Resume the running node (also ends a snooze)."""
-    typer.echo(_client().resume().reason)
+    typer.echo(_ask(lambda c: c.resume()).reason)
 
 
 @volunteer_app.command("snooze")
@@ -170,7 +222,8 @@ def node_snooze(
     duration: Annotated[str, typer.Argument(help="How long: 30m, 1h, 3h, 1d.")] = "1h",
 ) -> None:
     """Pause the running node for a while; it resumes by itself."""
-    typer.echo(_client().snooze(_seconds(duration)).reason)
+    seconds = _seconds(duration)
+    typer.echo(_ask(lambda c: c.snooze(seconds)).reason)
 
 
 def _seconds(duration: str) -> float:
@@ -186,21 +239,56 @@ def _seconds(duration: str) -> float:
 
 
 @volunteer_app.command("join")
-def node_join(project: Annotated[str, typer.Argument(help="The project id to serve.")]) -> None:
-    """Make the running node serve a project (it remembers it)."""
+def node_join(
+    invite: Annotated[
+        str, typer.Argument(help="The invite link (moehome://join/...) or the project id.")
+    ],
+) -> None:
+    """Make the running node serve a project (it remembers it). The node first finds the
+    project's signed manifest, through the invite's peers, and checks it."""
     try:
-        status = _client().join(project)
-    except ControlError as exc:
+        parsed = parse_invite(invite)
+    except InviteError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        raise typer.Exit(2) from exc
+    typer.echo(f"looking for project {parsed.project}\N{HORIZONTAL ELLIPSIS}", err=True)
+    status = _ask(lambda c: c.join(parsed.project, parsed.peers))
+    typer.echo(f"joined {status.project_name or status.project}")
     typer.echo(f"{status.state}: {status.reason}")
 
 
 @volunteer_app.command("leave")
 def node_leave() -> None:
     """Make the running node leave its project."""
-    status = _client().leave()
+    status = _ask(lambda c: c.leave())
     typer.echo(f"{status.state}: {status.reason}")
+
+
+@volunteer_app.command("stop")
+def node_stop(
+    wait: Annotated[float, typer.Option(help="Seconds to wait for it to end.", min=1)] = 30.0,
+) -> None:
+    """Stop the running node cleanly (it withdraws what it serves first); the tray app,
+    when it runs, quits with it."""
+    import time
+
+    _ask(lambda c: c.shutdown())
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            client = find_node(data_folder())
+            try:
+                client.status()
+            finally:
+                client.close()
+        except NodeNotRunning:
+            typer.echo("the node stopped")
+            return
+        except ControlError:
+            pass
+        time.sleep(0.2)
+    typer.echo(f"error: the node is still running after {wait:.0f} s", err=True)
+    raise typer.Exit(1)
 
 
 @volunteer_app.command("prefs")
@@ -211,16 +299,11 @@ def node_prefs(
     ] = None,
 ) -> None:
     """Show the running node's preferences, or change some (validated by the node)."""
-    client = _client()
-    try:
-        if not changes:
-            prefs = client.preferences()
-        else:
-            prefs = client.set_preferences(dict(_assignment(c) for c in changes))
-    except ControlError as exc:
-        for problem in exc.problems or [str(exc)]:
-            typer.echo(f"error: {problem}", err=True)
-        raise typer.Exit(1) from exc
+    assignments = dict(_assignment(c) for c in changes or [])
+    if assignments:
+        prefs = _ask(lambda c: c.set_preferences(assignments))
+    else:
+        prefs = _ask(lambda c: c.preferences())
     for name, value in prefs.model_dump(mode="json").items():
         typer.echo(f"{name:<20} {json.dumps(value)}")
 

@@ -4,6 +4,7 @@ Answers come back as the models of core.control.models."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +17,8 @@ from core.control.models import Accepted, Event, History, ProjectSummary, Status
 from core.control.preferences import Preferences
 
 T = TypeVar("T")
+#: A join looks for the invite's peers (up to 15 s), then for the manifest (up to 30 s).
+JOIN_TIMEOUT_S = 60.0
 _EVENTS = TypeAdapter(list[Event])
 _PROJECTS = TypeAdapter(list[ProjectSummary])
 
@@ -107,9 +110,19 @@ class ControlClient:
         """The node's defaults and ranges of the preferences, the format of a project id."""
         return self._model(PreferenceLimits, "GET", "/v1/limits")
 
-    def join(self, project: str) -> Status:
-        """Serve ``project`` from now on (the node remembers it)."""
-        return self._model(Status, "POST", "/v1/project", body={"project": project})
+    def join(self, project: str, peers: Sequence[str] = ()) -> Status:
+        """Serve ``project`` from now on (the node remembers it), once its manifest is
+        found and verified, looking through ``peers`` (an invite's) too. ControlError
+        when it is not found (the message says why, for the volunteer)."""
+        body = {"project": project, "peers": list(peers)}
+        return self._model(Status, "POST", "/v1/project", body=body, timeout=JOIN_TIMEOUT_S)
+
+    def find_project(self, project: str, peers: Sequence[str] = ()) -> ProjectSummary:
+        """What the project is (from its verified manifest), without joining it."""
+        body = {"project": project, "peers": list(peers)}
+        return self._model(
+            ProjectSummary, "POST", "/v1/projects/find", body=body, timeout=JOIN_TIMEOUT_S
+        )
 
     def leave(self) -> Status:
         return self._model(Status, "DELETE", "/v1/project")

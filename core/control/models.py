@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.control.invite import MAX_PEERS, PeerAddress
 from core.control.limits import ProjectId
 
 #: "working" and "paused" once the node serves a project; "error" when it cannot join.
@@ -57,6 +58,18 @@ class Readings(_Sent):
     on_battery: bool | None = None
 
 
+class NetworkStatus(_Sent):
+    """How other computers reach this node, as far as it knows."""
+
+    #: Full addresses (what an invite carries); loopback ones last.
+    addresses: list[str] = []
+    #: Handshakes with peers on other computers since the node started: proof that it
+    #: can be reached at least from there.
+    inbound_from_network: int = 0
+    #: In a sentence a volunteer can read.
+    reachability: str = ""
+
+
 class Status(_Sent):
     state: NodeState
     #: Why, in a sentence a volunteer can read.
@@ -74,6 +87,7 @@ class Status(_Sent):
     readings: Readings = Readings()
     peers: int = 0
     peer_id: str = ""
+    network: NetworkStatus = NetworkStatus()
     uptime_s: float = 0
     #: Unix time the snooze ends; None when not snoozed.
     snoozed_until: float | None = None
@@ -171,9 +185,19 @@ class History(_Sent):
 
 
 class ProjectSummary(_Sent):
+    """What a volunteer sees of a project before saying yes (read off its verified
+    manifest)."""
+
     project: str
     name: str = ""
     description: str = ""
+    #: Fingerprint of the owner's key (the project id is bound to that key).
+    owner: str = ""
+    #: What it trains: the experts on offer and their shape.
+    experts: int = 0
+    mixture_layers: int = 0
+    expert_kind: str = ""
+    expert_parameters: int = 0
 
 
 # ---------------------------------------------------------------- commands
@@ -185,7 +209,10 @@ class SnoozeRequest(_Received):
 
 
 class JoinRequest(_Received):
+    """Find (or join) a project; ``peers`` (from an invite) are where to start looking."""
+
     project: ProjectId
+    peers: Annotated[list[PeerAddress], Field(max_length=MAX_PEERS)] = []
 
 
 class Accepted(_Sent):

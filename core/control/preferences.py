@@ -70,6 +70,10 @@ class Preferences(BaseModel):
         Annotated[list[Annotated[int, Field(ge=0, le=63)]], Field(max_length=64)] | Literal["all"]
     ) = "all"
     memory_cap_gb: Annotated[float, Field(gt=0, le=4096)] | None = None
+    #: Let other computers reach this node (it listens on every network interface):
+    #: what serving needs. Off: only this computer can (the node works for local tests).
+    #: Read when the node starts. The control API listens on 127.0.0.1 either way.
+    listen_on_network: bool = True
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Preferences:

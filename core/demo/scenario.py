@@ -30,6 +30,7 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from core.control.invite import make_invite
 from core.demo.options import DemoOptions
 from core.demo.summary import demo_summary
 from core.demo.supervisor import Proc, Swarm, free_port
@@ -38,6 +39,9 @@ from core.trainer.progress import TrainingProgress
 from net.identity import load_or_create
 
 log = logging.getLogger(__name__)
+
+#: Every process of the demo listens on loopback: the demo never leaves this computer.
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
 def demo_manifest(options: DemoOptions, aggregator: tuple[str, str], trainer: str) -> str:
@@ -139,7 +143,7 @@ async def _run(
     )
     with starting:
         task = starting.add_task("starting the swarm", total=4 + total)
-        boot = swarm.start("bootstrap", ["peer", "-l", "/ip4/127.0.0.1/tcp/0"], role="bootstrap")
+        boot = swarm.start("bootstrap", ["peer", "-l", LOOPBACK], role="bootstrap")
         bootstrap = await swarm.first_line(boot)
         starting.advance(task)
 
@@ -162,6 +166,11 @@ async def _run(
         project = project_line.split(":", 1)[1].strip()
         await swarm.first_line(owner)
         starting.advance(task)
+        # how another volunteer on this computer joins: `moehome join <invite>`, or the
+        # tray's wizard (the demo's peers listen on loopback only)
+        invite = make_invite(project, [bootstrap]).link()
+        # on one line whatever the terminal's width: it is copied whole
+        console.print(f"invite: {invite}", soft_wrap=True, markup=False, highlight=False)
 
         agg = swarm.start(
             "aggregator",
@@ -192,7 +201,7 @@ async def _run(
             # the demo runs while you use the machine: serve even when not idle (the
             # temperature limits still apply)
             (folder / "config" / "preferences.json").write_text(json.dumps({"idle_only": False}))
-            args = ["node", "--project", project, "-b", bootstrap, "--no-benchmark"]
+            args = ["node", "--project", project, "-b", bootstrap, "--no-benchmark", "-l", LOOPBACK]
             args += ["--experts", str(options.experts_per_volunteer)]
             if role.startswith("attacker"):
                 args += ["--attack", options.attack]

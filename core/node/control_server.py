@@ -8,6 +8,7 @@ import hmac
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -36,6 +37,7 @@ from core.control.models import (
 from core.control.preferences import Preferences, PreferencesError
 from core.node.events import EventLog
 from core.node.preferences import PreferenceStore
+from core.project.distribution import ProjectNotFound
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,12 @@ class NodeApi(Protocol):
         """Let a command take effect, so that the answer shows the new state."""
 
     def work_history(self, since: float) -> History: ...
-    def join(self, project: str) -> None: ...
+    async def find_project(self, project: str, peers: Sequence[str] = ()) -> ProjectSummary:
+        """The project's verified manifest, summed up; ProjectNotFound says why not."""
+
+    async def join(self, project: str, peers: Sequence[str] = ()) -> ProjectSummary:
+        """Serve the project once its manifest is found and verified (as find_project)."""
+
     def leave(self) -> None: ...
     async def announced_projects(self) -> list[ProjectSummary]: ...
     def measure_device(self) -> None: ...
@@ -126,13 +133,23 @@ def build_app(node: NodeApi, token: str) -> FastAPI:
         """Defaults and ranges of the preferences, the format of a project id."""
         return preference_limits()
 
-    @v1.post("/project")
+    @v1.post("/project", responses={404: {"model": Problem}})
     async def join(request: JoinRequest) -> Status:
+        """Serve a project from now on, once its signed manifest is found and verified;
+        404 when it is not (the error says why, in words for the volunteer)."""
         try:
-            node.join(request.project)
-        except ValueError as exc:
-            raise Refused(422, str(exc), [f"project: {exc}"]) from exc
+            await node.join(request.project, request.peers)
+        except ProjectNotFound as exc:
+            raise Refused(404, str(exc)) from exc
         return node.status()
+
+    @v1.post("/projects/find", responses={404: {"model": Problem}})
+    async def find(request: JoinRequest) -> ProjectSummary:
+        """A project's summary (from its verified manifest) before joining it."""
+        try:
+            return await node.find_project(request.project, request.peers)
+        except ProjectNotFound as exc:
+            raise Refused(404, str(exc)) from exc
 
     @v1.delete("/project")
     async def leave() -> Status:

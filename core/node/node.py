@@ -10,11 +10,13 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 import trio
 
+from core.control.limits import check_project_id
 from core.control.models import History as HistoryModel
 from core.control.models import PreferencesEvent, ProjectSummary, StateEvent, Status
 from core.namespaces import moehome_validator
@@ -24,17 +26,26 @@ from core.node.events import EventLog
 from core.node.governor import Governor
 from core.node.history import History
 from core.node.options import NodeOptions
+from core.node.peer_cache import PeerCache, default_bootstrap_peers
 from core.node.preferences import PreferenceStore
 from core.node.probes import Probes, probe_for_this_os
-from core.node.serving import ProjectService
+from core.node.serving import ProjectService, project_summary
 from core.node.status import NodeSnapshot, build_status, reason_code
 from core.node.throttle import Decision
-from core.project.distribution import list_projects
-from net import Identity, Peer, PeerConfig, RpcConfig, running_last
+from core.project.distribution import ProjectNotFound, find_manifest, list_projects
+from core.project.pins import PinStore
+from net import DhtError, Identity, Peer, PeerConfig, RpcConfig, running_last
+from net.host import DEFAULT_LISTEN
 
 __all__ = ["Node", "NodeOptions"]
 
 log = logging.getLogger(__name__)
+
+#: Every IPv4 interface, on a port chosen at start (IPv6 comes with the NAT work).
+NETWORK_LISTEN = ("/ip4/0.0.0.0/tcp/0",)
+#: How long a join waits for the peers of an invite, then for the project's manifest.
+MEET_TIMEOUT_S = 15.0
+FIND_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -46,6 +57,7 @@ class Node:
     #: Owned by the node: the governor and the control API read them from here.
     preferences: PreferenceStore = field(init=False)
     events: EventLog = field(default_factory=EventLog)
+    peer_cache: PeerCache = field(init=False)
     device: DeviceFigures = field(init=False)
     control_url: str = ""
     # the parts that live while run() runs
@@ -57,6 +69,7 @@ class Node:
 
     def __post_init__(self) -> None:
         self.preferences = PreferenceStore(self.options.config_dir / "preferences.json")
+        self.peer_cache = PeerCache(self.options.data_dir / "peers.json")
         self.device = DeviceFigures(
             self.options.data_dir / "device-benchmark.json",
             self.events,
@@ -88,6 +101,10 @@ class Node:
             rtt_ms=self.device.rtt_ms,
             peers=len(self.peer.dht.known_peers()) if self.peer else 0,
             peer_id=str(self.identity.peer_id),
+            addresses=tuple(self.peer.addrs()) if self.peer else (),
+            inbound_from_network=(
+                self.peer.host.admission_statistics().inbound_from_network if self.peer else 0
+            ),
             uptime_s=time.time() - self.started,
             snoozed_until=snoozed.timestamp() if snoozed is not None else None,
             pid=os.getpid(),
@@ -98,7 +115,7 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         opts = self.options
         config = PeerConfig(
-            listen=tuple(opts.listen),
+            listen=tuple(opts.listen or self._listen_by_preference()),
             bootstrap=tuple(opts.bootstrap),
             rpc=RpcConfig(reply_delay=opts.reply_delay),
         )
@@ -108,6 +125,11 @@ class Node:
         async with running_last(peer):
             self.peer = peer
             await self._run_parts(peer, task_status)
+
+    def _listen_by_preference(self) -> tuple[str, ...]:
+        if self.preferences.current.listen_on_network:
+            return NETWORK_LISTEN
+        return DEFAULT_LISTEN
 
     async def _run_parts(self, peer: Peer, task_status: trio.TaskStatus[Node]) -> None:
         opts = self.options
@@ -134,6 +156,7 @@ class Node:
             self.history = History(opts.data_dir / "history.sqlite")
             nursery.start_soon(self._record_history)
             nursery.start_soon(self.device.watch_network, peer)
+            nursery.start_soon(self._keep_peers)
             if opts.benchmark:
                 self.device.measure(nursery)
             project = opts.project or self.serving.remembered()
@@ -167,10 +190,6 @@ class Node:
     async def settle(self) -> None:
         await self._governor().step()
 
-    def join(self, project: str) -> None:
-        """Serve ``project`` from now on (leaving the one served now); remembered."""
-        self._serving().join(project)
-
     def leave(self) -> None:
         """Stop serving the project (declarations are withdrawn on the way out)."""
         self._serving().leave()
@@ -184,8 +203,51 @@ class Node:
         """The projects announced in the swarm (what it finds in 20 s)."""
         assert self.peer is not None
         with trio.move_on_after(20):
-            return [ProjectSummary.model_validate(p) for p in await list_projects(self.peer)]
+            return [project_summary(signed) for signed in await list_projects(self.peer)]
         return []
+
+    async def find_project(self, project: str, peers: Sequence[str] = ()) -> ProjectSummary:
+        """The project's verified manifest, summed up; looked for through ``peers`` (an
+        invite's) and the peers already known. ProjectNotFound says why it was not found."""
+        assert self.peer is not None, "the node is not running"
+        check_project_id(project)
+        await self._meet(peers)
+        if not self.peer.dht.known_peers():
+            raise ProjectNotFound(
+                "this computer knows no peers of the swarm yet: paste an invite link "
+                "(it lists peers to start from)"
+            )
+        pins = PinStore(self.options.data_dir / "pinned-owners.json")
+        with trio.move_on_after(FIND_TIMEOUT_S):
+            return project_summary(await find_manifest(self.peer, project, pins))
+        raise ProjectNotFound(
+            f"no answer about project {project} within {FIND_TIMEOUT_S:.0f} s; "
+            "check the invite, or try again later"
+        )
+
+    async def join(self, project: str, peers: Sequence[str] = ()) -> ProjectSummary:
+        """Serve ``project`` from now on (leaving the one served now; remembered), once
+        its signed manifest has been found and verified."""
+        summary = await self.find_project(project, peers)
+        self._serving().join(project)
+        return summary
+
+    async def _meet(self, peers: Sequence[str]) -> None:
+        """Connect to ``peers`` and learn the swarm from them; those that answered go
+        into the peer cache."""
+        if not peers:
+            return
+        assert self.peer is not None
+        try:
+            await self.peer.dht.bootstrap(list(peers), timeout=MEET_TIMEOUT_S)
+        except DhtError as exc:
+            if not self.peer.dht.known_peers():
+                raise ProjectNotFound(
+                    f"none of the {len(peers)} peer(s) in the invite answered: they may "
+                    "have gone, or this computer cannot reach them"
+                ) from exc
+            log.info("%s; going on with the peers already known", exc)
+        self._save_peers()
 
     def work_history(self, since: float) -> HistoryModel:
         if self.history is None:
@@ -210,6 +272,35 @@ class Node:
                 run=decision.run, reason=decision.describe(), reason_code=reason_code(decision)
             )
         )
+
+    def _save_peers(self) -> None:
+        """Remember the peers of the routing table (their full addresses)."""
+        assert self.peer is not None
+        host = self.peer.host
+        addrs = [
+            f"{addr}/p2p/{peer_id}"
+            for peer_id in self.peer.dht.known_peers()
+            for addr in host.known_addrs(peer_id)[:2]
+        ]
+        self.peer_cache.remember(addrs)
+
+    async def _keep_peers(self, every: float = 60.0) -> None:
+        """Start from the peers met before and the default ones (in the background: a
+        stale cache must not hold up the node), then save the peers met now and then."""
+        assert self.peer is not None
+        start = [
+            a
+            for a in [*self.peer_cache.load(), *default_bootstrap_peers(self.options.config_dir)]
+            if a not in self.options.bootstrap
+        ]
+        if start:
+            try:
+                await self.peer.dht.bootstrap(start, timeout=MEET_TIMEOUT_S)
+            except DhtError as exc:
+                log.info("no peer met before answers (%s)", exc)
+        while True:
+            self._save_peers()
+            await trio.sleep(every)
 
     async def _record_history(self, every: float = 10.0) -> None:
         """Every ``every`` seconds: allowed-to-work time, samples done, temperatures."""

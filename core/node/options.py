@@ -16,6 +16,8 @@ class NodeOptions:
     #: Project to serve; None: the one joined last time (through the control API), if any.
     project: str | None = None
     bootstrap: Sequence[str] = ()
+    #: Where the swarm host listens; empty: every interface, or loopback only when the
+    #: volunteer's preference listen_on_network is off.
     listen: Sequence[str] = DEFAULT_LISTEN
     #: Most experts to serve; None: as many as fit in the memory the volunteer allows.
     experts: int | None = None

@@ -18,7 +18,13 @@ from core.contributing.attacks import Attack
 from core.contributing.sender import ContributionSender
 from core.contributing.wiring import start_contributing
 from core.control.limits import check_project_id
-from core.control.models import ContributionEvent, ErrorEvent, ExpertsEvent, ProjectEvent
+from core.control.models import (
+    ContributionEvent,
+    ErrorEvent,
+    ExpertsEvent,
+    ProjectEvent,
+    ProjectSummary,
+)
 from core.control.preferences import Preferences
 from core.errors import UserFacingError, one_line
 from core.experts.records import SERVING, ExpertAnnouncement, expert_key
@@ -37,11 +43,28 @@ from core.node.governor import Governor
 from core.node.options import NodeOptions
 from core.project.distribution import find_manifest
 from core.project.joining import join_project
+from core.project.keys import fingerprint
 from core.project.manifest import Manifest
 from core.project.pins import PinStore
+from core.project.signed import SignedManifest
 from net import Identity, Peer
 
 log = logging.getLogger(__name__)
+
+
+def project_summary(signed: SignedManifest) -> ProjectSummary:
+    """What a volunteer is shown of a project before joining it."""
+    manifest = signed.manifest
+    return ProjectSummary(
+        project=signed.project_id,
+        name=manifest.project.name,
+        description=manifest.project.description,
+        owner=fingerprint(signed.origin_key),
+        experts=sum(1 for _ in manifest.model.expert_uids()),
+        mixture_layers=manifest.model.mixture_layers,
+        expert_kind=manifest.model.expert.kind,
+        expert_parameters=parameter_count(manifest.model.expert.spec()),
+    )
 
 
 class ProjectService:

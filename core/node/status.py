@@ -7,7 +7,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.control.models import ContributionCounts, DeviceStatus, NodeState, Readings, Status
+from core.control.models import (
+    ContributionCounts,
+    DeviceStatus,
+    NetworkStatus,
+    NodeState,
+    Readings,
+    Status,
+)
 from core.node.capacity import DevicePlan
 from core.node.probes import Reading
 from core.node.throttle import Decision
@@ -33,6 +40,8 @@ class NodeSnapshot:
     rtt_ms: float | None = None
     peers: int = 0
     peer_id: str = ""
+    addresses: tuple[str, ...] = ()
+    inbound_from_network: int = 0
     uptime_s: float = 0.0
     snoozed_until: float | None = None
     pid: int | None = None
@@ -59,6 +68,25 @@ def state_reason(state: NodeState, snap: NodeSnapshot) -> str:
     return snap.decision.describe()
 
 
+def reachability(addresses: tuple[str, ...], inbound_from_network: int) -> str:
+    """What the node can say about being reached, from what it listens on and who came."""
+    if not addresses:
+        return "not listening"
+    if all(_is_loopback(a) for a in addresses):
+        return "only programs on this computer can connect (other computers are not allowed)"
+    if inbound_from_network:
+        return f"reachable: {inbound_from_network} connection(s) from other computers so far"
+    return (
+        "listening on the network; no other computer has connected yet (a home router "
+        "often blocks them)"
+    )
+
+
+def _is_loopback(addr: str) -> bool:
+    parts = addr.split("/")
+    return len(parts) > 2 and (parts[2].startswith("127.") or parts[2] == "::1")
+
+
 def reason_code(decision: Decision | None) -> str:
     return decision.reason.name.lower() if decision is not None and decision.reason else ""
 
@@ -74,7 +102,8 @@ def build_status(snap: NodeSnapshot) -> Status:
         project=snap.project,
         project_name=snap.project_name,
         project_error=snap.project_error,
-        experts=dict(sorted(snap.experts.items())),
+        # paused, the declarations are withdrawn: nobody is served
+        experts={} if state == "paused" else dict(sorted(snap.experts.items())),
         contributions=ContributionCounts(
             sent=snap.sent,
             accepted=snap.outcomes["accepted"],
@@ -98,6 +127,11 @@ def build_status(snap: NodeSnapshot) -> Status:
         ),
         peers=snap.peers,
         peer_id=snap.peer_id,
+        network=NetworkStatus(
+            addresses=list(snap.addresses),
+            inbound_from_network=snap.inbound_from_network,
+            reachability=reachability(snap.addresses, snap.inbound_from_network),
+        ),
         uptime_s=round(snap.uptime_s),
         snoozed_until=snap.snoozed_until,
         pid=snap.pid,

@@ -233,16 +233,16 @@ async def announce_project(peer: Peer, signed: SignedManifest, ttl: float = 3600
     return stored
 
 
-async def list_projects(peer: Peer, *, most: int = 50) -> list[dict[str, str]]:
-    """Projects listed in the directory whose manifests verify: id, name, description.
-    Nothing is pinned: that happens when the volunteer joins one."""
+async def list_projects(peer: Peer, *, most: int = 50) -> list[SignedManifest]:
+    """Projects listed in the directory whose manifests verify (one per project, by
+    name). Nothing is pinned: that happens when the volunteer joins one."""
     ids: dict[str, None] = {}
     for record in await peer.dht.get(DIRECTORY_KEY):
         try:
             ids.update(dict.fromkeys(directory_ids(record.value)))
         except RecordRejected:
             continue
-    found: list[dict[str, str]] = []
+    found: list[SignedManifest] = []
 
     async def describe(pid: str) -> None:
         for record in await peer.dht.get(project_key(pid)):
@@ -252,13 +252,10 @@ async def list_projects(peer: Peer, *, most: int = 50) -> list[dict[str, str]]:
             except ManifestRejected:
                 continue
             if signed.project_id == pid:
-                project = signed.manifest.project
-                found.append(
-                    {"project": pid, "name": project.name, "description": project.description}
-                )
+                found.append(signed)
                 return
 
     async with trio.open_nursery() as nursery:
         for pid in list(ids)[:most]:
             nursery.start_soon(describe, pid)
-    return sorted(found, key=lambda p: p["name"])
+    return sorted(found, key=lambda s: s.manifest.project.name)

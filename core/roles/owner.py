@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from core.control.invite import make_invite
 from core.namespaces import moehome_validator
 from core.project.keys import KeyRotation
 from core.project.owner import announce_rotation, project_status
@@ -32,6 +34,11 @@ async def publish_and_serve(
         peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
         await nursery.start(serve_project, peer, prepared)
         print_addresses(peer)
+        # what volunteers paste into the app (or `moehome join`): this peer, which
+        # serves the weights, and the peers it started from
+        invite = make_invite(prepared.signed.project_id, [*peer.addrs(), *bootstrap])
+        sys.stdout.write(f"invite: {invite.link()}\n")
+        sys.stdout.flush()
         log.info("serving project %s; Ctrl-C to stop", prepared.signed.project_id)
         await trio.sleep_forever()
 

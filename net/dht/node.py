@@ -156,7 +156,9 @@ class DhtNode:
         own id, which fills the routing table and tells our neighbours about us. Raises
         DhtError if no bootstrap peer answered: a put before that would reach nobody.
         """
-        self._bootstrap_addrs = list(addrs)
+        # kept for a retry when the routing table empties: the first ones and those
+        # added later (an invite's), newest first, a bounded list
+        self._bootstrap_addrs = list(dict.fromkeys([*addrs, *self._bootstrap_addrs]))[:64]
         reached = 0
 
         async def join(addr: str) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PySide6.QtCore import Qt
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QLabel
 
@@ -22,7 +21,8 @@ from app.autostart import (
     autostart_for_this_os,
     desktop_exec,
 )
-from app.wizard import FirstStartWizard, WizardActions
+from app.background import run_now
+from app.wizard import FirstStartWizard, WizardActions, benchmark_lines
 from core.control.models import ProjectSummary
 
 # ---------------------------------------------------------------------------- icons
@@ -282,29 +282,15 @@ def test_windows_run_key():
 
 # --------------------------------------------------------------------------- wizard
 
-PROJECT = "0123456789abcdef0123456789abcdef"
-
 
 class FakeNode:
-    """Records the wizard's calls; answers what each test sets."""
+    """Records the wizard's calls; answers what each test sets. The project page has
+    tests of its own (tests/gui/test_project_picker.py)."""
 
     def __init__(self) -> None:
-        self.projects: list[ProjectSummary] = []
-        self.list_error: Exception | None = None
-        self.join_problems: list[str] = []
         self.limit_problems: list[str] = []
-        self.joined: list[str] = []
         self.limits: list[dict[str, Any]] = []
         self.benchmarks = 0
-
-    def list_projects(self) -> list[ProjectSummary]:
-        if self.list_error is not None:
-            raise self.list_error
-        return self.projects
-
-    def join(self, project_id: str) -> list[str]:
-        self.joined.append(project_id)
-        return self.join_problems
 
     def start_benchmark(self) -> None:
         self.benchmarks += 1
@@ -315,10 +301,13 @@ class FakeNode:
 
     def actions(self) -> WizardActions:
         return WizardActions(
-            list_projects=self.list_projects,
-            join=self.join,
+            list_projects=list,
+            find=lambda invite: ProjectSummary(project=invite.project),
+            join=lambda invite: [],
+            leave=list,
             start_benchmark=self.start_benchmark,
             apply_limits=self.apply_limits,
+            run=run_now,
         )
 
 
@@ -346,82 +335,6 @@ def test_wizard_pages_and_title(wizard):
     text = wizard.welcome_page.findChild(QLabel, "welcomeText").text()
     assert "never" in text
     assert "battery" in text
-
-
-def test_pasting_an_id_joins(wizard, node):
-    node.projects = [ProjectSummary(project="f" * 32, name="demo", description="a tiny model")]
-    wizard.next()
-    assert _page(wizard) == "projectPage"
-    page = wizard.project_page
-    assert page.project_list.count() == 1
-    assert not page.isComplete()
-    page.id_edit.setText(f"  {PROJECT.upper()}\n")
-    assert page.isComplete()
-    wizard.next()
-    assert node.joined == [PROJECT]
-    assert _page(wizard) == "benchmarkPage"
-
-
-def test_picking_a_listed_project_fills_the_id(wizard, node):
-    node.projects = [
-        ProjectSummary(project="a" * 32, name="alpha", description="first"),
-        ProjectSummary(project="b" * 32, name="beta", description="second"),
-    ]
-    wizard.next()
-    page = wizard.project_page
-    page.project_list.setCurrentRow(1)
-    assert page.id_edit.text() == "b" * 32
-    wizard.next()
-    assert node.joined == ["b" * 32]
-
-
-def test_join_problems_block_next(wizard, node):
-    node.join_problems = ["the project's manifest is not signed by its owner"]
-    wizard.next()
-    wizard.project_page.id_edit.setText(PROJECT)
-    wizard.next()
-    assert node.joined == [PROJECT]
-    assert _page(wizard) == "projectPage"
-    error = wizard.findChild(QLabel, "projectError")
-    assert "not signed" in error.text()
-    assert error.isVisible()
-    # Editing the id clears the stale message.
-    wizard.project_page.id_edit.setText(PROJECT[:-1])
-    assert not error.isVisible()
-
-
-def test_malformed_id_is_refused_without_joining(wizard, node):
-    wizard.next()
-    wizard.project_page.id_edit.setText("not-an-id")
-    wizard.next()
-    assert node.joined == []
-    assert _page(wizard) == "projectPage"
-    assert "32 characters" in wizard.project_page.error.text()
-
-
-def test_skip_project(wizard, node):
-    wizard.next()
-    wizard.project_page.skip_check.setChecked(True)
-    assert wizard.project_page.isComplete()
-    wizard.next()
-    assert node.joined == []
-    assert _page(wizard) == "benchmarkPage"
-
-
-def test_list_projects_failure_is_shown_and_paste_still_works(wizard, node):
-    node.list_error = ConnectionError("the node does not answer")
-    wizard.next()
-    page = wizard.project_page
-    assert "could not list projects: the node does not answer" in page.list_status.text()
-    assert page.id_edit.isEnabled()
-    page.id_edit.setText(PROJECT)
-    wizard.next()
-    assert node.joined == [PROJECT]
-    # Refresh asks again.
-    node.list_error = None
-    node.projects = [ProjectSummary(project=PROJECT, name="demo")]
-    page.refresh_button.click()
-    assert page.project_list.count() == 1
 
 
 def test_benchmark_page(wizard, node):
@@ -512,9 +425,23 @@ def test_limits_edited_and_problems_shown(wizard, node):
     assert not page.error.isVisible()
 
 
-def test_project_list_items_carry_ids(wizard, node):
-    node.projects = [ProjectSummary(project=PROJECT, name="demo", description="tiny")]
-    wizard.next()
-    item = wizard.project_page.project_list.item(0)
-    assert "demo" in item.text()
-    assert item.data(Qt.ItemDataRole.UserRole) == PROJECT
+@pytest.mark.parametrize(
+    ("figures", "lines"),
+    [
+        (
+            {"device": "x86_64", "device_type": "cpu", "matmul_tflops_fp32": 0.0412},
+            [
+                "No GPU found: the processor will be used (it does far less work).",
+                "Device: x86_64",
+                "fp32: 41 GFLOPS",
+            ],
+        ),
+        (
+            {"device": "RTX 4070", "device_type": "cuda", "matmul_tflops_fp16": 58.31},
+            ["Device: RTX 4070", "fp16: 58.3 TFLOPS"],
+        ),
+        ({"matmul_tflops_fp32": 0.0, "matmul_tflops_bf16": None}, []),  # no "0.0 TFLOPS"
+    ],
+)
+def test_benchmark_figures_in_words(figures, lines):
+    assert benchmark_lines(figures) == lines

@@ -51,6 +51,7 @@ PREFERENCES = {
     "exclusive_apps": ["steam.exe", "blender"],
     "gpus": [0, 2],
     "memory_cap_gb": 6.5,
+    "listen_on_network": False,
 }
 
 
@@ -105,6 +106,7 @@ def test_limits_dialog_shows_the_preferences_it_was_given(qtbot):
     assert child(dialog, QLineEdit, "gpusList").text() == "0, 2"
     assert child(dialog, QCheckBox, "memoryLimit").isChecked()
     assert child(dialog, QDoubleSpinBox, "memoryCap").value() == 6.5
+    assert not child(dialog, QCheckBox, "field_listen_on_network").isChecked()
     editor = child(dialog, ScheduleEditor, "field_schedule")
     assert editor.row_count() == 2
     assert editor.row(0).start.time() == QTime(22, 0)

@@ -77,7 +77,8 @@ def test_the_tray_drives_a_real_node(qtbot, tmp_path, monkeypatch, owner):
     link = NodeLink(tmp_path / "data", interval=0.2)
     node_args = ["--project", project, "-b", address, "--fake-probes", str(machine)]
     supervisor = NodeSupervisor(
-        node_command([*node_args, "--no-benchmark"]), node_is_running=lambda: False
+        node_command([*node_args, "--no-benchmark", "-l", "/ip4/127.0.0.1/tcp/0"]),
+        node_is_running=lambda: False,
     )
     tray = Tray(app, link, supervisor, settings_at(tmp_path / "config"), NoAutostart(), ["x"])
     supervisor.start()
@@ -186,7 +187,13 @@ def test_sigterm_to_the_tray_stops_its_node(tmp_path):
         "QT_QPA_PLATFORM": "offscreen",
     }
     tray = subprocess.Popen(
-        [sys.executable, "-m", "app.main", "--no-wizard", "--node-args=--no-benchmark"],
+        [
+            sys.executable,
+            "-m",
+            "app.main",
+            "--no-wizard",
+            "--node-args=--no-benchmark -l /ip4/127.0.0.1/tcp/0",
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -267,7 +274,56 @@ def test_the_tray_shows_what_the_node_says(qtbot, tmp_path):
         ]
     )
     tray._on_events(events)
-    assert tray.notifications == [
-        ("moehome paused", "Paused: too hot"),
-        ("moehome", "Cannot serve the project: the manifest is not signed"),
-    ]
+    told = (
+        "moehome cannot serve its project",
+        "the manifest is not signed. It keeps trying; Project\N{HORIZONTAL ELLIPSIS} in the "
+        "menu changes or leaves the project.",
+    )
+    assert tray.notifications == [("moehome paused", "Paused: too hot"), told]
+    # the same problem again (a retried join) is not told twice
+    tray._on_events(events[1:2])
+    assert tray.notifications == [("moehome paused", "Paused: too hot"), told]
+
+
+def test_a_pause_without_a_project_can_be_undone_from_the_menu(qtbot, tmp_path):
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    link = NodeLink(tmp_path / "data")
+    tray = Tray(app, link, None, settings_at(tmp_path / "config"), NoAutostart(), ["x"])
+    paused = Status(state="no project", reason="join a project", reason_code="paused", pid=7)
+    with qtbot.waitSignal(tray.shown):
+        tray._on_status(paused)
+    assert tray.resume_action.isVisible()
+    assert not tray.pause_action.isVisible()
+    with qtbot.waitSignal(tray.shown):
+        tray._on_status(paused.model_copy(update={"reason_code": ""}))
+    assert tray.pause_action.isVisible()
+    assert not tray.resume_action.isVisible()
+
+
+def test_show_log_opens_the_nodes_log_and_crashes_are_told_once(qtbot, tmp_path):
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    link = NodeLink(tmp_path / "data")
+    tray = Tray(app, link, None, settings_at(tmp_path / "config"), NoAutostart(), ["x"])
+    opened: list[Path] = []
+
+    def open_file(path: Path) -> bool:  # what the desktop would open
+        opened.append(path)
+        return True
+
+    tray.open_file = open_file  # type: ignore[method-assign]
+    tray.find_action("showLogAction").trigger()
+    assert opened == []
+    assert "no log yet" in tray.notifications[-1][1]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "node.log").write_text("Traceback ...\n")
+    tray.find_action("showLogAction").trigger()
+    assert opened == [tmp_path / "data" / "node.log"]
+
+    told = len(tray.notifications)
+    tray._on_crash(1, 1.0)  # the first of a series: told, with what to do
+    assert "Show log" in tray.notifications[-1][1]
+    for delay in (2.0, 4.0, 8.0):  # the same node failing again: not told again
+        tray._on_crash(1, delay)
+    assert len(tray.notifications) == told + 1

@@ -16,14 +16,17 @@ import pytest
 from pydantic import ValidationError
 from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QSpinBox, QWidget
 
+from app.background import run_now
 from app.limits import LimitsDialog
 from app.wizard import LimitsPage, ProjectPage, WizardActions
+from core.control.invite import Invite
 from core.control.limits import (
     PROJECT_ID_RULE,
     is_project_id,
     normalize_project_id,
     preference_limits,
 )
+from core.control.models import ProjectSummary
 from core.control.preferences import Preferences, PreferencesError
 
 LIMITS = preference_limits()
@@ -120,18 +123,26 @@ def test_the_node_takes_the_dialog_ends(dialog, end):
 
 class FakeActions:
     def __init__(self) -> None:
+        self.found: list[str] = []
         self.joined: list[str] = []
 
-    def join(self, project: str) -> list[str]:
-        self.joined.append(project)
+    def find(self, invite: Invite) -> ProjectSummary:
+        self.found.append(invite.project)
+        return ProjectSummary(project=invite.project)
+
+    def join(self, invite: Invite) -> list[str]:
+        self.joined.append(invite.project)
         return []
 
     def actions(self) -> WizardActions:
         return WizardActions(
             list_projects=list,
+            find=self.find,
             join=self.join,
+            leave=list,
             start_benchmark=lambda: None,
             apply_limits=no_changes,
+            run=run_now,
         )
 
 
@@ -221,14 +232,17 @@ IDS = [
 @pytest.mark.parametrize("text", IDS)
 def test_wizard_accepts_exactly_the_ids_the_node_accepts(project_page, fake, text):
     node_takes = is_project_id(normalize_project_id(text))
-    project_page.id_edit.setText(text)
+    project_page.picker.invite_edit.setText(text)
     assert project_page.isComplete() == node_takes
     assert project_page.validatePage() == node_takes
     if node_takes:
-        assert fake.joined == [normalize_project_id(text)]
+        assert fake.found == [normalize_project_id(text)]  # the node was asked ...
+        assert fake.joined == [normalize_project_id(text)]  # ... and joined it
     else:
+        assert fake.found == []
         assert fake.joined == []
-        assert project_page.error.text() == f"{PROJECT_ID_RULE[0].upper()}{PROJECT_ID_RULE[1:]}."
+        if text.strip():  # an empty field is no mistake to point out
+            assert PROJECT_ID_WORDS in project_page.picker.invite_error.text()
 
 
 def test_ids_the_node_takes():
@@ -237,5 +251,9 @@ def test_ids_the_node_takes():
     assert taken == IDS[:4]
 
 
-def test_wizard_shows_the_node_rule_for_ids(project_page):
-    assert project_page.id_edit.placeholderText() == PROJECT_ID_RULE
+#: How the node's rule describes an id (core.control.limits.PROJECT_ID_RULE).
+PROJECT_ID_WORDS = "32 characters, 0-9 and a-f"
+
+
+def test_the_wizard_says_the_node_rule_for_ids():
+    assert PROJECT_ID_WORDS in PROJECT_ID_RULE.replace(" long, made of", ",")

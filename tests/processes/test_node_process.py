@@ -22,6 +22,7 @@ from tests.child_processes import stop_processes
 from tests.swarm.test_project import small_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"  # the node listens on every interface unless told
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -50,7 +51,17 @@ async def until_state(env: dict[str, str], wanted: str, limit: float = 20.0) -> 
 
 
 async def start_node(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "core.cli", "--quiet", "node", "--no-benchmark", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "core.cli",
+        "--quiet",
+        "node",
+        "--no-benchmark",
+        "-l",
+        LOOPBACK,
+        *args,
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = await trio.to_thread.run_sync(proc.stdout.readline)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 import sys
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -26,6 +27,7 @@ from core.node.events import EventLog
 from core.node.governor import Governor
 from core.node.preferences import PreferenceStore
 from core.node.probes import FakeProbes
+from core.project.distribution import ProjectNotFound
 from tests.waiting import eventually
 
 
@@ -38,6 +40,7 @@ class GovernedApi:
         self.governor = Governor(FakeProbes(), lambda: self.preferences.current, None)
         self.preferences.subscribe(lambda _: self.events.publish(PreferencesEvent()))
         self.joined: list[str] = []
+        self.looked_through: list[list[str]] = []
         self.stopped = False
 
     def status(self) -> Status:
@@ -63,8 +66,16 @@ class GovernedApi:
     def work_history(self, since: float) -> History:
         return History(hours=[HourOfWork(hour=int(since), working_s=60, samples=3)])
 
-    def join(self, project: str) -> None:
+    async def find_project(self, project: str, peers: Sequence[str] = ()) -> ProjectSummary:
+        self.looked_through.append(list(peers))
+        if project not in KNOWN_PROJECTS:
+            raise ProjectNotFound(f"no answer about project {project}")
+        return KNOWN_PROJECTS[project]
+
+    async def join(self, project: str, peers: Sequence[str] = ()) -> ProjectSummary:
+        summary = await self.find_project(project, peers)
         self.joined.append(project)
+        return summary
 
     def leave(self) -> None:
         self.joined.clear()
@@ -77,6 +88,10 @@ class GovernedApi:
 
     def stop(self) -> None:
         self.stopped = True
+
+
+PEER = "/ip4/198.18.0.7/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
+KNOWN_PROJECTS = {"0f" * 16: ProjectSummary(project="0f" * 16, name="tiny", experts=4)}
 
 
 def make_control(tmp_path) -> tuple[GovernedApi, Governor]:
@@ -135,8 +150,20 @@ async def test_control_api(tmp_path):
         with pytest.raises(ControlError) as info:
             await call(client.join, "not-an-id")
         assert info.value.problems[0].startswith("project:"), info.value.problems
-        assert control.joined == []  # the id is checked before the node sees it
-        assert (await call(client.join, project)).project == project
+        with pytest.raises(ControlError) as info:
+            await call(client.join, project, ["/ip4/127.0.0.1/tcp/1"])  # no /p2p/ part
+        assert info.value.problems[0].startswith("peers.0:"), info.value.problems
+        assert control.joined == []  # checked before the node is asked
+        assert control.looked_through == []
+        # a project that is not found is refused (404) with the node's words, not joined
+        with pytest.raises(ControlError, match="no answer about project") as info:
+            await call(client.join, "1e" * 16)
+        assert control.joined == []
+        summary = await call(client.find_project, project, [PEER])
+        assert summary == KNOWN_PROJECTS[project]
+        assert control.joined == []  # finding is not joining
+        assert (await call(client.join, project, [PEER])).project == project
+        assert control.looked_through[-1] == [PEER]
         assert (await call(client.leave)).project is None
         assert await call(client.projects) == [ProjectSummary(project="ab" * 16, name="demo")]
         await call(client.shutdown)

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
 import logging
+import socket
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from core.cli import app
+from core.cli.volunteer import NOT_RUNNING
+from core.control.files import write_address, write_token
 
 runner = CliRunner()
 
@@ -98,3 +103,62 @@ def test_demo_and_node_refuse_bad_options_before_starting_anything(args, message
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert message in result.output
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+NODE_COMMANDS = [
+    ["status"],
+    ["status", "--json"],
+    ["pause"],
+    ["resume"],
+    ["snooze", "30m"],
+    ["join", "0f" * 16],
+    ["leave"],
+    ["stop"],
+    ["prefs"],
+    ["prefs", "idle_minutes=5"],
+]
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["never-started", "quit-left-files"])
+@pytest.mark.parametrize("command", NODE_COMMANDS, ids=" ".join)
+def test_every_node_command_without_a_node_is_one_line_with_what_to_do(tmp_path, command, stale):
+    if stale:  # the files of a node that was killed (a tray that quit leaves none)
+        write_address(tmp_path, f"http://127.0.0.1:{_closed_port()}", pid=1)
+        write_token(tmp_path)
+    result = runner.invoke(app, ["--data-dir", str(tmp_path), *command])
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)  # not an exception that escaped
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == NOT_RUNNING, result.stderr
+    assert len([line for line in lines if line.startswith("error:")]) == 1
+
+
+def test_a_stopped_node_never_prints_a_traceback_from_a_real_process(tmp_path):
+    write_address(tmp_path, f"http://127.0.0.1:{_closed_port()}", pid=1)
+    write_token(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "core.cli", "--data-dir", str(tmp_path), "pause"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == NOT_RUNNING
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("invite", "says"),
+    [("hello", "neither an invite nor a project id"), ("https://x/y", "not a moehome invite")],
+)
+def test_join_refuses_what_is_no_invite_before_asking_the_node(tmp_path, invite, says):
+    result = runner.invoke(app, ["--data-dir", str(tmp_path), "join", invite])
+    assert result.exit_code == 2
+    assert says in result.stderr

@@ -72,3 +72,30 @@ def test_figures_are_carried_over():
     assert status.readings.cpu_temp_c is None
     assert status.device.device == "cpu"
     assert status.uptime_s == 13
+
+
+LAN = "/ip4/192.168.1.20/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
+LOCAL = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
+
+
+@pytest.mark.parametrize(
+    ("addresses", "inbound", "says"),
+    [
+        ((), 0, "not listening"),
+        ((LOCAL,), 0, "only programs on this computer"),
+        ((LOCAL.replace("127.0.0.1", "::1").replace("ip4", "ip6"),), 0, "only programs"),
+        ((LAN, LOCAL), 0, "no other computer has connected yet"),
+        ((LAN, LOCAL), 3, "reachable: 3 connection(s) from other computers"),
+    ],
+)
+def test_the_status_says_plainly_how_the_node_is_reached(addresses, inbound, says):
+    status = build_status(NodeSnapshot(addresses=addresses, inbound_from_network=inbound))
+    assert status.network.addresses == list(addresses)
+    assert status.network.inbound_from_network == inbound
+    assert says in status.network.reachability
+
+
+@pytest.mark.parametrize(("decision", "listed"), [(WORKING, {"ffn.0.1": 3}), (TOO_HOT, {})])
+def test_experts_are_listed_only_while_served(decision, listed):
+    snap = NodeSnapshot(project="p" * 32, serving=True, decision=decision, experts={"ffn.0.1": 3})
+    assert build_status(snap).experts == listed  # paused: withdrawn from the swarm
