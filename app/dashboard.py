@@ -35,6 +35,7 @@ from core.control.models import (
     Event,
     ExpertsEvent,
     History,
+    Lifetime,
     MinuteReading,
     PreferencesEvent,
     ProjectEvent,
@@ -126,6 +127,68 @@ def describe_event(event: Event) -> str:
     assert_never(event)
 
 
+def event_lines(events: list[Event]) -> list[tuple[str, Event]]:
+    """The log's lines, newest first: a run of accepted contributions (one every few
+    seconds while working) is one line with its count, so the rest stays in sight. Each
+    line comes with the event whose time it shows (the run's newest)."""
+    lines: list[tuple[str, Event]] = []
+    run: list[ContributionEvent] = []
+
+    def close_run() -> None:
+        if not run:
+            return
+        if len(run) == 1:
+            lines.append((describe_event(run[0]), run[0]))
+        else:
+            experts = sorted({e.uid for e in run})
+            shown = ", ".join(experts[:4]) + (
+                ", \N{HORIZONTAL ELLIPSIS}" if len(experts) > 4 else ""
+            )
+            lines.append((f"{len(run)} contributions accepted (experts {shown})", run[0]))
+        run.clear()
+
+    for event in events:
+        if isinstance(event, ContributionEvent) and event.outcome == "accepted":
+            run.append(event)
+            continue
+        close_run()
+        lines.append((describe_event(event), event))
+    close_run()
+    return lines
+
+
+TEMPERATURE_TITLE: Final = "Temperature"
+UTILIZATION_TITLE: Final = "GPU utilization"
+
+
+def plot_title(
+    title: str, rows: list[MinuteReading], *readings: Callable[[MinuteReading], float | None]
+) -> str:
+    """The plot's title, saying why it is empty when it is."""
+    if not rows:
+        return f"{title} (nothing recorded yet: a reading every minute)"
+    if not any(read(row) is not None for row in rows for read in readings):
+        return f"{title} (no sensor on this computer reports it)"
+    return title
+
+
+TOKENS_MEAN: Final = (
+    "A token computed: one token of the project's text through one of this computer's "
+    "experts, forward or backward."
+)
+
+
+def lifetime_text(lifetime: Lifetime) -> str:
+    """Everything this computer gave, in one line (kept across restarts)."""
+    if lifetime.since is None:
+        return DASH
+    started = datetime.fromtimestamp(lifetime.since).strftime("%Y-%m-%d")
+    return (
+        f"{_duration(lifetime.working_s)} of work  ·  {lifetime.samples:,} tokens  ·  "
+        f"{lifetime.contributions_accepted:,} contributions accepted  (since {started})"
+    )
+
+
 class DashboardWindow(QWidget):
     """A top-level window with the node's figures, plots of the history and the event log.
 
@@ -157,7 +220,8 @@ class DashboardWindow(QWidget):
                 ("figureContributions", "Contributions"),
                 ("figureExperts", "Experts"),
                 ("figurePeers", "Peers"),
-                ("figureSamples", "Samples"),
+                ("figureSamples", "Tokens computed"),
+                ("figureLifetime", "Given so far"),
                 ("figureDevice", "Device"),
                 ("figureReadings", "Now"),
             ]
@@ -172,11 +236,11 @@ class DashboardWindow(QWidget):
             self._figures[name] = value
         figures.setColumnStretch(1, 1)
 
-        self._temperature_plot = self._plot("temperaturePlot", "Temperature", "°C")
-        self._utilization_plot = self._plot("utilizationPlot", "GPU utilization", "%")
+        self._temperature_plot = self._plot("temperaturePlot", TEMPERATURE_TITLE, "°C")
+        self._utilization_plot = self._plot("utilizationPlot", UTILIZATION_TITLE, "%")
         self._utilization_plot.setXLink(self._temperature_plot)
         self._utilization_plot.setYRange(0, 100)
-        self._work_plot = self._plot("workPlot", "Samples per hour", "samples")
+        self._work_plot = self._plot("workPlot", "Tokens computed per hour", "tokens")
         legend = self._temperature_plot.getPlotItem().addLegend()
         self._legends = [legend]
         self._gpu_curve = self._temperature_plot.plot(
@@ -284,7 +348,10 @@ class DashboardWindow(QWidget):
             experts_label.setText("none")
             experts_label.setToolTip("")
         self._figures["figurePeers"].setText(f"{status.peers:,}")
-        self._figures["figureSamples"].setText(f"{status.samples_done:,}")
+        self._figures["figureSamples"].setText(f"{status.samples_done:,} since the node started")
+        self._figures["figureSamples"].setToolTip(TOKENS_MEAN)
+        self._figures["figureLifetime"].setText(lifetime_text(status.lifetime))
+        self._figures["figureLifetime"].setToolTip(TOKENS_MEAN)
         self._figures["figureDevice"].setText(self._device(status.device))
         self._figures["figureReadings"].setText(self._readings(status.readings))
 
@@ -304,7 +371,12 @@ class DashboardWindow(QWidget):
         parts: list[str] = []
         if device.device:
             parts.append(device.device)
-        if device.memory:
+        if device.memory_used_gb is not None and device.memory_budget_gb is not None:
+            parts.append(
+                f"using {device.memory_used_gb:.2f} GB (the experts may fill "
+                f"{device.memory_budget_gb:.2f} GB)"
+            )
+        elif device.memory:
             parts.append(device.memory)
         if device.network_rtt_ms is not None:
             parts.append(f"network {device.network_rtt_ms:.0f} ms")
@@ -336,6 +408,13 @@ class DashboardWindow(QWidget):
         self._set_curve(self._gpu_curve, self._column(rows, lambda r: r.gpu_temp_c, 1.0))
         self._set_curve(self._cpu_curve, self._column(rows, lambda r: r.cpu_temp_c, 1.0))
         self._set_curve(self._util_curve, self._column(rows, lambda r: r.gpu_utilization, 100.0))
+        # an empty plot must say why: a computer without such a sensor (or not yet a minute)
+        self._temperature_plot.setTitle(
+            plot_title(TEMPERATURE_TITLE, rows, lambda r: r.gpu_temp_c, lambda r: r.cpu_temp_c)
+        )
+        self._utilization_plot.setTitle(
+            plot_title(UTILIZATION_TITLE, rows, lambda r: r.gpu_utilization)
+        )
 
         # A bar spans its hour, not straddles it.
         centres = [entry.hour + _HOUR_S / 2 for entry in history.hours]
@@ -391,8 +470,7 @@ class DashboardWindow(QWidget):
         self._seen_ids = {event.id for event in self._events}
 
         self._events_list.clear()
-        for event in self._events:
-            sentence = describe_event(event)
+        for sentence, event in event_lines(self._events):
             when = _local_time(event.at)
             item = QListWidgetItem(f"{when[0]}  {sentence}" if when else sentence)
             if when:

@@ -17,7 +17,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, Final
 
-from PySide6.QtCore import Qt, QTime, Signal
+from PySide6.QtCore import Qt, QTime, Signal, SignalInstance
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
@@ -96,6 +96,25 @@ def spin_range(rule: NumberRange, decimals: int, scale: float = 1.0) -> tuple[fl
     if rule.high_open and high_steps == high:
         high_steps -= 1
     return low_steps / factor, high_steps / factor
+
+
+_PLAIN: Final[list[tuple[re.Pattern[str], str]]] = [
+    (re.compile(r"^Input should be less than or equal to (\S+)$"), r"must be at most \1"),
+    (re.compile(r"^Input should be greater than or equal to (\S+)$"), r"must be at least \1"),
+    (re.compile(r"^Input should be less than (\S+)$"), r"must be below \1"),
+    (re.compile(r"^Input should be greater than (\S+)$"), r"must be above \1"),
+    (re.compile(r"^String should match pattern .*$"), "use the form HH:MM (00:00 to 23:59)"),
+    (re.compile(r"^Input should be a valid number.*$"), "must be a number"),
+    (re.compile(r"^Value error, (.*)$"), r"\1"),
+]
+
+
+def plain_message(message: str) -> str:
+    """pydantic's wording, as a form says it (table-tested)."""
+    for pattern, replacement in _PLAIN:
+        if pattern.match(message):
+            return pattern.sub(replacement, message)
+    return message
 
 
 def _split_problem(problem: str) -> tuple[str, str]:
@@ -248,6 +267,7 @@ class LimitsDialog(QDialog):
         super().__init__(parent)
         self._apply = apply
         self._errors: dict[str, QLabel] = {}
+        self._captions: dict[str, str] = {}
         self.setObjectName("limitsDialog")
         self.setWindowTitle("moehome — limits")
 
@@ -399,7 +419,24 @@ class LimitsDialog(QDialog):
             label = QLabel(caption)
             label.setToolTip(_TOOLTIPS[name])
             form.addRow(label, cell)
+            self._captions[name] = caption
+            self._clear_when_edited(name, widget)
         return box
+
+    def _clear_when_edited(self, name: str, widget: QWidget) -> None:
+        """An error goes as soon as its field is edited (the fix is checked on Save): the
+        field's own, and a check across fields that names it."""
+        for part in [widget, *widget.findChildren(QWidget)]:
+            for signal_name in ("valueChanged", "toggled", "textChanged", "changed"):
+                signal = getattr(part, signal_name, None)
+                if isinstance(signal, SignalInstance):
+                    signal.connect(lambda *_args, name=name: self._field_edited(name))
+
+    def _field_edited(self, name: str) -> None:
+        caption = self._captions.get(name, name)
+        for other, label in self._errors.items():
+            if other == name or f"“{caption}”" in label.text():
+                self._set_error(label, [])
 
     # -- values ---------------------------------------------------------------------------
 
@@ -500,22 +537,33 @@ class LimitsDialog(QDialog):
         for problem in problems:
             path, message = _split_problem(str(problem))
             parts = path.split(".") if path else []
+            words = self.in_field_words(message)
             if parts and parts[0] in by_field:
-                by_field[parts[0]].append(self._describe(parts, message))
+                by_field[parts[0]].append(self._describe(parts, words))
             elif parts == ["preferences"]:
                 # A check across fields is reported against the whole object, but its
                 # message starts with the field it is about ("resume_below_c (90.0) must
                 # be below ..."): show it there, where the user will change it.
                 named = _FIELD_AT_START.match(message)
                 if named and named.group(1) in by_field:
-                    by_field[named.group(1)].append(message)
+                    by_field[named.group(1)].append(words)
                 else:
-                    general.append(message)
+                    general.append(words)
             else:
                 general.append(str(problem))
         for name, label in self._errors.items():
             self._set_error(label, by_field[name])
         self._set_error(self._error_general, general)
+
+    def in_field_words(self, message: str) -> str:
+        """The node's message with the dialog's words: each preference's name becomes its
+        caption ("resume_below_c (90.0) must be below pause_above_c (83.0)" reads
+        "“Resume GPU below” (90.0) must be below “Pause GPU above” (83.0)"), and
+        pydantic's phrasing the short one a form uses."""
+        text = plain_message(message)
+        for name, caption in sorted(self._captions.items(), key=lambda item: -len(item[0])):
+            text = re.sub(rf"\b{re.escape(name)}\b", f"“{caption}”", text)
+        return text
 
     @staticmethod
     def _describe(parts: list[str], message: str) -> str:

@@ -17,7 +17,8 @@ from importlib.metadata import PackageNotFoundError, version
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
-from app.icons import state_icon
+from app.desktop_entry import install_desktop_entry
+from app.icons import assets_dir, state_icon
 from app.link import NodeLink
 from app.single_instance import SHOW, SingleInstance
 from app.supervisor import NodeSupervisor, node_command
@@ -79,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-wizard", action="store_true", help="skip the first-start wizard")
     parser.add_argument(
+        "--install-desktop-entry",
+        action="store_true",
+        help="put moehome in this desktop's application menu (Linux) and exit",
+    )
+    parser.add_argument(
         "invite",
         nargs="?",
         default="",
@@ -86,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.install_desktop_entry:
+        path = install_desktop_entry(tray_command(), assets_dir() / "moehome.svg")
+        sys.stdout.write(f"moehome is in the application menu: {path}\n")
+        return 0
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     app = QApplication.instance() or QApplication(sys.argv[:1])
     assert isinstance(app, QApplication)

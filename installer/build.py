@@ -14,11 +14,13 @@ import logging
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "installer"))
+sys.path.insert(1, str(ROOT))  # this tree's core/, also when another checkout is installed
 
 from render_icons import OUT as ICONS  # noqa: E402
 from render_icons import render  # noqa: E402
@@ -28,6 +30,27 @@ log = logging.getLogger("build")
 
 def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+#: How much of the standard library's sources the bundle carries for `moehome demo`.
+CORPUS_BYTES = 8 * 2**20
+
+
+def copy_corpus(folder: Path, budget: int = CORPUS_BYTES) -> None:
+    """The first ``budget`` bytes of the standard library's sources (the order the
+    trainer reads them), for a bundle that has no Python sources of its own."""
+    from core.trainer.data import stdlib_sources
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    total = 0
+    for path in stdlib_sources():
+        size = path.stat().st_size
+        if total + size > budget:
+            break
+        target = folder / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        total += size
 
 
 def build(dist: Path, work: Path) -> dict[str, object]:
@@ -53,7 +76,8 @@ def build(dist: Path, work: Path) -> dict[str, object]:
         check=True,
     )
     bundle = dist / "moehome"
-    log.info("[3/3] desktop entry and icon")
+    log.info("[3/3] training text, desktop entry and icon")
+    copy_corpus(bundle / "corpus")
     if sys.platform.startswith("linux"):
         shutil.copy(ROOT / "installer" / "linux" / "moehome.desktop", bundle / "moehome.desktop")
         shutil.copy(ICONS / "moehome-256.png", bundle / "moehome.png")

@@ -160,9 +160,24 @@ def _node_selftest() -> None:
     def report(name: str, ok: bool, detail: str) -> None:
         typer.echo(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
 
-    if not run_async(run_selftest, report):
+    ok = run_async(run_selftest, report)
+    ok = _training_text_check(report) and ok
+    if not ok:
         raise typer.Exit(1)
     typer.echo("node selftest: ok")
+
+
+def _training_text_check(report: Callable[[str, bool, str], None]) -> bool:
+    """`moehome demo`'s default text is there (a packaged build carries its own copy)."""
+    from core.trainer.data import STDLIB, DataError, load_corpus
+
+    try:
+        corpus = load_corpus(STDLIB, max_bytes=2**20)
+    except DataError as exc:
+        report("training text", False, str(exc))
+        return False
+    report("training text", True, f"{corpus.total_bytes} bytes of {STDLIB} text for the demo")
+    return True
 
 
 #: What a command says when no node answers (the tray starts one; so does `moehome node`).

@@ -43,6 +43,10 @@ class DeviceStatus(_Sent):
     device: str = ""
     #: How the memory budget was chosen, in words.
     memory: str = ""
+    #: The budget the experts may fill, and what the node uses now (its process's
+    #: resident memory, plus what it holds on the GPU), in GB.
+    memory_budget_gb: float | None = None
+    memory_used_gb: float | None = None
     benchmark: dict[str, Any] = {}
     network_rtt_ms: float | None = None
 
@@ -70,6 +74,18 @@ class NetworkStatus(_Sent):
     reachability: str = ""
 
 
+class Lifetime(_Sent):
+    """What this computer gave since its first start (kept across restarts)."""
+
+    #: Seconds it was allowed to work (and served a project).
+    working_s: float = 0.0
+    #: Tokens computed: one token through one expert, forward or backward.
+    samples: int = 0
+    contributions_accepted: int = 0
+    #: Unix time of the first record.
+    since: float | None = None
+
+
 class Status(_Sent):
     state: NodeState
     #: Why, in a sentence a volunteer can read.
@@ -88,6 +104,7 @@ class Status(_Sent):
     peers: int = 0
     peer_id: str = ""
     network: NetworkStatus = NetworkStatus()
+    lifetime: Lifetime = Lifetime()
     uptime_s: float = 0
     #: Unix time the snooze ends; None when not snoozed.
     snoozed_until: float | None = None

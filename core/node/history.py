@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
-from core.control.models import HourOfWork, MinuteReading
+from core.control.models import HourOfWork, Lifetime, MinuteReading
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS minutes (
@@ -17,6 +18,14 @@ CREATE TABLE IF NOT EXISTS minutes (
     gpu_temp_c REAL,              -- the hottest reading of the minute
     cpu_temp_c REAL,
     gpu_util REAL                 -- the highest GPU utilization of the minute, 0..1
+);
+-- everything since the first start: minutes go after a year, the totals stay
+CREATE TABLE IF NOT EXISTS totals (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    working_s REAL NOT NULL,
+    samples INTEGER NOT NULL,
+    accepted INTEGER NOT NULL,
+    since REAL NOT NULL           -- unix time of the first record
 );
 """
 _KEEP_MINUTES = 366 * 24 * 60
@@ -32,6 +41,14 @@ class History:
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(minutes)")}
             if "gpu_util" not in columns:  # a database from before utilization was kept
                 self._db.execute("ALTER TABLE minutes ADD COLUMN gpu_util REAL")
+            # a database from before the totals: they start from the minutes it kept
+            self._db.execute(
+                """INSERT OR IGNORE INTO totals
+                   SELECT 1, coalesce(sum(working_s), 0), coalesce(sum(samples), 0), 0,
+                          coalesce(min(minute) * 60, ?)
+                   FROM minutes""",
+                (time.time(),),
+            )
 
     def record(
         self,
@@ -42,9 +59,15 @@ class History:
         gpu_temp_c: float | None,
         cpu_temp_c: float | None,
         gpu_util: float | None = None,
+        accepted: int = 0,
     ) -> None:
         minute = int(now // 60)
         with self._lock, self._db:
+            self._db.execute(
+                "UPDATE totals SET working_s = working_s + ?, samples = samples + ?, "
+                "accepted = accepted + ? WHERE id = 1",
+                (working_s, samples, accepted),
+            )
             self._db.execute(
                 """INSERT INTO minutes VALUES (?, ?, ?, ?, ?, ?)
                    ON CONFLICT(minute) DO UPDATE SET
@@ -85,6 +108,17 @@ class History:
             MinuteReading(at=int(t), gpu_temp_c=g, cpu_temp_c=c, gpu_utilization=u)
             for t, g, c, u in rows
         ]
+
+    def lifetime(self) -> Lifetime:
+        """Everything this computer gave since its first start (survives restarts)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT working_s, samples, accepted, since FROM totals WHERE id = 1"
+            ).fetchone()
+        working_s, samples, accepted, since = row
+        return Lifetime(
+            working_s=working_s, samples=samples, contributions_accepted=accepted, since=since
+        )
 
     def close(self) -> None:
         with self._lock:

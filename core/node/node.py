@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
+import psutil
+import torch
 import trio
 
 from core.control.limits import check_project_id
 from core.control.models import History as HistoryModel
-from core.control.models import PreferencesEvent, ProjectSummary, StateEvent, Status
+from core.control.models import Lifetime, PreferencesEvent, ProjectSummary, StateEvent, Status
 from core.namespaces import moehome_validator
 from core.node.control_server import serve_control
 from core.node.device import DeviceFigures
@@ -40,6 +42,15 @@ from net.host import DEFAULT_LISTEN
 __all__ = ["Node", "NodeOptions"]
 
 log = logging.getLogger(__name__)
+
+
+def memory_in_use() -> int:
+    """This process's resident memory, plus what torch holds on the GPUs (bytes)."""
+    used = psutil.Process().memory_info().rss
+    if torch.cuda.is_available():
+        used += sum(torch.cuda.memory_allocated(i) for i in range(torch.cuda.device_count()))
+    return int(used)
+
 
 #: Every IPv4 interface, on a port chosen at start (IPv6 comes with the NAT work).
 NETWORK_LISTEN = ("/ip4/0.0.0.0/tcp/0",)
@@ -97,11 +108,13 @@ class Node:
             outcomes=serving.outcomes.copy() if serving else Counter(),
             samples_done=serving.samples_done() if serving else 0,
             device_plan=serving.device_plan if serving else None,
+            memory_used_bytes=memory_in_use(),
             benchmark=self.device.benchmark,
             rtt_ms=self.device.rtt_ms,
             peers=len(self.peer.dht.known_peers()) if self.peer else 0,
             peer_id=str(self.identity.peer_id),
             addresses=tuple(self.peer.addrs()) if self.peer else (),
+            lifetime=self.history.lifetime() if self.history else Lifetime(),
             inbound_from_network=(
                 self.peer.host.admission_statistics().inbound_from_network if self.peer else 0
             ),
@@ -304,23 +317,27 @@ class Node:
 
     async def _record_history(self, every: float = 10.0) -> None:
         """Every ``every`` seconds: allowed-to-work time, samples done, temperatures."""
-        last_samples = 0
+        last_samples = last_accepted = 0
         try:
             while True:
                 await trio.sleep(every)
                 samples = self.serving.samples_done() if self.serving else 0
+                accepted = self.serving.outcomes["accepted"] if self.serving else 0
+                serving = self.serving is not None and self.serving.server is not None
                 reading = self.governor.last_reading if self.governor else None
                 decision = self.governor.decision if self.governor else None
                 assert self.history is not None
                 self.history.record(
                     time.time(),
-                    working_s=every if decision is not None and decision.run else 0.0,
+                    # donated time: allowed to work, and serving a project
+                    working_s=every if decision is not None and decision.run and serving else 0.0,
                     samples=max(0, samples - last_samples),
                     gpu_temp_c=reading.gpu_temp_c if reading else None,
                     cpu_temp_c=reading.cpu_temp_c if reading else None,
                     gpu_util=reading.gpu_utilization if reading else None,
+                    accepted=max(0, accepted - last_accepted),
                 )
-                last_samples = samples
+                last_samples, last_accepted = samples, accepted
         finally:
             if self.history is not None:
                 self.history.close()

@@ -10,6 +10,7 @@ from typing import Any
 from core.control.models import (
     ContributionCounts,
     DeviceStatus,
+    Lifetime,
     NetworkStatus,
     NodeState,
     Readings,
@@ -41,6 +42,8 @@ class NodeSnapshot:
     peers: int = 0
     peer_id: str = ""
     addresses: tuple[str, ...] = ()
+    lifetime: Lifetime = field(default_factory=Lifetime)
+    memory_used_bytes: int = 0
     inbound_from_network: int = 0
     uptime_s: float = 0.0
     snoozed_until: float | None = None
@@ -54,7 +57,11 @@ def node_state(snap: NodeSnapshot) -> NodeState:
         return "error"
     if not snap.serving or snap.decision is None:
         return "starting"
-    return "working" if snap.decision.run else "paused"
+    if not snap.decision.run:
+        return "paused"
+    # allowed to work, but nobody to work for: not "working" (the swarm is gone or not
+    # reached yet)
+    return "working" if snap.peers else "starting"
 
 
 def state_reason(state: NodeState, snap: NodeSnapshot) -> str:
@@ -63,6 +70,8 @@ def state_reason(state: NodeState, snap: NodeSnapshot) -> str:
     if state == "error":
         return f"cannot join the project: {snap.project_error}"
     if state == "starting":
+        if snap.serving and snap.decision is not None and snap.decision.run:
+            return "waiting for the swarm: no peer answers yet"
         return "joining the project"
     assert snap.decision is not None
     return snap.decision.describe()
@@ -114,6 +123,10 @@ def build_status(snap: NodeSnapshot) -> Status:
         device=DeviceStatus(
             device=plan.device if plan else "",
             memory=plan.why if plan else "",
+            memory_budget_gb=round(plan.budget_bytes / 1e9, 2) if plan else None,
+            memory_used_gb=round(snap.memory_used_bytes / 1e9, 2)
+            if snap.memory_used_bytes
+            else None,
             benchmark=snap.benchmark,
             network_rtt_ms=snap.rtt_ms,
         ),
@@ -127,6 +140,7 @@ def build_status(snap: NodeSnapshot) -> Status:
         ),
         peers=snap.peers,
         peer_id=snap.peer_id,
+        lifetime=snap.lifetime,
         network=NetworkStatus(
             addresses=list(snap.addresses),
             inbound_from_network=snap.inbound_from_network,

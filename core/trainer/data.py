@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import logging
 import os
+import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,20 @@ def stdlib_sources() -> list[Path]:
     return sorted(found)
 
 
+#: In a packaged build (PyInstaller), beside the executables: a copy of the standard
+#: library's sources made by installer/build.py, so that "stdlib" (``moehome demo``'s
+#: default) works without Python's sources on the machine.
+BUNDLED_CORPUS: Final = "corpus"
+
+
+def bundled_corpus() -> list[Path]:
+    """The packaged build's copy of the standard library's sources; empty elsewhere."""
+    if not getattr(sys, "frozen", False):
+        return []
+    folder = Path(sys.executable).resolve().parent / BUNDLED_CORPUS
+    return text_files(folder) if folder.is_dir() else []
+
+
 def _looks_like_text(path: Path) -> bool:
     """The first 8 KiB hold no NUL byte and decode as UTF-8. A multibyte character cut by
     the 8 KiB boundary is fine: only a file shorter than that must end complete."""
@@ -123,7 +138,7 @@ def text_files(folder: Path) -> list[Path]:
 def _sources(source: str | Path) -> tuple[list[Path], str]:
     """The files to read for ``source``, and how to name it on screen."""
     if isinstance(source, str) and source == STDLIB:
-        files = stdlib_sources()
+        files = stdlib_sources() or bundled_corpus()
         if not files:
             raise DataError(
                 "the Python standard library's source files are not on this machine "

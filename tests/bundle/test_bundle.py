@@ -63,7 +63,8 @@ def test_the_bundle_builds_and_runs(tmp_path):
 
     assert run("moehome", "--version").startswith("moehome ")
     out = run("moehome", "node", "--selftest")
-    for check in ("device benchmark", "libp2p hosts", "expert forward", "probes"):
+    checks = ("device benchmark", "libp2p hosts", "expert forward", "probes", "training text")
+    for check in checks:
         assert f"ok   {check}:" in out
     assert "tray selftest: ok" in run("moehome-tray", "--selftest")
     if sys.platform.startswith("linux"):

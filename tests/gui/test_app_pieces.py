@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import configparser
+import os
 import plistlib
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -445,3 +447,28 @@ def test_limits_edited_and_problems_shown(wizard, node):
 )
 def test_benchmark_figures_in_words(figures, lines):
     assert benchmark_lines(figures) == lines
+
+
+def test_the_desktop_entry_is_installed_on_a_fresh_account(tmp_path):
+    """`moehome-tray --install-desktop-entry` from the unpacked bundle: the folders of a
+    fresh account are created, the entry starts this tray and takes moehome:// links."""
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "share"), "QT_QPA_PLATFORM": "offscreen"}
+    done = subprocess.run(
+        [sys.executable, "-m", "app.main", "--install-desktop-entry"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "share" / "applications" / "moehome.desktop"
+    assert str(path) in done.stdout
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(path, encoding="utf-8")
+    entry = parser["Desktop Entry"]
+    assert entry["Exec"].startswith(desktop_exec([sys.executable, "-m", "app.main"]))
+    assert entry["Exec"].endswith(" %u")  # an invite link clicked in a browser
+    assert entry["MimeType"] == "x-scheme-handler/moehome;"
+    assert Path(entry["Icon"]).is_file()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, TypeVar
 
+import pytest
 from pydantic import TypeAdapter
 from PySide6.QtCore import Qt, QTime
 from PySide6.QtWidgets import (
@@ -19,7 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.dashboard import DASH, MAX_EVENTS, DashboardWindow, describe_event
-from app.limits import LimitsDialog, ScheduleEditor
+from app.limits import LimitsDialog, ScheduleEditor, plain_message
 from core.control.limits import preference_limits
 from core.control.models import (
     ContributionCounts,
@@ -27,6 +29,7 @@ from core.control.models import (
     Event,
     History,
     HourOfWork,
+    Lifetime,
     MinuteReading,
     Readings,
     Status,
@@ -186,11 +189,12 @@ def test_problems_from_the_node_are_shown_and_the_dialog_stays_open(qtbot):
 
     resume = child(dialog, QLabel, "error_resume_below_c")
     assert resume.isVisible()
-    assert resume.text() == "resume_below_c (90.0) must be below pause_above_c (83.0)"
+    assert (
+        resume.text() == "“Resume GPU below” (90.0) must be below “Pause GPU above” (83.0)"
+    )  # the dialog's words
     schedule = child(dialog, QLabel, "error_schedule")
     assert schedule.isVisible()
-    assert "window 1, start" in schedule.text()
-    assert "String should match pattern" in schedule.text()
+    assert schedule.text() == "window 1, start: use the form HH:MM (00:00 to 23:59)"
     general = child(dialog, QLabel, "error_general")
     assert general.isVisible()
     assert "the node could not save the file" in general.text()
@@ -211,12 +215,34 @@ def test_a_check_across_fields_shows_at_the_field_it_names(qtbot):
     # the node reports checks across fields against the whole object; the message names
     # the field the user should change
     problem = "preferences: resume_below_c (90.0) must be below pause_above_c (83.0)"
-    dialog = make_dialog(qtbot, apply=Recorder([problem]))
+    dialog = make_dialog(qtbot, apply=Recorder([problem], [problem]))
     click(qtbot, dialog, "saveButton")
     error = child(dialog, QLabel, "error_resume_below_c")
     assert error.isVisible()
-    assert error.text() == "resume_below_c (90.0) must be below pause_above_c (83.0)"
+    assert error.text() == "“Resume GPU below” (90.0) must be below “Pause GPU above” (83.0)"
     assert child(dialog, QLabel, "error_general").isHidden()
+    # fixing either field clears it (the fix itself is checked on the next Save)
+    child(dialog, QDoubleSpinBox, "field_pause_above_c").setValue(95.0)
+    assert error.isHidden()
+    click(qtbot, dialog, "saveButton")
+    assert error.isVisible()
+    child(dialog, QDoubleSpinBox, "field_resume_below_c").setValue(60.0)
+    assert error.isHidden()
+
+
+@pytest.mark.parametrize(
+    ("node_says", "form_says"),
+    [
+        ("Input should be less than or equal to 100", "must be at most 100"),
+        ("Input should be greater than or equal to 0", "must be at least 0"),
+        ("Input should be greater than 0", "must be above 0"),
+        ("Input should be a valid number, unable to parse string as a number", "must be a number"),
+        ("Value error, days must not repeat", "days must not repeat"),
+        ("something new", "something new"),
+    ],
+)
+def test_pydantic_wording_reads_as_a_form_says_it(node_says, form_says):
+    assert plain_message(node_says) == form_says
 
 
 def test_an_unreachable_node_is_a_general_problem(qtbot):
@@ -311,6 +337,9 @@ FULL_STATUS = Status(
     ),
     peers=7,
     uptime_s=7300,
+    lifetime=Lifetime(
+        working_s=93_600, samples=4_567_890, contributions_accepted=321, since=1_790_000_000
+    ),
 )
 
 FIGURES = (
@@ -318,6 +347,7 @@ FIGURES = (
     "figureExperts",
     "figurePeers",
     "figureSamples",
+    "figureLifetime",
     "figureDevice",
     "figureReadings",
 )
@@ -347,7 +377,11 @@ def test_dashboard_shows_a_full_status(qtbot):
     assert "2 refused" in contributions
     assert text(window, "figureExperts") == "ffn.0.3, ffn.1.7"
     assert text(window, "figurePeers") == "7"
-    assert text(window, "figureSamples") == "12,345"
+    assert text(window, "figureSamples") == "12,345 since the node started"
+    assert text(window, "figureLifetime") == (
+        "1 d 2 h of work  ·  4,567,890 tokens  ·  321 contributions accepted  (since "
+        f"{datetime.fromtimestamp(1_790_000_000).strftime('%Y-%m-%d')})"
+    )
     assert "cuda:0" in text(window, "figureDevice")
     assert "24 GB" in text(window, "figureDevice")
 
@@ -466,6 +500,27 @@ def test_dashboard_lists_events_newest_first(qtbot):
     assert events.item(0).text() == "Preferences changed"
 
 
+def test_runs_of_accepted_contributions_are_one_line(qtbot):
+    window = make_dashboard(qtbot)
+
+    def accepted(i: int) -> dict[str, Any]:
+        return {"id": i, "kind": "contribution", "uid": f"ffn.0.{i % 3}", "outcome": "accepted"}
+
+    stale = {"id": 100, "kind": "contribution", "uid": "ffn.0.1", "outcome": "stale"}
+    window.add_events(
+        EVENTS.validate_python(
+            [*map(accepted, range(1, 21)), stale, *map(accepted, range(121, 141))]
+        )
+    )
+    events = child(window, QListWidget, "eventsList")
+    lines = [events.item(i).text() for i in range(events.count())]
+    assert lines == [
+        "20 contributions accepted (experts ffn.0.0, ffn.0.1, ffn.0.2)",
+        "Contribution to expert ffn.0.1 refused (stale)",
+        "20 contributions accepted (experts ffn.0.0, ffn.0.1, ffn.0.2)",
+    ]
+
+
 def test_describe_event_says_what_happened():
     def say(event: dict[str, Any]) -> str:
         (parsed,) = EVENTS.validate_python([event])
@@ -481,3 +536,13 @@ def test_describe_event_says_what_happened():
     assert say({"kind": "benchmark", "what": "done", "done": 3, "total": 3}) == (
         "Benchmark of this computer finished"
     )
+
+
+def test_an_empty_plot_says_why(qtbot):
+    window = make_dashboard(qtbot)
+    window.update_history(History())
+    assert "nothing recorded yet" in window._temperature_plot.plotItem.titleLabel.text
+    t0 = 1_700_000_000
+    window.update_history(History(temperatures=[MinuteReading(at=t0, cpu_temp_c=50.0)]))
+    assert window._temperature_plot.plotItem.titleLabel.text == "Temperature"
+    assert "no sensor on this computer" in window._utilization_plot.plotItem.titleLabel.text

@@ -115,7 +115,7 @@ def test_the_tray_drives_a_real_node(qtbot, tmp_path, monkeypatch, owner):
         save.click()
         error = dialog.findChild(QLabel, "error_resume_below_c")
         assert error is not None
-        assert "must be below pause_above_c" in error.text()
+        assert "must be below “Pause GPU above”" in error.text()
         assert dialog.isVisible()
         dialog.close()
 

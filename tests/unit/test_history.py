@@ -25,6 +25,23 @@ def test_history_per_hour_and_temperatures_survive_a_restart(tmp_path):
     history.close()
 
 
+def test_lifetime_totals_survive_restarts_and_outlive_the_minutes(tmp_path):
+    db = tmp_path / "history.sqlite"
+    history = History(db)
+    assert history.lifetime().samples == 0
+    history.record(T0, working_s=60, samples=100, gpu_temp_c=None, cpu_temp_c=None, accepted=2)
+    history.close()
+    history = History(db)  # a restart
+    history.record(T0 + 60, working_s=30, samples=5, gpu_temp_c=None, cpu_temp_c=None, accepted=1)
+    # a year and a day later: the old minutes are gone, the totals are not
+    later = T0 + 367 * 86400
+    history.record(later, working_s=0, samples=0, gpu_temp_c=None, cpu_temp_c=None)
+    assert history.per_hour(0)[0].hour == int(later // 3600) * 3600
+    lifetime = history.lifetime()
+    assert (lifetime.working_s, lifetime.samples, lifetime.contributions_accepted) == (90, 105, 3)
+    history.close()
+
+
 def test_a_database_from_before_utilization_is_upgraded(tmp_path):
     import sqlite3
 
@@ -43,4 +60,7 @@ def test_a_database_from_before_utilization_is_upgraded(tmp_path):
         MinuteReading(at=int(T0), gpu_temp_c=66, cpu_temp_c=44),
         MinuteReading(at=int(T0 + 60), gpu_temp_c=67, cpu_temp_c=45, gpu_utilization=0.5),
     ]
+    # the totals start from the minutes the old database kept
+    lifetime = history.lifetime()
+    assert (lifetime.working_s, lifetime.samples, lifetime.since) == (120, 6, int(T0 // 60) * 60)
     history.close()

@@ -28,9 +28,18 @@ TOO_HOT = Decision(False, Reason.GPU_HOT, "90 °C")
         ),
         # a server that runs outranks an old error (it was fixed by a retry)
         (
-            NodeSnapshot(project="p" * 32, project_error="old", serving=True, decision=WORKING),
+            NodeSnapshot(
+                project="p" * 32, project_error="old", serving=True, decision=WORKING, peers=3
+            ),
             "working",
             "working",
+            "",
+        ),
+        # allowed to work, serving, but no peer of the swarm: nobody to work for
+        (
+            NodeSnapshot(project="p" * 32, serving=True, decision=WORKING, peers=0),
+            "starting",
+            "waiting for the swarm",
             "",
         ),
         (NodeSnapshot(project="p" * 32, serving=True), "starting", "joining", ""),
@@ -97,5 +106,7 @@ def test_the_status_says_plainly_how_the_node_is_reached(addresses, inbound, say
 
 @pytest.mark.parametrize(("decision", "listed"), [(WORKING, {"ffn.0.1": 3}), (TOO_HOT, {})])
 def test_experts_are_listed_only_while_served(decision, listed):
-    snap = NodeSnapshot(project="p" * 32, serving=True, decision=decision, experts={"ffn.0.1": 3})
+    snap = NodeSnapshot(
+        project="p" * 32, serving=True, decision=decision, experts={"ffn.0.1": 3}, peers=2
+    )
     assert build_status(snap).experts == listed  # paused: withdrawn from the swarm
