@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import typing
 from collections.abc import Callable
 from typing import Any, Final
 
 from PySide6.QtCore import Qt, QTime, Signal, SignalInstance
+from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
     QCheckBox,
     QDialog,
     QDoubleSpinBox,
@@ -78,8 +81,75 @@ _TOOLTIPS: Final[dict[str, str]] = {
         "Share of the time the node computes. Lower values keep the GPU cooler and quieter."
     ),
     "gpus": "Which GPUs the node may use: all of them, or a comma-separated list of indexes.",
-    "memory_cap_gb": "Largest amount of GPU memory the node may take. Unticked: no cap.",
+    "memory_cap_gb": (
+        "Largest amount of memory the experts may fill: the GPU's, or the computer's RAM "
+        "when there is no GPU. Unticked: a share of what is free."
+    ),
+    "cpu_threads": (
+        "How many processor threads the node computes with. Unticked: as many as the "
+        "processor has. Lower it on a computer without a GPU to keep it responsive."
+    ),
 }
+
+
+#: The signals by which a field's widgets say they were edited.
+_EDIT_SIGNALS: Final = ("valueChanged", "toggled", "textChanged", "changed")
+
+
+class RangeSpinBox(QDoubleSpinBox):
+    """A spin box that refuses a number outside its range instead of clamping it: Qt's own
+    box drops the keystroke that leaves the range (500 typed in 0-100 becomes 50) or
+    snaps to the bound. Here the typed number stays while it is typed; when the field is
+    left, the box goes back to its last value and ``refused`` says what was typed."""
+
+    #: A sentence: the typed number and the range.
+    refused = Signal(str)
+    #: The value changed (Qt's valueChanged also fires, unchanged, when Enter is pressed).
+    edited = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._last = self.value()
+        #: The last refusal, until the value is edited: Save stops on it (Enter refuses,
+        #: then presses the dialog's default button).
+        self.refusal = ""
+        self.valueChanged.connect(self._on_value)
+
+    def _on_value(self, value: float) -> None:
+        if value != self._last:
+            self._last = value
+            self.refusal = ""
+            self.edited.emit()
+
+    def _number(self, text: str) -> float | None:
+        core = text.strip()
+        if self.suffix() and core.endswith(self.suffix().strip()):
+            core = core[: -len(self.suffix().strip())].strip()
+        try:
+            return float(core.replace(self.locale().decimalPoint(), "."))
+        except ValueError:
+            return None
+
+    def validate(self, text: str, pos: int) -> tuple[QValidator.State, str, int]:
+        result: Any = super().validate(text, pos)  # PySide6 gives a tuple or a bare state
+        state = result[0] if isinstance(result, tuple) else result
+        if state == QValidator.State.Invalid and self._number(text) is not None:
+            # out of range, but a number: keep it on screen (refused on leaving)
+            return (QValidator.State.Intermediate, text, pos)
+        if isinstance(result, tuple):
+            return (result[0], result[1], result[2])
+        return (state, text, pos)
+
+    def fixup(self, text: str) -> str:
+        value = self._number(text)
+        if value is not None and not self.minimum() <= value <= self.maximum():
+            low, high = self.textFromValue(self.minimum()), self.textFromValue(self.maximum())
+            self.refusal = (
+                f"{value:g} is not allowed: from {low} to {high}{self.suffix()}; "
+                f"it stays at {self.textFromValue(self.value())}{self.suffix()}"
+            )
+            self.refused.emit(self.refusal)
+        return text
 
 
 def spin_range(rule: NumberRange, decimals: int, scale: float = 1.0) -> tuple[float, float]:
@@ -268,6 +338,7 @@ class LimitsDialog(QDialog):
         self._apply = apply
         self._errors: dict[str, QLabel] = {}
         self._captions: dict[str, str] = {}
+        self._range_boxes: dict[str, list[RangeSpinBox]] = {}
         self.setObjectName("limitsDialog")
         self.setWindowTitle("moehome — limits")
 
@@ -295,6 +366,11 @@ class LimitsDialog(QDialog):
         self._memory_cap = self._spin("memory_cap_gb", " GB", decimals=1, step=1.0)
         self._memory_cap.setObjectName("memoryCap")
         self._memory_limit.toggled.connect(self._memory_cap.setEnabled)
+        self._threads_limit = QCheckBox("Limit to")
+        self._threads_limit.setObjectName("cpuThreadsLimit")
+        self._cpu_threads = self._spin("cpu_threads", " threads", decimals=0, step=1.0)
+        self._cpu_threads.setObjectName("cpuThreads")
+        self._threads_limit.toggled.connect(self._cpu_threads.setEnabled)
         self._listen_on_network = QCheckBox("Let other computers connect (needed to serve)")
         self._listen_on_network.setObjectName("listenOnNetwork")
 
@@ -308,6 +384,11 @@ class LimitsDialog(QDialog):
         memory_layout.setContentsMargins(0, 0, 0, 0)
         memory_layout.addWidget(self._memory_limit)
         memory_layout.addWidget(self._memory_cap, 1)
+        threads = QWidget()
+        threads_layout = QHBoxLayout(threads)
+        threads_layout.setContentsMargins(0, 0, 0, 0)
+        threads_layout.addWidget(self._threads_limit)
+        threads_layout.addWidget(self._cpu_threads, 1)
 
         self._error_general = QLabel()
         self._error_general.setObjectName("error_general")
@@ -337,7 +418,8 @@ class LimitsDialog(QDialog):
             [
                 ("duty_cycle", "Duty cycle", self._duty_cycle),
                 ("gpus", "GPUs", gpus),
-                ("memory_cap_gb", "GPU memory", memory),
+                ("memory_cap_gb", "Memory", memory),
+                ("cpu_threads", "Processor", threads),
             ],
         )
         network = self._section(
@@ -387,7 +469,7 @@ class LimitsDialog(QDialog):
         name: str, suffix: str, *, decimals: int = 1, step: float = 1.0, scale: float = 1.0
     ) -> QDoubleSpinBox:
         """A spin box for the node's preference ``name``, with exactly the node's range."""
-        spin = QDoubleSpinBox()
+        spin = RangeSpinBox()
         spin.setDecimals(decimals)  # first: Qt rounds the range to the decimals
         spin.setRange(*spin_range(preference_limits().ranges[name], decimals, scale))
         spin.setSingleStep(step)
@@ -421,13 +503,22 @@ class LimitsDialog(QDialog):
             form.addRow(label, cell)
             self._captions[name] = caption
             self._clear_when_edited(name, widget)
+            for part in [widget, *widget.findChildren(RangeSpinBox)]:
+                if isinstance(part, RangeSpinBox):
+                    self._range_boxes.setdefault(name, []).append(part)
+                    part.refused.connect(
+                        lambda message, label=error: self._set_error(label, [message])
+                    )
         return box
 
     def _clear_when_edited(self, name: str, widget: QWidget) -> None:
         """An error goes as soon as its field is edited (the fix is checked on Save): the
         field's own, and a check across fields that names it."""
         for part in [widget, *widget.findChildren(QWidget)]:
-            for signal_name in ("valueChanged", "toggled", "textChanged", "changed"):
+            if isinstance(part.parent(), QAbstractSpinBox):
+                continue  # a spin box's own line edit: its value is what counts
+            names = ("edited",) if isinstance(part, RangeSpinBox) else _EDIT_SIGNALS
+            for signal_name in names:
                 signal = getattr(part, signal_name, None)
                 if isinstance(signal, SignalInstance):
                     signal.connect(lambda *_args, name=name: self._field_edited(name))
@@ -459,6 +550,11 @@ class LimitsDialog(QDialog):
         self._memory_limit.setChecked(cap is not None)
         self._memory_cap.setEnabled(cap is not None)
         self._memory_cap.setValue(_DEFAULT_MEMORY_CAP_GB if cap is None else cap)
+        threads = preferences.cpu_threads
+        self._threads_limit.setChecked(threads is not None)
+        self._cpu_threads.setEnabled(threads is not None)
+        # shown when first ticked: half the threads, the other half for the volunteer
+        self._cpu_threads.setValue(threads or max(1, (os.cpu_count() or 2) // 2))
         self._listen_on_network.setChecked(preferences.listen_on_network)
 
     def values(self) -> dict[str, Any]:
@@ -491,6 +587,9 @@ class LimitsDialog(QDialog):
         result["memory_cap_gb"] = (
             float(self._memory_cap.value()) if self._memory_limit.isChecked() else None
         )
+        result["cpu_threads"] = (
+            round(self._cpu_threads.value()) if self._threads_limit.isChecked() else None
+        )
         result["listen_on_network"] = self._listen_on_network.isChecked()
         return result
 
@@ -519,14 +618,22 @@ class LimitsDialog(QDialog):
         return indexes, bad
 
     def _local_problems(self) -> list[str]:
-        """Problems the node cannot report because the form cannot even express them."""
-        if self._gpus_all.isChecked():
-            return []
-        _indexes, bad = self._parse_gpus()
-        if bad:
-            listed = ", ".join(repr(token) for token in bad)
-            return [f"gpus: {listed} is not a GPU index; use whole numbers such as 0, 1"]
-        return []
+        """Problems the node cannot report because the form cannot even express them: a
+        number refused as out of range, GPU indexes that are no numbers."""
+        problems = [
+            f"{name}: {box.refusal}"
+            for name, boxes in self._range_boxes.items()
+            for box in boxes
+            if box.refusal
+        ]
+        if not self._gpus_all.isChecked():
+            _indexes, bad = self._parse_gpus()
+            if bad:
+                listed = ", ".join(repr(token) for token in bad)
+                problems.append(
+                    f"gpus: {listed} is not a GPU index; use whole numbers such as 0, 1"
+                )
+        return problems
 
     # -- saving ---------------------------------------------------------------------------
 

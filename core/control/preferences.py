@@ -70,6 +70,9 @@ class Preferences(BaseModel):
         Annotated[list[Annotated[int, Field(ge=0, le=63)]], Field(max_length=64)] | Literal["all"]
     ) = "all"
     memory_cap_gb: Annotated[float, Field(gt=0, le=4096)] | None = None
+    #: Processor threads the node computes with; None: as many as torch picks (the cores).
+    #: What a volunteer without a GPU turns down to keep the computer responsive.
+    cpu_threads: Annotated[int, Field(ge=1, le=256)] | None = None
     #: Let other computers reach this node (it listens on every network interface):
     #: what serving needs. Off: only this computer can (the node works for local tests).
     #: Read when the node starts. The control API listens on 127.0.0.1 either way.

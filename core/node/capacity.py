@@ -81,4 +81,4 @@ def plan_device(allowed: Sequence[int] | Literal["all"], cap_gb: float | None) -
         where = f"CPU ({free / 1e9:.1f} GB of RAM free)"
     budget = memory_budget(free, cap_gb)
     cap = f"your cap of {cap_gb:g} GB" if cap_gb is not None else f"{DEFAULT_SHARE:.0%} of free"
-    return DevicePlan(device, budget, f"{where}; using {budget / 1e9:.2f} GB ({cap})")
+    return DevicePlan(device, budget, f"{where}; experts may fill {budget / 1e9:.2f} GB ({cap})")

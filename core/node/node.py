@@ -21,6 +21,7 @@ import trio
 from core.control.limits import check_project_id
 from core.control.models import History as HistoryModel
 from core.control.models import Lifetime, PreferencesEvent, ProjectSummary, StateEvent, Status
+from core.control.preferences import Preferences
 from core.namespaces import moehome_validator
 from core.node.control_server import serve_control
 from core.node.device import DeviceFigures
@@ -81,6 +82,7 @@ class Node:
     def __post_init__(self) -> None:
         self.preferences = PreferenceStore(self.options.config_dir / "preferences.json")
         self.peer_cache = PeerCache(self.options.data_dir / "peers.json")
+        self._default_threads = torch.get_num_threads()
         self.device = DeviceFigures(
             self.options.data_dir / "device-benchmark.json",
             self.events,
@@ -153,6 +155,8 @@ class Node:
             )
             self.governor = governor
             self.preferences.subscribe(lambda _: self.events.publish(PreferencesEvent()))
+            self.preferences.subscribe(self._use_threads)
+            self._use_threads(self.preferences.current)
             await nursery.start(governor.run)
             self.serving = ProjectService(
                 self.identity,
@@ -285,6 +289,13 @@ class Node:
                 run=decision.run, reason=decision.describe(), reason_code=reason_code(decision)
             )
         )
+
+    def _use_threads(self, prefs: Preferences) -> None:
+        """The volunteer's cap on processor threads (process-wide: torch's intra-op pool)."""
+        wanted = prefs.cpu_threads or self._default_threads
+        if torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
+            log.info("computing with %d processor threads", wanted)
 
     def _save_peers(self) -> None:
         """Remember the peers of the routing table (their full addresses)."""

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import TypeAdapter
 from PySide6.QtCore import Qt, QTime
+from PySide6.QtTest import QTest
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
@@ -54,6 +55,7 @@ PREFERENCES = {
     "exclusive_apps": ["steam.exe", "blender"],
     "gpus": [0, 2],
     "memory_cap_gb": 6.5,
+    "cpu_threads": 3,
     "listen_on_network": False,
 }
 
@@ -110,6 +112,8 @@ def test_limits_dialog_shows_the_preferences_it_was_given(qtbot):
     assert child(dialog, QCheckBox, "memoryLimit").isChecked()
     assert child(dialog, QDoubleSpinBox, "memoryCap").value() == 6.5
     assert not child(dialog, QCheckBox, "field_listen_on_network").isChecked()
+    assert child(dialog, QCheckBox, "cpuThreadsLimit").isChecked()
+    assert child(dialog, QDoubleSpinBox, "cpuThreads").value() == 3
     editor = child(dialog, ScheduleEditor, "field_schedule")
     assert editor.row_count() == 2
     assert editor.row(0).start.time() == QTime(22, 0)
@@ -546,3 +550,25 @@ def test_an_empty_plot_says_why(qtbot):
     window.update_history(History(temperatures=[MinuteReading(at=t0, cpu_temp_c=50.0)]))
     assert window._temperature_plot.plotItem.titleLabel.text == "Temperature"
     assert "no sensor on this computer" in window._utilization_plot.plotItem.titleLabel.text
+
+
+def test_a_number_out_of_range_is_refused_in_words_not_clamped(qtbot):
+    apply = Recorder()
+    dialog = make_dialog(qtbot, apply=apply)
+    dialog.show()
+    box = child(dialog, QDoubleSpinBox, "field_duty_cycle")  # 0-100 %, at 50
+    before = box.value()
+    box.setFocus()
+    box.selectAll()
+    QTest.keyClicks(box, "500")
+    assert box.lineEdit().text().startswith("500")  # what was typed stays while typing
+    QTest.keyClick(box, Qt.Key.Key_Return)  # leaving the field: refused, said why
+    error = child(dialog, QLabel, "error_duty_cycle")
+    assert error.isVisible()
+    assert error.text().startswith("500 is not allowed: from ")
+    assert box.value() == before  # not 100, not 50 by a dropped keystroke: unchanged
+    # Enter also pressed Save: it stopped at the refusal (nothing sent, still open)
+    assert apply.calls == []
+    assert dialog.isVisible()
+    box.setValue(40.0)  # a good value clears it
+    assert error.isHidden()

@@ -41,6 +41,7 @@ DIALOG_SPINS: dict[str, tuple[str, float]] = {
     "cpu_resume_below_c": ("field_cpu_resume_below_c", 1.0),
     "duty_cycle": ("field_duty_cycle", 100.0),
     "memory_cap_gb": ("memoryCap", 1.0),
+    "cpu_threads": ("cpuThreads", 1.0),
 }
 
 
@@ -101,12 +102,16 @@ def test_dialog_at_the_defaults_shows_the_node_defaults(dialog):
     assert spin(dialog, QCheckBox, "memoryLimit").isChecked() == (
         defaults["memory_cap_gb"] is not None
     )
+    assert spin(dialog, QCheckBox, "cpuThreadsLimit").isChecked() == (
+        defaults["cpu_threads"] is not None
+    )
     assert dialog.values() == defaults
 
 
 @pytest.mark.parametrize("end", ["minimum", "maximum"])
 def test_the_node_takes_the_dialog_ends(dialog, end):
     spin(dialog, QCheckBox, "memoryLimit").setChecked(True)
+    spin(dialog, QCheckBox, "cpuThreadsLimit").setChecked(True)
     for object_name, _scale in DIALOG_SPINS.values():
         box = spin(dialog, QDoubleSpinBox, object_name)
         box.setValue(getattr(box, end)())
