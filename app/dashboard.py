@@ -9,6 +9,7 @@ lacks, a node that is not running) shows as "—".
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Final, assert_never
@@ -425,6 +426,22 @@ class DashboardWindow(QWidget):
             worked = sum(entry.working_s for entry in history.hours)
             tooltip = f"Worked {_duration(worked)} over the last {len(history.hours)} hours"
         self._work_plot.setToolTip(tooltip)
+        # An empty plot gets the axes it will have, not pyqtgraph's 0..1 (a date axis of
+        # tenths of a second in 1970 and a 0-0.8 °C scale); data brings autorange back.
+        now = time.time()
+        temperatures = any(r.gpu_temp_c is not None or r.cpu_temp_c is not None for r in rows)
+        utilization = any(r.gpu_utilization is not None for r in rows)
+        empty_ranges = (
+            (self._temperature_plot, temperatures, (20.0, 100.0), 3600.0),
+            (self._utilization_plot, utilization, (0.0, 100.0), 3600.0),
+            (self._work_plot, bool(history.hours), (0.0, 1000.0), 24 * 3600.0),
+        )
+        for plot, has_data, (low, high), span in empty_ranges:
+            if has_data:
+                plot.enableAutoRange()
+            else:
+                plot.setXRange(now - span, now, padding=0)
+                plot.setYRange(low, high, padding=0)
 
     @staticmethod
     def _column(

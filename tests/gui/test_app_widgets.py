@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -572,3 +573,12 @@ def test_a_number_out_of_range_is_refused_in_words_not_clamped(qtbot):
     assert dialog.isVisible()
     box.setValue(40.0)  # a good value clears it
     assert error.isHidden()
+
+
+def test_an_empty_plot_has_the_axes_it_will_have(qtbot):
+    window = make_dashboard(qtbot)
+    window.update_history(History())
+    (x_low, x_high), (y_low, y_high) = window._temperature_plot.plotItem.viewRange()
+    assert x_high - x_low == pytest.approx(3600, rel=0.01)  # the last hour, not 1970's 0..1
+    assert abs(x_high - time.time()) < 120
+    assert (y_low, y_high) == pytest.approx((20, 100), abs=0.5)  # degrees, not 0-0.8
