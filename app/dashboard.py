@@ -370,7 +370,9 @@ class DashboardWindow(QWidget):
     @staticmethod
     def _device(device: DeviceStatus) -> str:
         parts: list[str] = []
-        if device.device:
+        if device.device == "cpu":
+            parts.append("the processor (no GPU found)")
+        elif device.device:
             parts.append(device.device)
         if device.memory_used_gb is not None and device.memory_budget_gb is not None:
             parts.append(

@@ -15,10 +15,13 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QPushButton, QWidget
 
+from app.background import run_now
 from app.dashboard import DashboardWindow
 from app.limits import LimitsDialog
 from app.link import NodeLink
-from app.tray import Tray
+from app.tray import ProjectDialog, Tray
+from app.wizard import FirstStartWizard, WizardActions
+from core.control.invite import Invite
 from core.control.models import (
     ContributionCounts,
     ContributionEvent,
@@ -27,7 +30,9 @@ from core.control.models import (
     ExpertsEvent,
     History,
     HourOfWork,
+    Lifetime,
     MinuteReading,
+    ProjectSummary,
     Readings,
     StateEvent,
     Status,
@@ -35,6 +40,38 @@ from core.control.models import (
 from core.control.preferences import Preferences, Window
 
 NOW = time.time()
+PEER = "/ip4/198.18.0.7/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
+FOUND = ProjectSummary(
+    project="0f" * 16,
+    name="tiny-lm",
+    description="A small byte-level language model, trained by volunteers.",
+    owner="1a2b-3c4d-5e6f-7a8b",
+    experts=32,
+    mixture_layers=2,
+    expert_kind="ffn",
+    expert_parameters=33_088,
+)
+OTHER_PROJECT = ProjectSummary(project="1e" * 16, name="demo-charlm", description="the demo")
+INVITE = Invite(project="0f" * 16, peers=(PEER,)).link()
+CPU_STATUS = Status(
+    state="working",
+    reason="working",
+    project="0f" * 16,
+    project_name="tiny-lm",
+    experts={"ffn0.0.1": 3},
+    contributions=ContributionCounts(sent=12, accepted=12),
+    samples_done=20_480,
+    device=DeviceStatus(
+        device="cpu",
+        memory="CPU (6.1 GB of RAM free); experts may fill 3.05 GB (50% of free)",
+        memory_budget_gb=3.05,
+        memory_used_gb=0.49,
+    ),
+    readings=Readings(idle_seconds=610, on_battery=False),
+    peers=5,
+    uptime_s=900,
+    lifetime=Lifetime(working_s=900, samples=20_480, contributions_accepted=12, since=NOW - 900),
+)
 STATUS = Status(
     state="working",
     reason="working",
@@ -128,13 +165,54 @@ def main(out: Path) -> None:
             ),
             lambda changes: ["resume_below_c: resume_below_c (90.0) must be below pause_above_c"],
         )
-        limits.resize(820, 900)
+        limits.resize(820, 980)
         limits.show()
         save = limits.findChild(QPushButton, "saveButton")
         assert save is not None
         save.click()
         shoot(limits, out / f"limits-{theme}.png")
         limits.close()
+
+        # choosing a project: the invite pasted, the node's summary shown before joining
+        wizard = FirstStartWizard(
+            WizardActions(
+                list_projects=lambda: [OTHER_PROJECT],
+                find=lambda invite: FOUND,
+                join=lambda invite: [],
+                leave=list,
+                start_benchmark=lambda: None,
+                apply_limits=lambda changes: [],
+                run=run_now,
+            )
+        )
+        wizard.resize(720, 620)
+        wizard.show()
+        wizard.next()
+        wizard.project_page.picker.set_invite_text(INVITE)
+        shoot(wizard, out / f"wizard-project-{theme}.png")
+        wizard.close()
+
+        dialog = ProjectDialog(link, STATUS, run=run_now)
+        dialog.picker._find = lambda invite: FOUND  # no node here: what it would answer
+        dialog.picker._list_projects = lambda: [OTHER_PROJECT, FOUND]
+        dialog.picker.refresh()
+        dialog.picker.set_invite_text("moehome://join/" + "ab" * 15 + "?peer=%2Fip4")
+        shoot(dialog, out / f"project-{theme}.png")
+        dialog.close()
+
+        # a computer without a GPU or sensors, and a fresh history
+        cpu = DashboardWindow()
+        cpu.setPalette(palette)
+        cpu.resize(1000, 720)
+        cpu.update_status(CPU_STATUS)
+        cpu.update_history(
+            History(
+                hours=[HourOfWork(hour=int(NOW // 3600 * 3600), working_s=900, samples=20_480)],
+                temperatures=[MinuteReading(at=int(NOW // 60 * 60) - 60 * m) for m in range(15)],
+            )
+        )
+        shoot(cpu, out / f"dashboard-cpu-{theme}.png")
+        cpu.close()
     sys.stdout.write("\n".join(sorted(p.name for p in out.glob("*.png"))) + "\n")
 
 

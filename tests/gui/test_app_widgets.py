@@ -416,7 +416,7 @@ def test_dashboard_shows_dashes_for_what_the_node_lacks(qtbot):
         )
     )
     assert text(window, "figureReadings") == "CPU 55 °C  ·  on battery"
-    assert text(window, "figureDevice") == "cpu"
+    assert text(window, "figureDevice") == "the processor (no GPU found)"
 
 
 def test_dashboard_plots_the_history(qtbot):

@@ -1,4 +1,5 @@
-"""Screenshots of the dashboard, the menu and the limits dialog under a real X server
+"""Screenshots of the dashboard (with a GPU, and on a computer without one), the menu, the
+limits dialog, the wizard's project page and Project… under a real X server
 (Xvfb), light and dark, saved as PNG files under artifacts/screenshots/ for a person to
 look at. The test checks that each picture was drawn (not blank, a plausible size)."""
 
@@ -61,7 +62,7 @@ def test_screenshots_under_xvfb(tmp_path):
     finally:
         xvfb.terminate()
         xvfb.wait(timeout=10)
-    for name in ("dashboard", "menu", "limits"):
+    for name in ("dashboard", "menu", "limits", "wizard-project", "project", "dashboard-cpu"):
         for theme in ("light", "dark"):
             image = QImage(str(OUT / f"{name}-{theme}.png"))
             assert not image.isNull(), f"{name}-{theme}.png"
