@@ -149,6 +149,8 @@ def event_lines(events: list[Event]) -> list[tuple[str, Event]]:
         run.clear()
 
     for event in events:
+        if isinstance(event, BenchmarkEvent) and event.what != "done":
+            continue  # its steps are the benchmark page's progress bar, not the log's
         if isinstance(event, ContributionEvent) and event.outcome == "accepted":
             run.append(event)
             continue
@@ -278,6 +280,7 @@ class DashboardWindow(QWidget):
         layout.addLayout(figures)
         layout.addWidget(plots, 1)
         self._apply_palette()
+        self.update_history(History())  # the axes and words of an empty history, at once
 
     # -- plots and colours ----------------------------------------------------------------
 

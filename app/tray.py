@@ -179,6 +179,7 @@ class Tray(QObject):
         self.wizard: FirstStartWizard | None = None
         self.project_dialog: ProjectDialog | None = None
         self._problems_told: set[str] = set()
+        self._pending_invite = ""
         self.notifications: list[tuple[str, str]] = []  # (title, message), for tests too
         self.icon = QSystemTrayIcon(state_icon(NOT_RUNNING, ""), self)
         self.icon.setObjectName("tray")
@@ -330,9 +331,12 @@ class Tray(QObject):
 
     def handle_message(self, text: str) -> None:
         """What the command line or another tray asked for: an invite is shown (in the
-        wizard when it is open, else in Project…); anything else shows the dashboard."""
+        wizard when it is open, else in Project…); anything else shows the dashboard. An
+        invite that comes before the node answers (the tray just started it) waits for it."""
         if text == SHOW or not text.strip():
             self.open_dashboard()
+        elif self.status is None:
+            self._pending_invite = text
         elif self.wizard is not None and self.wizard.isVisible():
             self.wizard.project_page.picker.set_invite_text(text)
             self.wizard.raise_()
@@ -380,8 +384,15 @@ class Tray(QObject):
     def _on_status(self, status: Status) -> None:
         if self.node_pid is not None and status.pid != self.node_pid:
             self.link.node_restarted()  # its events are numbered from 1 again
+        first = self.status is None
         self.node_pid = status.pid
         self._show(status)
+        if first:
+            # the node answers (again): what waited for it
+            if self._pending_invite:
+                invite, self._pending_invite = self._pending_invite, ""
+                self.handle_message(invite)
+            self._refresh_history()
 
     def _on_not_running(self, why: str) -> None:
         if self.status is not None:

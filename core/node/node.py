@@ -246,7 +246,9 @@ class Node:
         """Serve ``project`` from now on (leaving the one served now; remembered), once
         its signed manifest has been found and verified."""
         summary = await self.find_project(project, peers)
-        self._serving().join(project)
+        serving = self._serving()
+        serving.join(project)
+        serving.project_name = serving.project_name or summary.name  # shown at once
         return summary
 
     async def _meet(self, peers: Sequence[str]) -> None:

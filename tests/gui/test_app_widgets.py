@@ -512,9 +512,11 @@ def test_runs_of_accepted_contributions_are_one_line(qtbot):
         return {"id": i, "kind": "contribution", "uid": f"ffn.0.{i % 3}", "outcome": "accepted"}
 
     stale = {"id": 100, "kind": "contribution", "uid": "ffn.0.1", "outcome": "stale"}
+    # a benchmark's steps are its page's progress bar; only its end is in the log
+    step = {"id": 200, "kind": "benchmark", "what": "matmul fp16", "done": 1, "total": 4}
     window.add_events(
         EVENTS.validate_python(
-            [*map(accepted, range(1, 21)), stale, *map(accepted, range(121, 141))]
+            [*map(accepted, range(1, 21)), stale, *map(accepted, range(121, 141)), step]
         )
     )
     events = child(window, QListWidget, "eventsList")

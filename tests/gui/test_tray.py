@@ -327,3 +327,20 @@ def test_show_log_opens_the_nodes_log_and_crashes_are_told_once(qtbot, tmp_path)
     for delay in (2.0, 4.0, 8.0):  # the same node failing again: not told again
         tray._on_crash(1, delay)
     assert len(tray.notifications) == told + 1
+
+
+def test_an_invite_before_the_node_answers_waits_for_it(qtbot, tmp_path):
+    """`moehome-tray <invite>` starts the node and gets the invite at once: it is looked
+    up when the node first answers, not refused as "no node is running"."""
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    link = NodeLink(tmp_path / "data")
+    tray = Tray(app, link, None, settings_at(tmp_path / "config"), NoAutostart(), ["x"])
+    invite = f"moehome://join/{'0f' * 16}"
+    tray.handle_message(invite)
+    assert tray.project_dialog is None
+    with qtbot.waitSignal(tray.shown):
+        tray._on_status(Status(state="no project", reason="join a project", pid=3))
+    assert tray.project_dialog is not None
+    assert tray.project_dialog.picker.invite_edit.text() == invite
+    tray.project_dialog.close()

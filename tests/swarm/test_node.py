@@ -130,7 +130,9 @@ async def test_join_and_leave_through_the_api_and_remember_it(tmp_path):
                 with pytest.raises(ControlError, match="project id") as bad:
                     await trio.to_thread.run_sync(client.join, "Not A Project!")
                 assert bad.value.problems[0].startswith("project:")
-                await trio.to_thread.run_sync(client.join, pid)
+                joined = await trio.to_thread.run_sync(client.join, pid)
+                # found and verified before the answer: its name is known at once
+                assert joined.project_name == prepared.signed.manifest.project.name
                 await eventually(lambda: node.status().state == "working")
                 first_run.cancel()
         client.close()
