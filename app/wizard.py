@@ -59,10 +59,6 @@ class WizardActions:
     run: Runner = run_in_thread
 
 
-_error_label = error_label
-_show_problems = show_problems
-
-
 def pause_limit_range(limits: PreferenceLimits) -> tuple[int, int]:
     """The whole degrees the GPU pause limit may take on the limits page, where the resume
     temperature follows it (limit - ``resume_gap_c``): both must be in the node's ranges."""
@@ -120,7 +116,7 @@ class ProjectPage(QWizardPage):
         self.skip_check = QCheckBox("Skip for now (I will choose a project later)")
         self.skip_check.setObjectName("skipProjectCheck")
         self.skip_check.toggled.connect(self._on_skip_toggled)
-        self.error = _error_label("projectError")
+        self.error = error_label("projectError")
         self.joining = QLabel()
         self.joining.setObjectName("projectJoining")
         self.joining.hide()
@@ -137,12 +133,12 @@ class ProjectPage(QWizardPage):
         self.picker.refresh()
 
     def _on_chosen_changed(self) -> None:
-        _show_problems(self.error, [])
+        show_problems(self.error, [])
         self.completeChanged.emit()
 
     def _on_skip_toggled(self, skip: bool) -> None:
         self.picker.setEnabled(not skip)
-        _show_problems(self.error, [])
+        show_problems(self.error, [])
         self.completeChanged.emit()
 
     def isComplete(self) -> bool:  # noqa: N802 (Qt's name)
@@ -165,7 +161,7 @@ class ProjectPage(QWizardPage):
 
         def done(problems: list[str]) -> None:
             self._set_joining("")
-            _show_problems(self.error, problems)
+            show_problems(self.error, problems)
             if not problems:
                 self.joined = invite.project
                 log.info("joined project %s", invite.project)
@@ -194,7 +190,7 @@ class ProjectPage(QWizardPage):
         if self.joined is None:
             return True
         problems = self._actions.leave()
-        _show_problems(self.error, problems)
+        show_problems(self.error, problems)
         if not problems:
             log.info("left project %s (skipped)", self.joined)
             self.joined = None
@@ -334,7 +330,7 @@ class LimitsPage(QWizardPage):
         self.memory_cap_gb.setEnabled(self.memory_cap.isChecked())
         self.memory_cap.toggled.connect(self.memory_cap_gb.setEnabled)
 
-        self.error = _error_label("limitsError")
+        self.error = error_label("limitsError")
 
         form = QFormLayout()
         form.addRow(self.idle_only)
@@ -372,7 +368,7 @@ class LimitsPage(QWizardPage):
         except Exception as exc:  # noqa: BLE001 (shown to the user, who can retry)
             log.warning("could not save the limits: %s", exc)
             problems = [f"could not save the limits: {exc}"]
-        _show_problems(self.error, problems)
+        show_problems(self.error, problems)
         if problems:
             return False
         log.info("limits saved: %s", changes)

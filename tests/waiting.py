@@ -5,6 +5,7 @@ short enough here fails there)."""
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,3 +26,14 @@ async def eventually(
             if result:
                 return trio.current_time() - started
             await trio.sleep(step)
+
+
+def until(condition: Callable[[], Any], timeout: float, why: str, *, step: float = 0.1) -> Any:
+    """The same for tests outside trio (a GUI process, a child to outlive): poll
+    ``condition()`` until it is true and return it; fail with ``why`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"after {timeout:g} s: {why}")
+        time.sleep(step)
+    return result

@@ -83,6 +83,7 @@ def build_app(node: NodeApi, token: str) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(PreferencesError, _invalid_preferences)
     app.add_exception_handler(Refused, _refused)
+    app.add_exception_handler(ProjectNotFound, _not_found)
     app.add_exception_handler(RecursionError, _too_deep)
     v1 = APIRouter(prefix="/v1")
 
@@ -137,19 +138,13 @@ def build_app(node: NodeApi, token: str) -> FastAPI:
     async def join(request: JoinRequest) -> Status:
         """Serve a project from now on, once its signed manifest is found and verified;
         404 when it is not (the error says why, in words for the volunteer)."""
-        try:
-            await node.join(request.project, request.peers)
-        except ProjectNotFound as exc:
-            raise Refused(404, str(exc)) from exc
+        await node.join(request.project, request.peers)  # ProjectNotFound: 404
         return node.status()
 
     @v1.post("/projects/find", responses={404: {"model": Problem}})
     async def find(request: JoinRequest) -> ProjectSummary:
         """A project's summary (from its verified manifest) before joining it."""
-        try:
-            return await node.find_project(request.project, request.peers)
-        except ProjectNotFound as exc:
-            raise Refused(404, str(exc)) from exc
+        return await node.find_project(request.project, request.peers)
 
     @v1.delete("/project")
     async def leave() -> Status:
@@ -197,6 +192,11 @@ class Refused(Exception):
         super().__init__(error)
         self.status_code = status_code
         self.problems = problems or []
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    """A project the node looked for and did not find: its words, for the volunteer."""
+    return _problem(404, str(exc))
 
 
 async def _refused(request: Request, exc: Exception) -> Response:

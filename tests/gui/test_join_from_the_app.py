@@ -28,22 +28,13 @@ from app.tray import Tray, settings_at
 from core.control import ControlError, find_node
 from core.control.invite import parse_invite
 from tests.child_processes import stop_processes
+from tests.gui.fakes import NoAutostart
+from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-
-
-class NoAutostart:
-    def enabled(self) -> bool:
-        return False
-
-    def enable(self, command: list[str]) -> None:
-        pass
-
-    def disable(self) -> None:
-        pass
 
 
 def start_demo(workdir: Path) -> tuple[subprocess.Popen[str], str]:
@@ -155,21 +146,16 @@ def test_a_fresh_tray_joins_the_demo_from_its_invite(qtbot: Any, tmp_path, monke
         stop_processes([demo])
 
 
-def _node_pid(data: Path, limit: float = 60) -> int:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
+def _node_pid(data: Path) -> int | None:
+    """The pid of the node answering for ``data``; None while none answers."""
+    try:
+        client = find_node(data)
         try:
-            client = find_node(data)
-            try:
-                pid = client.status().pid
-            finally:
-                client.close()
-            if pid is not None:
-                return pid
-        except ControlError:
-            pass
-        time.sleep(0.2)
-    pytest.fail("the tray did not start a node")
+            return client.status().pid
+        finally:
+            client.close()
+    except ControlError:
+        return None
 
 
 def _gone(pid: int) -> bool:
@@ -192,7 +178,8 @@ def test_a_killed_tray_takes_its_node_along_and_a_second_tray_hands_over(tmp_pat
             stderr=out,
         )
     try:
-        node_pid = _node_pid(tmp_path / "volunteer" / "data")
+        data = tmp_path / "volunteer" / "data"
+        node_pid = until(lambda: _node_pid(data), 60, "the tray did not start a node")
         # a second tray (a web page handing over an invite) gives it to the first, exits
         invite = f"moehome://join/{'0f' * 16}"
         second = subprocess.run(
@@ -205,16 +192,10 @@ def test_a_killed_tray_takes_its_node_along_and_a_second_tray_hands_over(tmp_pat
             check=False,
         )
         assert second.returncode == 0, second.stderr
-        deadline = time.monotonic() + 20
-        while f"handed over: {invite}" not in log.read_text():
-            assert time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.2)
+        until(lambda: f"handed over: {invite}" in log.read_text(), 20, "nothing handed over")
         assert tray.poll() is None  # the first one still runs
         tray.send_signal(signal.SIGKILL)  # no goodbye: the node must notice by itself
         tray.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while not _gone(node_pid):
-            assert time.monotonic() < deadline, "the node outlived the killed tray"
-            time.sleep(0.1)
+        until(lambda: _gone(node_pid), 10, "the node outlived the killed tray")
     finally:
         stop_processes([tray])

@@ -23,22 +23,9 @@ from app.supervisor import NodeSupervisor, node_command
 from app.tray import Tray, remaining, seconds_until_tomorrow, settings_at, status_line
 from core.control.models import Event, Status
 from tests.child_processes import stop_processes
+from tests.gui.fakes import NoAutostart
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class NoAutostart:
-    def __init__(self) -> None:
-        self.on = False
-
-    def enabled(self) -> bool:
-        return self.on
-
-    def enable(self, command: list[str]) -> None:
-        self.on = True
-
-    def disable(self) -> None:
-        self.on = False
 
 
 @pytest.fixture
