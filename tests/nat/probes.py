@@ -1,0 +1,80 @@
+"""Tiny socket programs run inside lab namespaces (plain python3, no moehome)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from net.lab import LabHost
+
+#: listens on argv[1], prints "ready", then answers each connection with the address it
+#: came from, as "ip port"
+ECHO_SOURCE = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen()
+print("ready", flush=True)
+while True:
+    c, a = s.accept(); c.sendall(f"{a[0]} {a[1]}".encode()); c.close()
+"""
+
+#: connects from port argv[3] (0: any) to argv[1]:argv[2]; prints what the server saw,
+#: or "unreachable <error>"
+ASK_SOURCE = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.settimeout(2)
+s.bind(("0.0.0.0", int(sys.argv[3])))
+try:
+    s.connect((sys.argv[1], int(sys.argv[2]))); print(s.recv(100).decode())
+except OSError as e:
+    print("unreachable", e)
+"""
+
+#: simultaneous open: binds argv[3], waits until time argv[4], connects to
+#: argv[1]:argv[2] (three tries); prints "connected" or "failed <error>"
+PUNCH_SOURCE = """
+import socket, sys, time
+def sock():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("0.0.0.0", int(sys.argv[3]))); s.settimeout(2); return s
+s = sock(); time.sleep(max(0.0, float(sys.argv[4]) - time.time()))
+error = None
+for _ in range(3):
+    try:
+        s.connect((sys.argv[1], int(sys.argv[2]))); print("connected", flush=True); break
+    except OSError as e:
+        error = e; s.close(); time.sleep(0.2); s = sock()
+else:
+    print("failed", error)
+"""
+
+
+def start_echo(host: LabHost, port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        host.command([sys.executable, "-c", ECHO_SOURCE, str(port)]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def ask(host: LabHost, ip: str, port: int, from_port: int = 0) -> str:
+    done = subprocess.run(
+        host.command([sys.executable, "-c", ASK_SOURCE, ip, str(port), str(from_port)]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return done.stdout.strip()
+
+
+def punch(host: LabHost, ip: str, port: int, from_port: int, at: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        host.command([sys.executable, "-c", PUNCH_SOURCE, ip, str(port), str(from_port), str(at)]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )

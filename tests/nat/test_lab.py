@@ -1,0 +1,113 @@
+"""The network lab behaves like the internet it stands for: NAT hides home machines,
+keeps or randomizes ports, lets a simultaneous open through (or not), and cleans up."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from net.lab import Home, LabError, network_lab, remove_stale
+from tests.child_processes import stop_processes
+from tests.nat.probes import ask, punch, start_echo
+
+
+def lab_namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.startswith("mhlab")}
+
+
+def test_home_machines_reach_out_behind_their_router_and_cannot_be_reached():
+    with network_lab(["server"], [Home("a", 2), Home("b", 1, nat="symmetric")]) as lab:
+        server = lab.host("server")
+        echo = start_echo(server, 7000)
+        try:
+            # a cone NAT keeps the inside port when it is free; a second machine asking
+            # from the same port gets another one
+            assert ask(lab.host("a/0"), server.ip, 7000, 4001) == f"{lab.public_ip_of('a')} 4001"
+            seen_ip, seen_port = ask(lab.host("a/1"), server.ip, 7000, 4001).split()
+            assert seen_ip == lab.public_ip_of("a")
+            assert seen_port != "4001"
+            # a symmetric NAT picks a random port
+            seen_ip, seen_port = ask(lab.host("b/0"), server.ip, 7000, 4001).split()
+            assert seen_ip == lab.public_ip_of("b")
+            assert seen_port != "4001"
+        finally:
+            stop_processes([echo])
+        # nobody outside reaches a home machine: neither its own address nor its router's
+        home_echo = start_echo(lab.host("a/0"), 4002)
+        try:
+            assert ask(server, lab.host("a/0").ip, 4002).startswith("unreachable")
+            assert ask(server, lab.public_ip_of("a"), 4002).startswith("unreachable")
+        finally:
+            stop_processes([home_echo])
+
+
+@pytest.mark.parametrize(("nat", "expected"), [("cone", "connected"), ("symmetric", "failed")])
+def test_a_simultaneous_open_crosses_two_cone_nats_and_not_a_symmetric_one(nat, expected):
+    with network_lab([], [Home("a"), Home("b", nat=nat)]) as lab:
+        at = time.time() + 0.5
+        a = punch(lab.host("a/0"), lab.public_ip_of("b"), 4001, 4001, at)
+        b = punch(lab.host("b/0"), lab.public_ip_of("a"), 4001, 4001, at)
+        try:
+            outcomes = {p.communicate(timeout=30)[0].split()[0] for p in (a, b)}
+        finally:
+            stop_processes([a, b])
+        assert outcomes == {expected}
+
+
+def test_a_home_line_can_be_cut_renumbered_and_rate_limited():
+    with network_lab(["server"], [Home("a", uplink_mbit=20)]) as lab:
+        server, home = lab.host("server"), lab.host("a/0")
+        qdiscs = subprocess.run(
+            ["ip", "netns", "exec", lab.router_namespace("a"), "tc", "qdisc", "show", "dev", "wan"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "tbf" in qdiscs
+        assert "20Mbit" in qdiscs
+        echo = start_echo(server, 7000)
+        try:
+            before = lab.public_ip_of("a")
+            assert ask(home, server.ip, 7000).split()[0] == before
+            lab.cut("a")
+            assert ask(home, server.ip, 7000).startswith("unreachable")
+            lab.restore("a")
+            assert ask(home, server.ip, 7000).split()[0] == before
+            after = lab.renumber("a")
+            assert after != before
+            assert ask(home, server.ip, 7000).split()[0] == after
+        finally:
+            stop_processes([echo])
+        lab.set_uplink("a", None)
+
+
+def test_the_lab_is_removed_when_its_body_fails_and_stale_labs_are_swept():
+    before = lab_namespaces()
+    started: list[subprocess.Popen[bytes]] = []
+
+    def failing_body() -> None:
+        with network_lab(["server"], [Home("a")]) as lab:
+            started.append(subprocess.Popen(lab.host("a/0").command(["sleep", "600"])))
+            raise RuntimeError("the body failed")
+
+    with pytest.raises(RuntimeError, match="the body failed"):
+        failing_body()
+    assert started[0].wait(timeout=10) != 0  # what ran inside was killed with the lab
+    assert lab_namespaces() == before
+
+    # a lab whose process died without cleaning up (kill -9) is swept by the next one;
+    # a pid past the kernel's largest is certainly not running
+    with open("/proc/sys/kernel/pid_max") as f:
+        gone = int(f.read()) + 1
+    stale = f"mhlab{gone}-1-inet"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    assert stale in remove_stale()
+    assert stale not in lab_namespaces()
+
+
+def test_home_names_are_checked():
+    with pytest.raises(LabError, match="unique"), network_lab([], [Home("a"), Home("a")]):
+        pass
