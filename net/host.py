@@ -138,6 +138,7 @@ class SwarmHost:
         self.streams = StreamGate(network, streams)
         self.streams.install()
         self._running = False
+        self._public: list[str] = []
 
     @property
     def peer_id(self) -> PeerID:
@@ -169,9 +170,18 @@ class SwarmHost:
             return bound  # the usual case (and the DHT asks on every message)
         return expand_unspecified(bound, interface_addresses())
 
+    def set_public_addrs(self, addrs: Sequence[str]) -> None:
+        """Addresses peers outside dialled us back on (net/reachability.py): announced
+        before the interfaces' own, which a NAT or a LAN may hide from others."""
+        self._public = list(addrs)
+
+    def announce_addrs(self) -> list[str]:
+        """What we tell peers to dial, best first, without the /p2p/ part."""
+        return list(dict.fromkeys([*self._public, *self.listen_addrs()]))
+
     def addrs(self) -> list[str]:
         """Full addresses to give to others, e.g. as bootstrap peers."""
-        return [f"{a}/p2p/{self.peer_id}" for a in self.listen_addrs()]
+        return [f"{a}/p2p/{self.peer_id}" for a in self.announce_addrs()]
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SwarmHost]:
@@ -257,12 +267,10 @@ class SwarmHost:
         last: BaseException | None = None
         with trio.move_on_after(timeout):
             for attempt in range(1, attempts + 1):
-                network = self._host.get_network()
-                if attempts > 1 and isinstance(network, Swarm):
-                    # libp2p refuses, for 60 s, to redial a peer whose addresses all
-                    # failed once; a caller that asks for retries wants real ones. (With
-                    # attempts=1, e.g. DHT lookups, that cache usefully fails fast.)
-                    network.unblock_peer(peer_id)
+                if attempts > 1:
+                    # a caller that asks for retries wants real ones. (With attempts=1,
+                    # e.g. DHT lookups, libp2p's negative cache usefully fails fast.)
+                    self.forget_failures(peer_id)
                 try:
                     await self._host.connect(info)
                     return
@@ -273,6 +281,20 @@ class SwarmHost:
                         await trio.sleep(delay)
                         delay *= 4
         raise DialError(f"cannot connect to {peer_id}: {last or 'timed out'}")
+
+    def forget_failures(self, peer_id: PeerID) -> None:
+        """Let the next dial to ``peer_id`` really happen: libp2p refuses for 60 s to
+        dial a peer whose addresses all failed once, whatever address is dialled next."""
+        network = self._host.get_network()
+        if isinstance(network, Swarm):
+            network.unblock_peer(peer_id)
+
+    async def disconnect(self, peer_id: PeerID) -> None:
+        """Close every connection to ``peer_id`` (quietly: it may be gone already)."""
+        try:
+            await self._host.disconnect(peer_id)
+        except (BaseLibp2pError, OSError) as exc:
+            log.debug("error while disconnecting %s: %s", peer_id, exc)
 
     async def connect_addr(self, addr: str, *, timeout: float = 10.0) -> PeerID:
         """Connect to a full /p2p/ address; returns the peer's id."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -15,6 +15,12 @@ from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator
 from net.host import DEFAULT_LISTEN, SwarmHost
 from net.identity import Identity
 from net.inbound import StreamLimits
+from net.reachability import (
+    DialBackService,
+    ReachabilityConfig,
+    ReachabilityMonitor,
+    Verdict,
+)
 from net.rpc import CallContext, Reply, RpcConfig, RpcService
 
 log = logging.getLogger(__name__)
@@ -41,6 +47,9 @@ class PeerConfig:
     #: Who may connect, and how many streams they may hold (net/admission.py).
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     streams: StreamLimits = field(default_factory=StreamLimits)
+    #: Learn from peers' dial-backs whether we can be dialled, and answer theirs
+    #: (net/reachability.py); None: neither (tests of other things, one-shot tools).
+    reachability: ReachabilityConfig | None = None
 
 
 class Peer:
@@ -70,6 +79,20 @@ class Peer:
         self.rpc = RpcService(self.host, self.config.rpc)
         self.dht = DhtNode(identity, self.host, self.rpc, validator, self.config.dht)
         self.rpc.register(PING, _ping)
+        self.reachability: ReachabilityMonitor | None = None
+        #: told every new reachability verdict (after our announced addresses changed)
+        self.reachability_listeners: list[Callable[[Verdict], None]] = []
+        self._dial_backs: DialBackService | None = None
+        if self.config.reachability is not None:
+            self.reachability = ReachabilityMonitor(
+                self.rpc, self.host, self.config.reachability, on_change=self._reached
+            )
+            self._dial_backs = DialBackService(self.rpc, self.config.reachability)
+
+    def _reached(self, verdict: Verdict) -> None:
+        self.host.set_public_addrs(verdict.public_addrs)
+        for listener in self.reachability_listeners:
+            listener(verdict)
 
     @property
     def peer_id(self) -> PeerID:
@@ -91,6 +114,9 @@ class Peer:
                             )
                         except DhtError as exc:
                             log.warning("%s; will retry in the background", exc)
+                    if self._dial_backs is not None and self.reachability is not None:
+                        await nursery.start(self._dial_backs.run)
+                        nursery.start_soon(self.reachability.run)
                     log.debug("peer %s listening on %s", self.host.peer_id, ", ".join(self.addrs()))
                     task_status.started(self)
                     await trio.sleep_forever()

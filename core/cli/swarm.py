@@ -41,14 +41,30 @@ def peer(
     listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None,
     ephemeral: EphemeralOpt = False,
+    recheck_s: Annotated[
+        float | None,
+        typer.Option(
+            "--recheck-s",
+            min=0.1,
+            help="Seconds between reachability checks while the answer is unknown.",
+            hidden=True,
+        ),
+    ] = None,
 ) -> None:
     """Run a swarm peer (DHT and RPC, no experts): a bootstrap node for others.
 
-    Prints its full addresses on standard output, one per line, then runs until Ctrl-C.
+    Prints its full addresses on standard output, one per line, then a JSON line each
+    time it learns whether others can dial it; runs until Ctrl-C.
     """
     from core.roles.peer import run_peer
+    from net.reachability import ReachabilityConfig
 
-    run_async(run_peer, load_identity(ephemeral), listen or None, bootstrap or [])
+    reach = (
+        ReachabilityConfig()
+        if recheck_s is None
+        else ReachabilityConfig(unknown_recheck_s=recheck_s)
+    )
+    run_async(run_peer, load_identity(ephemeral), listen or None, bootstrap or [], reach)
 
 
 @dht_app.command("get")

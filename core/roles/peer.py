@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -14,6 +15,7 @@ import trio
 from core.namespaces import moehome_validator
 from net import DhtConfig, DhtError, Identity, NamespacedValidator, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
+from net.reachability import ReachabilityConfig, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +29,35 @@ def print_addresses(peer: Peer) -> None:
 
 
 async def run_peer(
-    identity: Identity, listen: Sequence[str] | None, bootstrap: Sequence[str]
+    identity: Identity,
+    listen: Sequence[str] | None,
+    bootstrap: Sequence[str],
+    reachability: ReachabilityConfig | None = None,
 ) -> None:
-    """Serve DHT and RPC until cancelled; print our addresses on stdout for scripts."""
-    config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
+    """Serve DHT and RPC until cancelled; print our addresses on stdout for scripts, then
+    a JSON line for each new reachability verdict."""
+    config = PeerConfig(
+        listen=tuple(listen or DEFAULT_LISTEN),
+        bootstrap=tuple(bootstrap),
+        reachability=reachability or ReachabilityConfig(),
+    )
+    # the swarm's records are checked here too: a bootstrap peer stores its share
+    peer = Peer(identity, config, validator=moehome_validator())
+    peer.reachability_listeners.append(print_verdict)
     async with trio.open_nursery() as nursery:
-        # the swarm's records are checked here too: a bootstrap peer stores its share
-        peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
+        await nursery.start(peer.run)
         print_addresses(peer)
         await trio.sleep_forever()
+
+
+def print_verdict(verdict: Verdict) -> None:
+    line = {
+        "reachability": verdict.reachability.value,
+        "observed_ip": verdict.observed_ip,
+        "public_addrs": list(verdict.public_addrs),
+    }
+    sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
 
 
 @asynccontextmanager

@@ -344,7 +344,7 @@ class DhtNode:
         """One DHT request; updates the routing table with the outcome."""
         self.stats.queries_sent += 1
         full_meta = dict(meta)
-        full_meta["addrs"] = self.host.listen_addrs() if self.config.server_mode else []
+        full_meta["addrs"] = self.host.announce_addrs() if self.config.server_mode else []
         tensors = (_records_tensor(records),) if records else ()
         try:
             reply = await self.rpc.call(

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
 
 from net.lab import LabHost
 
@@ -78,3 +83,34 @@ def punch(host: LabHost, ip: str, port: int, from_port: int, at: float) -> subpr
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+class Lines:
+    """A child's standard output, line by line, read in a thread: wait for a line that
+    matches, within a deadline, without blocking on a child that says nothing."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self.seen: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True).start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, wanted: Callable[[str], bool], timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                line = self._queue.get(timeout=max(0.0, left))
+            except queue.Empty:
+                raise AssertionError(f"no such line within {timeout} s; saw {self.seen}") from None
+            if line is None:
+                raise AssertionError(f"the process ended (rc {self.proc.wait()}); saw {self.seen}")
+            self.seen.append(line)
+            if wanted(line):
+                return line

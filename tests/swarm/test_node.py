@@ -202,8 +202,11 @@ async def test_a_node_moves_from_a_crowded_expert_to_an_uncovered_one(tmp_path):
             )
             await peer.dht.bootstrap([owner.addrs()[0]])
             crowd.append(peer)
-        for peer in crowd:
-            for uid in [mine, *others[:2]]:
+        # the two others first, ours last: whenever the node looks (every ~0.5 s, maybe
+        # between two puts), the only move worth making (gain >= 2) is to the uncovered
+        # expert; declaring ours first made an early look move it to a wrong one
+        for uid in [*others[:2], mine]:
+            for peer in crowd:
                 ann = ExpertAnnouncement(uid, SERVING, 0, "0" * 64, 0.0, 4096)
                 await peer.dht.put(expert_key(pid, uid), ann.encode(), ttl=60)
         await eventually(lambda: node.status().experts.keys() == {others[2]}, 20)

@@ -281,7 +281,7 @@ async def test_server_that_disappears_mid_call_fails_the_call_promptly():
         with trio.CancelScope() as server_scope:
             async with trio.open_nursery() as nursery:
 
-                async def serve():
+                async def serve(task_status=trio.TASK_STATUS_IGNORED):
                     async with server_host.running():
                         server = RpcService(server_host)
 
@@ -292,10 +292,10 @@ async def test_server_that_disappears_mid_call_fails_the_call_promptly():
 
                         server.register("hang", hang)
                         server.attach()
+                        task_status.started()
                         await trio.sleep_forever()
 
-                nursery.start_soon(serve)
-                await trio.sleep(0.2)
+                await nursery.start(serve)  # listening: its addresses are known
                 client_host.remember(server_host.peer_id, server_host.listen_addrs())
 
                 async def stop_server_when_busy():

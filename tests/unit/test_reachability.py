@@ -1,0 +1,106 @@
+"""The reachability verdict from peers' dial-back answers (net/reachability.judge)."""
+
+from __future__ import annotations
+
+import pytest
+
+from net import Identity
+from net.reachability import DialBackAnswer, Reachability, _answer, judge, tcp_ports
+
+S = [Identity.generate().peer_id for _ in range(4)]
+HOME_LAN = "198.18.1.10"  # our own interface address behind a NAT
+ROUTER = "198.18.0.100"  # what peers outside see
+
+
+def ok(server: int, ip: str = ROUTER, port: int = 4001) -> DialBackAnswer:
+    return DialBackAnswer(S[server], ip, (port,), (port,))
+
+
+def failed(server: int, ip: str = ROUTER, port: int = 4001) -> DialBackAnswer:
+    return DialBackAnswer(S[server], ip, (), (port,))
+
+
+def observed_only(server: int, ip: str = ROUTER) -> DialBackAnswer:
+    return DialBackAnswer(S[server], ip, (), ())
+
+
+@pytest.mark.parametrize(
+    ("answers", "own_ips", "expected", "addrs"),
+    [
+        ([], (), Reachability.UNKNOWN, ()),
+        # one peer got through: proof enough
+        ([ok(0)], (HOME_LAN,), Reachability.PUBLIC, (f"/ip4/{ROUTER}/tcp/4001",)),
+        ([ok(0), failed(1)], (HOME_LAN,), Reachability.PUBLIC, (f"/ip4/{ROUTER}/tcp/4001",)),
+        # one failure may be that peer's own network
+        ([failed(0)], (HOME_LAN,), Reachability.UNKNOWN, ()),
+        ([failed(0), failed(0)], (HOME_LAN,), Reachability.UNKNOWN, ()),
+        ([failed(0), failed(1)], (HOME_LAN,), Reachability.PRIVATE, ()),
+        # answers that only say where we are seen from are no dial-back
+        ([observed_only(0), observed_only(1)], (HOME_LAN,), Reachability.UNKNOWN, ()),
+        # a neighbour on the LAN got through; two peers outside did not: behind NAT
+        (
+            [ok(0, HOME_LAN), failed(1), failed(2)],
+            (HOME_LAN,),
+            Reachability.PRIVATE,
+            (),
+        ),
+        # no NAT at all: everyone sees our interface address, and got through
+        (
+            [ok(0, "198.18.0.10"), ok(1, "198.18.0.10")],
+            ("198.18.0.10",),
+            Reachability.PUBLIC,
+            ("/ip4/198.18.0.10/tcp/4001",),
+        ),
+        # no NAT but a firewall: everyone sees our address and nobody got through
+        (
+            [failed(0, "198.18.0.10"), failed(1, "198.18.0.10")],
+            ("198.18.0.10",),
+            Reachability.PRIVATE,
+            (),
+        ),
+        # only neighbours answered: they speak for our LAN, the best we know
+        ([ok(0, HOME_LAN)], (HOME_LAN,), Reachability.PUBLIC, (f"/ip4/{HOME_LAN}/tcp/4001",)),
+    ],
+)
+def test_verdict(answers, own_ips, expected, addrs):
+    verdict = judge(answers, own_ips)
+    assert verdict.reachability is expected
+    assert verdict.public_addrs == addrs
+
+
+def test_the_address_most_peers_saw_is_the_observed_one():
+    verdict = judge([failed(0, "198.18.0.7"), failed(1), failed(2)], (HOME_LAN,))
+    assert verdict.observed_ip == ROUTER
+
+
+def test_ports_of_our_ipv4_tcp_listeners():
+    assert tcp_ports(
+        [
+            "/ip4/198.18.1.10/tcp/4001",
+            "/ip4/127.0.0.1/tcp/4001",
+            "/ip6/::1/tcp/5",
+            "/ip4/1.2.3.4/udp/9",
+        ]
+    ) == [4001]
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {},
+        {"observed": 7, "reachable": [], "tried": []},
+        {"observed": "not an ip", "reachable": [], "tried": []},
+        {"observed": "::1", "reachable": [], "tried": []},
+        {"observed": "198.18.0.1", "reachable": "4001", "tried": []},
+        {"observed": "198.18.0.1", "reachable": [], "tried": None},
+    ],
+)
+def test_malformed_answers_are_ignored(meta):
+    assert _answer(S[0], meta, [4001]) is None
+
+
+def test_an_answer_cannot_claim_ports_we_did_not_ask_about():
+    answer = _answer(
+        S[0], {"observed": ROUTER, "reachable": [4001, 22], "tried": [4001, 22]}, [4001]
+    )
+    assert answer == DialBackAnswer(S[0], ROUTER, (4001,), (4001,))
