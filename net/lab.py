@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import re
@@ -39,6 +40,8 @@ PUBLIC_NET = "198.18.0"
 NatKind = Literal["cone", "symmetric"]
 _PREFIX = "mhlab"
 _NAME_RE = re.compile(rf"^{_PREFIX}(\d+)-")
+#: labs of this process are numbered, so two at once get different namespaces
+_serials = itertools.count(1)
 
 
 class LabError(RuntimeError):
@@ -319,18 +322,9 @@ def network_lab(public: Sequence[str], homes: Sequence[Home]) -> Iterator[Lab]:
     if why_not is not None:
         raise LabError(why_not)
     remove_stale()
-    lab = Lab(prefix=f"{_PREFIX}{os.getpid()}-{_next_serial()}")
+    lab = Lab(prefix=f"{_PREFIX}{os.getpid()}-{next(_serials)}")
     try:
         lab.build(public, homes)
         yield lab
     finally:
         lab.remove()
-
-
-_serial = 0
-
-
-def _next_serial() -> int:
-    global _serial
-    _serial += 1
-    return _serial
