@@ -226,6 +226,7 @@ class DashboardWindow(QWidget):
                 ("figureSamples", "Tokens computed"),
                 ("figureLifetime", "Given so far"),
                 ("figureDevice", "Device"),
+                ("figureNetwork", "Network"),
                 ("figureReadings", "Now"),
             ]
         ):
@@ -358,6 +359,9 @@ class DashboardWindow(QWidget):
         self._figures["figureLifetime"].setToolTip(TOKENS_MEAN)
         self._figures["figureDevice"].setText(self._device(status.device))
         self._figures["figureReadings"].setText(self._readings(status.readings))
+        network = status.network
+        self._figures["figureNetwork"].setText(_sentence(network.reachability) or DASH)
+        self._figures["figureNetwork"].setToolTip(_sentence(network.advice))
 
     @staticmethod
     def _contributions(contributions: ContributionCounts) -> str:
@@ -523,3 +527,10 @@ class DashboardWindow(QWidget):
                 "heights": [] if bar_heights is None else [float(v) for v in bar_heights],
             },
         }
+
+
+def _sentence(text: str) -> str:
+    """A status phrase as a sentence: capital first, full stop last."""
+    if not text:
+        return ""
+    return text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")

@@ -64,6 +64,11 @@ _TOOLTIPS: Final[dict[str, str]] = {
         "Serving needs it: the trainers of the project connect to this computer. "
         "Off, only programs on this computer can. Applies when moehome starts again."
     ),
+    "relay_for_others": (
+        "When this computer can be reached directly, carry connections to volunteers "
+        "whose router blocks them: each one is bounded in time and bytes, so it can "
+        "never carry the swarm's traffic. Applies when moehome starts again."
+    ),
     "exclusive_apps": (
         "Process names, one per line (e.g. steam.exe). While any of them runs, the node pauses."
     ),
@@ -373,6 +378,8 @@ class LimitsDialog(QDialog):
         self._threads_limit.toggled.connect(self._cpu_threads.setEnabled)
         self._listen_on_network = QCheckBox("Let other computers connect (needed to serve)")
         self._listen_on_network.setObjectName("listenOnNetwork")
+        self._relay_for_others = QCheckBox("Relay for volunteers behind a router")
+        self._listen_on_network.toggled.connect(self._relay_for_others.setEnabled)
 
         gpus = QWidget()
         gpus_layout = QHBoxLayout(gpus)
@@ -423,7 +430,11 @@ class LimitsDialog(QDialog):
             ],
         )
         network = self._section(
-            "Network", [("listen_on_network", "Reachable", self._listen_on_network)]
+            "Network",
+            [
+                ("listen_on_network", "Reachable", self._listen_on_network),
+                ("relay_for_others", "Relay", self._relay_for_others),
+            ],
         )
 
         content = QWidget()
@@ -556,6 +567,8 @@ class LimitsDialog(QDialog):
         # shown when first ticked: half the threads, the other half for the volunteer
         self._cpu_threads.setValue(threads or max(1, (os.cpu_count() or 2) // 2))
         self._listen_on_network.setChecked(preferences.listen_on_network)
+        self._relay_for_others.setChecked(preferences.relay_for_others)
+        self._relay_for_others.setEnabled(preferences.listen_on_network)
 
     def values(self) -> dict[str, Any]:
         """What the form holds, in the shape of the node's preferences.
@@ -591,6 +604,7 @@ class LimitsDialog(QDialog):
             round(self._cpu_threads.value()) if self._threads_limit.isChecked() else None
         )
         result["listen_on_network"] = self._listen_on_network.isChecked()
+        result["relay_for_others"] = self._relay_for_others.isChecked()
         return result
 
     def schedule_editor(self) -> ScheduleEditor:

@@ -130,7 +130,9 @@ def connection_config(dial_timeout: float = 10.0) -> ConnectionConfig:
     ``max_connections_per_peer`` connections exist; with one connection per peer a dial
     on loopback takes ~10 ms instead of >= 250 ms.
     """
-    return ConnectionConfig(max_connections_per_peer=1, dial_timeout=dial_timeout)
+    # two: a relayed connection and the direct one that hole punching makes (libp2p
+    # trims the extra one otherwise); streams go to the direct one ("best" strategy)
+    return ConnectionConfig(max_connections_per_peer=2, dial_timeout=dial_timeout)
 
 
 def key_pair_from_seed(seed: bytes) -> KeyPair:

@@ -27,8 +27,16 @@ from net._libp2p import (
     new_host,
 )
 from net.admission import AdmissionLimits, AdmissionStatistics
+from net.dialing import (
+    CIRCUIT_AFTER_S,
+    CIRCUIT_TIMEOUT_S,
+    STAGGER_S,
+    dial_order,
+    relayed_candidates,
+)
 from net.identity import Identity
 from net.inbound import InboundGate, StreamGate, StreamLimits
+from net.keepalive import KeepaliveNotifee
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +45,8 @@ DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
 _ADDR_TTL = 3600
 
 StreamHandler = Callable[[Any], Awaitable[None]]
+#: (peer, circuit address, timeout) -> a connection through that relay
+RelayedDialer = Callable[[PeerID, str, float], Awaitable[Any]]
 
 
 class DialError(Exception):
@@ -96,6 +106,12 @@ def expand_unspecified(bound: Sequence[str], interfaces: Sequence[str]) -> list[
     return list(dict.fromkeys(out))
 
 
+def _is_loopback(addr: str) -> bool:
+    parts = addr.split("/")
+    ip = _ip_or_none(parts[2]) if len(parts) > 2 and parts[1] in ("ip4", "ip6") else None
+    return ip is not None and ip.is_loopback
+
+
 def _ip_or_none(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         return ipaddress.ip_address(text)
@@ -118,10 +134,17 @@ class SwarmHost:
     ) -> None:
         self.identity = identity
         self._listen = [multiaddr.Multiaddr(a) for a in listen]
+        self._public: list[str] = []
+        self._relayed: list[str] = []
+        #: dials a circuit address (net/relay.py sets it; None: circuits are not dialled)
+        self.relayed_dialer: RelayedDialer | None = None
         self._host = new_host(
             key_pair=identity.key_pair(),
             connection_config=connection_config(dial_timeout=dial_timeout),
             listen_addrs=self._listen,
+            # Identify tells peers what we announce, never the raw listeners: libp2p
+            # sent /ip4/0.0.0.0/... and peers dialled themselves (net/dialing.py)
+            addrs_factory=self._identify_addrs,
         )
         # One dial attempt per call of ours: connect() below owns retries and deadlines
         # (libp2p's own retries, 4 tries over ~0.7 s, would hide inside every call).
@@ -137,8 +160,12 @@ class SwarmHost:
         # and no error a peer provokes in a handler reaches the swarm's nursery.
         self.streams = StreamGate(network, streams)
         self.streams.install()
+        # a connection that died silently (a router restarted) is dropped in seconds
+        network.register_notifee(KeepaliveNotifee())
+        self._swarm = network
         self._running = False
-        self._public: list[str] = []
+        #: dials in flight, so that concurrent callers share one
+        self._dialing: dict[PeerID, trio.Event] = {}
 
     @property
     def peer_id(self) -> PeerID:
@@ -175,9 +202,23 @@ class SwarmHost:
         before the interfaces' own, which a NAT or a LAN may hide from others."""
         self._public = list(addrs)
 
+    def set_relayed_addrs(self, addrs: Sequence[str]) -> None:
+        """Circuit addresses of the relays that hold a reservation for us (net/relay.py):
+        announced after the direct ones."""
+        self._relayed = list(addrs)
+
     def announce_addrs(self) -> list[str]:
-        """What we tell peers to dial, best first, without the /p2p/ part."""
-        return list(dict.fromkeys([*self._public, *self.listen_addrs()]))
+        """What we tell peers to dial, best first, without the /p2p/ part. Loopback is
+        left out when there is anything else: it would reach only this computer, and a
+        peer elsewhere that dials it reaches itself."""
+        ordered = list(dict.fromkeys([*self._public, *self.listen_addrs()]))
+        outside = [a for a in ordered if not _is_loopback(a)]
+        return [*(outside or ordered), *self._relayed]
+
+    def _identify_addrs(self, candidates: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
+        if not hasattr(self, "_host"):  # libp2p asks while new_host() builds it
+            return candidates
+        return [multiaddr.Multiaddr(a) for a in self.announce_addrs()]
 
     def addrs(self) -> list[str]:
         """Full addresses to give to others, e.g. as bootstrap peers."""
@@ -262,25 +303,105 @@ class SwarmHost:
         known = list(addrs) or self.known_addrs(peer_id)
         if not known:
             raise DialError(f"no known address for {peer_id}")
-        info = PeerInfo(peer_id, [multiaddr.Multiaddr(a) for a in known])
+        ordered = dial_order(known, own=self._own_addrs())
+        circuits = relayed_candidates(known) if self.relayed_dialer is not None else []
+        if not ordered and not circuits:
+            raise DialError(f"no dialable address for {peer_id} (known: {', '.join(known[:4])})")
         delay = 0.05
         last: BaseException | None = None
         with trio.move_on_after(timeout):
             for attempt in range(1, attempts + 1):
-                if attempts > 1:
-                    # a caller that asks for retries wants real ones. (With attempts=1,
-                    # e.g. DHT lookups, libp2p's negative cache usefully fails fast.)
-                    self.forget_failures(peer_id)
                 try:
-                    await self._host.connect(info)
+                    await self._dial_shared(peer_id, ordered, circuits)
                     return
-                except (BaseLibp2pError, OSError) as exc:
+                except (BaseLibp2pError, OSError, DialError) as exc:
                     last = exc
                     log.debug("dial %s attempt %d failed: %s", peer_id, attempt, exc)
                     if attempt < attempts:
                         await trio.sleep(delay)
                         delay *= 4
+                finally:
+                    # libp2p forgets every address of a peer when one answered with
+                    # another identity (an old address, now someone else's)
+                    if not self.known_addrs(peer_id):
+                        self.remember(peer_id, [*ordered, *circuits])
         raise DialError(f"cannot connect to {peer_id}: {last or 'timed out'}")
+
+    def _own_addrs(self) -> list[str]:
+        try:
+            bound = [str(a) for a in self._host.get_transport_addrs()]
+        except OSError:
+            bound = []
+        return [*bound, *self.listen_addrs()]
+
+    async def _dial_shared(self, peer_id: PeerID, addrs: list[str], circuits: list[str]) -> None:
+        """One dial per peer at a time: a caller that finds one in flight waits for it
+        and dials itself only if that one failed."""
+        while (pending := self._dialing.get(peer_id)) is not None:
+            await pending.wait()
+            if self.is_connected(peer_id):
+                return
+        if self.is_connected(peer_id):
+            return
+        done = self._dialing[peer_id] = trio.Event()
+        try:
+            await self._dial_in_turn(peer_id, addrs, circuits)
+        finally:
+            del self._dialing[peer_id]
+            done.set()
+
+    async def _dial_in_turn(self, peer_id: PeerID, addrs: list[str], circuits: list[str]) -> None:
+        """Dial ``addrs`` in order, the next one when the previous failed or after
+        ``STAGGER_S``; then the relay ``circuits``, once every direct dial failed or
+        after ``CIRCUIT_AFTER_S``. The first connection made wins and the other dials
+        are cancelled. (libp2p's own dial_peer would try only the first TCP address.)"""
+        made: list[Any] = []
+        errors: list[BaseException] = []
+        direct_left = len(addrs)
+        directs_failed = trio.Event()
+        if not addrs:
+            directs_failed.set()
+
+        async def attempt(addr: str, failed: trio.Event, circuit: bool) -> None:
+            nonlocal direct_left
+            try:
+                if circuit:
+                    assert self.relayed_dialer is not None
+                    conn = await self.relayed_dialer(peer_id, addr, CIRCUIT_TIMEOUT_S)
+                else:
+                    conn = await self._swarm.dial_addr(multiaddr.Multiaddr(addr), peer_id)
+            except Exception as exc:  # noqa: BLE001 - a handshake that an attacker (or a
+                # tampering relay) breaks raises whatever its crypto library raises
+                log.debug("dial %s at %s failed: %r", peer_id, addr, exc)
+                errors.append(exc)
+                failed.set()
+                if not circuit:
+                    direct_left -= 1
+                    if not direct_left:
+                        directs_failed.set()
+                return
+            made.append(conn)
+            nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for addr in addrs:
+                failed = trio.Event()
+                nursery.start_soon(attempt, addr, failed, False)
+                with trio.move_on_after(STAGGER_S):
+                    await failed.wait()
+            if circuits:
+                with trio.move_on_after(CIRCUIT_AFTER_S):
+                    await directs_failed.wait()
+            for addr in circuits:
+                failed = trio.Event()
+                nursery.start_soon(attempt, addr, failed, True)
+                with trio.move_on_after(STAGGER_S):
+                    await failed.wait()
+        for extra in made[1:]:  # two dials finished before the cancellation landed
+            await _close_connection(extra)
+        if not made:
+            last = errors[-1] if errors else "no address answered"
+            raise DialError(f"every address failed ({len(errors)}): {last}")
 
     def forget_failures(self, peer_id: PeerID) -> None:
         """Let the next dial to ``peer_id`` really happen: libp2p refuses for 60 s to

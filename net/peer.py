@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 
 from net._libp2p import PeerID
 from net.admission import AdmissionLimits
 from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator
-from net.host import DEFAULT_LISTEN, SwarmHost
+from net.holepunch import HolePuncher
+from net.host import DEFAULT_LISTEN, AddressError, SwarmHost, parse_peer_addr
 from net.identity import Identity
 from net.inbound import StreamLimits
 from net.reachability import (
     DialBackService,
+    Reachability,
     ReachabilityConfig,
     ReachabilityMonitor,
     Verdict,
+    tcp_ports,
 )
+from net.relay import RelayClient, RelayClientConfig, RelayLimits, RelayService, dial_relayed
 from net.rpc import CallContext, Reply, RpcConfig, RpcService
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,11 @@ class PeerConfig:
     #: Learn from peers' dial-backs whether we can be dialled, and answer theirs
     #: (net/reachability.py); None: neither (tests of other things, one-shot tools).
     reachability: ReachabilityConfig | None = None
+    #: Relay for others while we are reachable (net/relay.py); None: never.
+    relay: RelayLimits | None = None
+    #: Keep reservations on relays while we cannot be dialled; None: never. Both need
+    #: ``reachability``.
+    relay_client: RelayClientConfig | None = None
 
 
 class Peer:
@@ -83,16 +94,76 @@ class Peer:
         #: told every new reachability verdict (after our announced addresses changed)
         self.reachability_listeners: list[Callable[[Verdict], None]] = []
         self._dial_backs: DialBackService | None = None
+        # any peer can reach others through their relays, and answer hole punches
+        self.host.relayed_dialer = partial(dial_relayed, self.host)
+        self.holepunch = HolePuncher(self.host, self._observed_addrs)
+        self.relay: RelayService | None = None
+        self.relay_client: RelayClient | None = None
+        #: told our relayed addresses whenever they change
+        self.relayed_listeners: list[Callable[[list[str]], None]] = []
         if self.config.reachability is not None:
             self.reachability = ReachabilityMonitor(
                 self.rpc, self.host, self.config.reachability, on_change=self._reached
             )
             self._dial_backs = DialBackService(self.rpc, self.config.reachability)
+            if self.config.relay is not None:
+                self.relay = RelayService(
+                    self.host,
+                    self.config.relay,
+                    enabled=lambda: self._verdict_is(Reachability.PUBLIC),
+                )
+            if self.config.relay_client is not None:
+                self.relay_client = RelayClient(
+                    self.host,
+                    candidates=self._relay_candidates,
+                    wanted=lambda: self._verdict_is(Reachability.PRIVATE),
+                    config=self.config.relay_client,
+                    on_change=self._relayed,
+                    on_circuit=self.holepunch.punch,
+                )
+
+    def _verdict_is(self, reachability: Reachability) -> bool:
+        return (
+            self.reachability is not None and self.reachability.verdict.reachability is reachability
+        )
 
     def _reached(self, verdict: Verdict) -> None:
         self.host.set_public_addrs(verdict.public_addrs)
+        if self.relay_client is not None:
+            self.relay_client.wake()
         for listener in self.reachability_listeners:
             listener(verdict)
+
+    def _observed_addrs(self) -> list[str]:
+        """Where the internet sees our listeners: the addresses peers dialled us back
+        on, or our router's address with our own ports (a NAT that keeps ports)."""
+        if self.reachability is None:
+            return []
+        verdict = self.reachability.verdict
+        if verdict.public_addrs:
+            return list(verdict.public_addrs)
+        if verdict.observed_ip is None:
+            return []
+        return [f"/ip4/{verdict.observed_ip}/tcp/{p}" for p in tcp_ports(self.host.listen_addrs())]
+
+    def _relayed(self, addrs: list[str]) -> None:
+        self.host.set_relayed_addrs(addrs)
+        for listener in self.relayed_listeners:
+            listener(addrs)
+
+    def _relay_candidates(self) -> list[PeerID]:
+        """Peers to ask for a reservation: our bootstrap peers first (public by
+        design), then those we are connected to, then the rest of the routing table."""
+        boot = []
+        for addr in self.config.bootstrap:
+            try:
+                boot.append(parse_peer_addr(addr).peer_id)
+            except AddressError:
+                continue
+        connected = self.host.connected_peers()
+        random.shuffle(connected)
+        known = self.dht.known_peers()
+        return [p for p in dict.fromkeys([*boot, *connected, *known]) if p != self.peer_id]
 
     @property
     def peer_id(self) -> PeerID:
@@ -117,6 +188,11 @@ class Peer:
                     if self._dial_backs is not None and self.reachability is not None:
                         await nursery.start(self._dial_backs.run)
                         nursery.start_soon(self.reachability.run)
+                    await nursery.start(self.holepunch.run)
+                    if self.relay is not None:
+                        await nursery.start(self.relay.run)
+                    if self.relay_client is not None:
+                        await nursery.start(self.relay_client.run)
                     log.debug("peer %s listening on %s", self.host.peer_id, ", ".join(self.addrs()))
                     task_status.started(self)
                     await trio.sleep_forever()

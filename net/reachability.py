@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 DIAL_BACK = "net.dial_back"
 
 
+#: Peers that answered from outside, remembered to be asked again.
+_MAX_OBSERVERS = 8
+
+
 class Reachability(enum.Enum):
     UNKNOWN = "unknown"
     PUBLIC = "public"  # peers outside dialled us back
@@ -120,6 +124,27 @@ def judge(
     return Verdict(Reachability.UNKNOWN, observed, ())
 
 
+def pool_answers(
+    recent: Mapping[PeerID, tuple[float, DialBackAnswer]],
+    answers: Sequence[DialBackAnswer],
+    now: float,
+    window_s: float,
+    own_ips: Collection[str] = (),
+) -> dict[PeerID, tuple[float, DialBackAnswer]]:
+    """The answers to judge: each peer's latest (with when it came), this round's added,
+    those older than ``window_s`` dropped, and those that saw us at another address than
+    this round did dropped too (they speak of a network we left)."""
+    pooled = dict(recent)
+    for a in answers:
+        pooled[a.server] = (now, a)
+    current = judge(answers, own_ips=own_ips).observed_ip
+    return {
+        server: (when, a)
+        for server, (when, a) in pooled.items()
+        if now - when <= window_s and (a.observed_ip == current or a.observed_ip in own_ips)
+    }
+
+
 def tcp_ports(addrs: Sequence[str]) -> list[int]:
     """The TCP ports of our IPv4 listen addresses."""
     ports = []
@@ -179,7 +204,9 @@ class DialBackService:
         except ValueError:
             self.refused += 1
             raise BadRequest("dial-backs are made to IPv4 requesters only") from None
-        if self._per_ip.admit(ctx.source, 0, trio.current_time()) is not Admission.ADMIT:
+        # only dial-backs cost a budget: "where do you see me?" costs one exchange, and
+        # a node that lost its address asks it of every peer it knows
+        if ports and self._per_ip.admit(ctx.source, 0, trio.current_time()) is not Admission.ADMIT:
             self.refused += 1
             raise RateLimited("too many dial-back requests from this address; ask later")
         reachable = []
@@ -219,6 +246,8 @@ class ReachabilityMonitor:
     _recheck: trio.Event = field(default_factory=trio.Event)
     #: peers outside our network that answered the last round
     _observers: list[PeerID] = field(default_factory=list)
+    #: the latest answer of each peer, and when it came
+    _recent: dict[PeerID, tuple[float, DialBackAnswer]] = field(default_factory=dict)
 
     def recheck_soon(self) -> None:
         """Ask again now (e.g. the network changed)."""
@@ -246,9 +275,13 @@ class ReachabilityMonitor:
             random.shuffle(connected)
             candidates = list(dict.fromkeys([*self._observers, *connected]))
             for peer in candidates[:3]:
-                # two attempts: libp2p refuses for 60 s to redial a peer whose dial
-                # failed once, which is what a change of address makes of every peer
+                was_connected = self.host.is_connected(peer)
                 answer = await self._ask(peer, [], dial_attempts=2)
+                if answer is None and was_connected:
+                    # a connection that cannot carry a short question is dead, most
+                    # likely with our old address: drop it and ask over a new one
+                    await self.host.disconnect(peer)
+                    answer = await self._ask(peer, [], dial_attempts=2)
                 if answer is None:
                     continue
                 if answer.observed_ip in interface_addresses():
@@ -271,15 +304,18 @@ class ReachabilityMonitor:
             self._recheck = trio.Event()
 
     async def check_once(self) -> Verdict:
-        """One round: ask up to ``servers_per_round`` connected peers at once."""
+        """One round: ask up to ``servers_per_round`` peers at once, those that answered
+        from outside last time first (connected or not: after a change of network the
+        old connections may all be dead), then connected ones."""
         ports = tcp_ports(self.host.listen_addrs())
-        peers = self.host.connected_peers()
-        random.shuffle(peers)
+        connected = self.host.connected_peers()
+        random.shuffle(connected)
+        peers = list(dict.fromkeys([*self._observers, *connected]))
         answers: list[DialBackAnswer] = []
         if ports and peers:
 
             async def ask(peer: PeerID) -> None:
-                answer = await self._ask(peer, ports)
+                answer = await self._ask(peer, ports, dial_attempts=2)
                 if answer is not None:
                     answers.append(answer)
 
@@ -287,11 +323,21 @@ class ReachabilityMonitor:
                 for peer in peers[: self.config.servers_per_round]:
                     nursery.start_soon(ask, peer)
         self.rounds += 1
+        if not answers:
+            return self.verdict  # nothing learned
         own = interface_addresses()
+        # Answers add up over rounds, the latest of each peer counting (peers limit how
+        # often they dial back, so one round may hear from one peer only), as long as
+        # they are recent and saw us at the address this round saw.
+        self._recent = pool_answers(
+            self._recent, answers, trio.current_time(), self.config.recheck_s, own
+        )
+        pool = [a for _, a in self._recent.values()]
+        # peers that saw us from outside are remembered (a few, newest first): after a
+        # change of network they are the ones to ask, connected or not
         outside = [a.server for a in answers if a.observed_ip not in own]
-        if outside:
-            self._observers = outside
-        verdict = judge(answers, own_ips=own)
+        self._observers = list(dict.fromkeys([*outside, *self._observers]))[:_MAX_OBSERVERS]
+        verdict = judge(pool, own_ips=own)
         # too few answers this round: keep what we knew, unless our address changed
         if (
             verdict.reachability is Reachability.UNKNOWN
@@ -311,7 +357,8 @@ class ReachabilityMonitor:
     async def _ask(
         self, peer: PeerID, ports: list[int], *, dial_attempts: int = 1
     ) -> DialBackAnswer | None:
-        timeout = self.config.dial_timeout_s * max(1, len(ports)) + 5.0
+        # a dial-back takes up to dial_timeout_s per port; a bare question, one exchange
+        timeout = self.config.dial_timeout_s * (len(ports) + 1)
         try:
             reply = await self.rpc.call(
                 peer, DIAL_BACK, {"ports": ports}, timeout=timeout, dial_attempts=dial_attempts

@@ -218,6 +218,10 @@ def node_status(
     typer.echo(f"{status.state}: {status.reason}")
     for uid, expert_version in status.experts.items():
         typer.echo(f"  serving {uid} (version {expert_version})")
+    if status.network.reachability:
+        typer.echo(f"network: {status.network.reachability}")
+    if status.network.advice:
+        typer.echo(f"  what you can do: {status.network.advice}")
 
 
 @volunteer_app.command("pause")

@@ -62,6 +62,12 @@ class Readings(_Sent):
     on_battery: bool | None = None
 
 
+#: How other computers reach this node: "direct" (peers dialled it back), "relayed"
+#: (only through a relay), "unreachable" (peers could not, and no relay holds a place),
+#: "checking" (not known yet), "this computer only" (listening on loopback), "off".
+Reach = Literal["checking", "direct", "relayed", "unreachable", "this computer only", "off"]
+
+
 class NetworkStatus(_Sent):
     """How other computers reach this node, as far as it knows."""
 
@@ -70,8 +76,13 @@ class NetworkStatus(_Sent):
     #: Handshakes with peers on other computers since the node started: proof that it
     #: can be reached at least from there.
     inbound_from_network: int = 0
+    reach: Reach = "checking"
+    #: This computer's public address as other peers see it (its router's, behind NAT).
+    observed_ip: str | None = None
     #: In a sentence a volunteer can read.
     reachability: str = ""
+    #: What the volunteer can do about it; empty when nothing is needed.
+    advice: str = ""
 
 
 class Lifetime(_Sent):

@@ -77,6 +77,10 @@ class Preferences(BaseModel):
     #: what serving needs. Off: only this computer can (the node works for local tests).
     #: Read when the node starts. The control API listens on 127.0.0.1 either way.
     listen_on_network: bool = True
+    #: Relay for volunteers behind NAT while this computer is reachable directly: each
+    #: connection it carries is bounded in time and bytes (net/relay.py). Read when the
+    #: node starts.
+    relay_for_others: bool = False
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Preferences:

@@ -39,6 +39,8 @@ from core.project.distribution import ProjectNotFound, find_manifest, list_proje
 from core.project.pins import PinStore
 from net import DhtError, Identity, Peer, PeerConfig, RpcConfig, running_last
 from net.host import DEFAULT_LISTEN
+from net.reachability import ReachabilityConfig
+from net.relay import RelayClientConfig, RelayLimits
 
 __all__ = ["Node", "NodeOptions"]
 
@@ -96,6 +98,8 @@ class Node:
 
     def snapshot(self) -> NodeSnapshot:
         governor, serving = self.governor, self.serving
+        monitor = self.peer.reachability if self.peer else None
+        verdict = monitor.verdict if monitor else None
         snoozed = governor.state.snoozed_until if governor else None
         server = serving.server if serving else None
         return NodeSnapshot(
@@ -120,6 +124,9 @@ class Node:
             inbound_from_network=(
                 self.peer.host.admission_statistics().inbound_from_network if self.peer else 0
             ),
+            verdict=verdict.reachability.value if verdict else "unknown",
+            observed_ip=verdict.observed_ip if verdict else None,
+            relayed=bool(self.peer and self.peer.relay_client and self.peer.relay_client.held),
             uptime_s=time.time() - self.started,
             snoozed_until=snoozed.timestamp() if snoozed is not None else None,
             pid=os.getpid(),
@@ -129,10 +136,18 @@ class Node:
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         opts = self.options
+        listen = tuple(opts.listen or self._listen_by_preference())
+        local_only = all(_on_loopback(a) for a in listen)
         config = PeerConfig(
-            listen=tuple(opts.listen or self._listen_by_preference()),
+            listen=listen,
             bootstrap=tuple(opts.bootstrap),
             rpc=RpcConfig(reply_delay=opts.reply_delay),
+            # whether others can dial us matters only when we listen beyond this computer;
+            # then we keep places on relays while we cannot be dialled, and relay for
+            # others while we can, if the volunteer allows it
+            reachability=None if local_only else ReachabilityConfig(),
+            relay_client=None if local_only else RelayClientConfig(),
+            relay=RelayLimits() if self.preferences.current.relay_for_others else None,
         )
         # the peer stops last: on the way out the expert server still withdraws its
         # declarations over it (else trainers keep calling a node that is gone)
@@ -354,3 +369,8 @@ class Node:
         finally:
             if self.history is not None:
                 self.history.close()
+
+
+def _on_loopback(listen_addr: str) -> bool:
+    parts = listen_addr.split("/")
+    return len(parts) > 2 and (parts[2].startswith("127.") or parts[2] == "::1")

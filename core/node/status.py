@@ -13,6 +13,7 @@ from core.control.models import (
     Lifetime,
     NetworkStatus,
     NodeState,
+    Reach,
     Readings,
     Status,
 )
@@ -45,6 +46,11 @@ class NodeSnapshot:
     lifetime: Lifetime = field(default_factory=Lifetime)
     memory_used_bytes: int = 0
     inbound_from_network: int = 0
+    #: what peers' dial-backs found: "public", "private" or "unknown"
+    verdict: str = "unknown"
+    observed_ip: str | None = None
+    #: whether a relay holds a place for us (so peers reach us through it)
+    relayed: bool = False
     uptime_s: float = 0.0
     snoozed_until: float | None = None
     pid: int | None = None
@@ -77,18 +83,63 @@ def state_reason(state: NodeState, snap: NodeSnapshot) -> str:
     return snap.decision.describe()
 
 
-def reachability(addresses: tuple[str, ...], inbound_from_network: int) -> str:
-    """What the node can say about being reached, from what it listens on and who came."""
+@dataclass(frozen=True)
+class ReachView:
+    reach: Reach
+    sentence: str
+    advice: str = ""
+
+
+def reachability(
+    addresses: tuple[str, ...],
+    verdict: str = "unknown",
+    observed_ip: str | None = None,
+    relayed: bool = False,
+) -> ReachView:
+    """How other computers reach the node, in words, with what the volunteer can do:
+    from what it listens on and what its peers' dial-backs found (``verdict``:
+    "public", "private" or "unknown"; net/reachability.py)."""
     if not addresses:
-        return "not listening"
+        return ReachView("off", "not listening")
     if all(_is_loopback(a) for a in addresses):
-        return "only programs on this computer can connect (other computers are not allowed)"
-    if inbound_from_network:
-        return f"reachable: {inbound_from_network} connection(s) from other computers so far"
-    return (
-        "listening on the network; no other computer has connected yet (a home router "
-        "often blocks them)"
+        return ReachView(
+            "this computer only",
+            "only programs on this computer can connect",
+            "turn on “Reachable” under Limits → Network so that other computers can use this one",
+        )
+    seen = f" (seen at {observed_ip})" if observed_ip else ""
+    port = _tcp_port(addresses)
+    forward = (
+        f"forward TCP port {port} on your router to this computer"
+        if port
+        else ("forward this node's TCP port on your router to this computer")
     )
+    if verdict == "public":
+        return ReachView("direct", f"reachable directly: other computers connect to this one{seen}")
+    if verdict == "private" and relayed:
+        return ReachView(
+            "relayed",
+            f"reachable through a relay: your router or a firewall blocks direct connections{seen}",
+            f"nothing is needed; to make connections direct and faster, {forward}",
+        )
+    if verdict == "private":
+        return ReachView(
+            "unreachable",
+            f"not reachable yet: your router or a firewall blocks connections from other "
+            f"computers{seen}, and no relay holds a place for this one yet",
+            f"the node keeps looking for a relay; to be reached directly, {forward}",
+        )
+    return ReachView(
+        "checking", "checking whether other computers can reach this one (peers connect back)"
+    )
+
+
+def _tcp_port(addresses: tuple[str, ...]) -> int | None:
+    for addr in addresses:
+        parts = addr.split("/")
+        if len(parts) > 4 and parts[3] == "tcp" and parts[4].isdigit() and not _is_loopback(addr):
+            return int(parts[4])
+    return None
 
 
 def _is_loopback(addr: str) -> bool:
@@ -141,12 +192,20 @@ def build_status(snap: NodeSnapshot) -> Status:
         peers=snap.peers,
         peer_id=snap.peer_id,
         lifetime=snap.lifetime,
-        network=NetworkStatus(
-            addresses=list(snap.addresses),
-            inbound_from_network=snap.inbound_from_network,
-            reachability=reachability(snap.addresses, snap.inbound_from_network),
-        ),
+        network=network_status(snap),
         uptime_s=round(snap.uptime_s),
         snoozed_until=snap.snoozed_until,
         pid=snap.pid,
+    )
+
+
+def network_status(snap: NodeSnapshot) -> NetworkStatus:
+    view = reachability(snap.addresses, snap.verdict, snap.observed_ip, snap.relayed)
+    return NetworkStatus(
+        addresses=list(snap.addresses),
+        inbound_from_network=snap.inbound_from_network,
+        reach=view.reach,
+        observed_ip=snap.observed_ip,
+        reachability=view.sentence,
+        advice=view.advice,
     )

@@ -16,6 +16,7 @@ from core.namespaces import moehome_validator
 from net import DhtConfig, DhtError, Identity, NamespacedValidator, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
 from net.reachability import ReachabilityConfig, Verdict
+from net.relay import RelayClientConfig, RelayLimits
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,15 @@ async def run_peer(
         listen=tuple(listen or DEFAULT_LISTEN),
         bootstrap=tuple(bootstrap),
         reachability=reachability or ReachabilityConfig(),
+        # a bootstrap peer is public by design: it relays for those behind NAT, and
+        # one that turns out not to be dialable keeps reservations itself
+        relay=RelayLimits(),
+        relay_client=RelayClientConfig(),
     )
     # the swarm's records are checked here too: a bootstrap peer stores its share
     peer = Peer(identity, config, validator=moehome_validator())
     peer.reachability_listeners.append(print_verdict)
+    peer.relayed_listeners.append(print_relayed)
     async with trio.open_nursery() as nursery:
         await nursery.start(peer.run)
         print_addresses(peer)
@@ -57,6 +63,11 @@ def print_verdict(verdict: Verdict) -> None:
         "public_addrs": list(verdict.public_addrs),
     }
     sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
+
+
+def print_relayed(addrs: list[str]) -> None:
+    sys.stdout.write(json.dumps({"relayed_addrs": addrs}) + "\n")
     sys.stdout.flush()
 
 

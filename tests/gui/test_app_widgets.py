@@ -33,6 +33,7 @@ from core.control.models import (
     HourOfWork,
     Lifetime,
     MinuteReading,
+    NetworkStatus,
     Readings,
     Status,
 )
@@ -58,6 +59,7 @@ PREFERENCES = {
     "memory_cap_gb": 6.5,
     "cpu_threads": 3,
     "listen_on_network": False,
+    "relay_for_others": True,
 }
 
 
@@ -113,6 +115,12 @@ def test_limits_dialog_shows_the_preferences_it_was_given(qtbot):
     assert child(dialog, QCheckBox, "memoryLimit").isChecked()
     assert child(dialog, QDoubleSpinBox, "memoryCap").value() == 6.5
     assert not child(dialog, QCheckBox, "field_listen_on_network").isChecked()
+    relay = child(dialog, QCheckBox, "field_relay_for_others")
+    assert relay.isChecked()
+    assert not relay.isEnabled()  # no relaying without listening on the network
+    child(dialog, QCheckBox, "field_listen_on_network").setChecked(True)
+    assert relay.isEnabled()
+    child(dialog, QCheckBox, "field_listen_on_network").setChecked(False)
     assert child(dialog, QCheckBox, "cpuThreadsLimit").isChecked()
     assert child(dialog, QDoubleSpinBox, "cpuThreads").value() == 3
     editor = child(dialog, ScheduleEditor, "field_schedule")
@@ -345,6 +353,12 @@ FULL_STATUS = Status(
     lifetime=Lifetime(
         working_s=93_600, samples=4_567_890, contributions_accepted=321, since=1_790_000_000
     ),
+    network=NetworkStatus(
+        reach="relayed",
+        observed_ip="198.18.0.100",
+        reachability="reachable through a relay: your router blocks direct connections",
+        advice="nothing is needed; to make connections direct, forward TCP port 4001",
+    ),
 )
 
 FIGURES = (
@@ -355,6 +369,7 @@ FIGURES = (
     "figureLifetime",
     "figureDevice",
     "figureReadings",
+    "figureNetwork",
 )
 EVENTS = TypeAdapter(list[Event])
 
@@ -389,6 +404,9 @@ def test_dashboard_shows_a_full_status(qtbot):
     )
     assert "cuda:0" in text(window, "figureDevice")
     assert "24 GB" in text(window, "figureDevice")
+    network = child(window, QLabel, "figureNetwork")
+    assert network.text() == "Reachable through a relay: your router blocks direct connections."
+    assert network.toolTip().startswith("Nothing is needed; to make connections direct")
 
 
 def test_dashboard_shows_dashes_for_what_the_node_lacks(qtbot):
@@ -406,6 +424,7 @@ def test_dashboard_shows_dashes_for_what_the_node_lacks(qtbot):
     assert text(window, "figureReadings") == DASH
     assert text(window, "figureExperts") == "none"
     assert text(window, "figurePeers") == "0"
+    assert text(window, "figureNetwork") == DASH  # an older node says nothing of it
     # only the readings this computer has
     window.update_status(
         Status(

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 from net.lab import LabHost
@@ -114,3 +115,23 @@ class Lines:
             self.seen.append(line)
             if wanted(line):
                 return line
+
+
+#: The port lab peers listen on (each in its own namespace).
+PEER_PORT = 4001
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_peer(
+    host: LabHost, bootstrap: list[str], port: int = PEER_PORT
+) -> tuple[subprocess.Popen[str], Lines, str]:
+    """A bare swarm peer in ``host``'s namespace; returns it, its output and its address
+    on the lab's network."""
+    cmd = [sys.executable, "-m", "core.cli", "--quiet", "peer", "--ephemeral"]
+    cmd += ["-l", f"/ip4/0.0.0.0/tcp/{port}", "--recheck-s", "1"]
+    for addr in bootstrap:
+        cmd += ["-b", addr]
+    proc = subprocess.Popen(host.command(cmd), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    lines = Lines(proc)
+    addr = lines.wait_for(lambda line: line.startswith(f"/ip4/{host.ip}/"), 30)
+    return proc, lines, addr

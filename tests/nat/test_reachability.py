@@ -4,32 +4,17 @@ reachable, one behind a home NAT is not (it is seen at its router's address)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from net.lab import Home, LabHost, network_lab
+from net.lab import Home, network_lab
 from tests.child_processes import stop_processes
-from tests.nat.probes import Lines
+from tests.nat.probes import PEER_PORT, Lines, start_peer
 
 ROOT = Path(__file__).resolve().parents[2]
-PORT = 4001
-
-
-def start_peer(host: LabHost, bootstrap: list[str]) -> tuple[subprocess.Popen[str], Lines, str]:
-    """A bare swarm peer in ``host``'s namespace; returns it, its output and its address
-    on the lab's network."""
-    cmd = [sys.executable, "-m", "core.cli", "--quiet", "peer", "--ephemeral"]
-    cmd += ["-l", f"/ip4/0.0.0.0/tcp/{PORT}", "--recheck-s", "1"]
-    for addr in bootstrap:
-        cmd += ["-b", addr]
-    proc = subprocess.Popen(host.command(cmd), cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    lines = Lines(proc)
-    addr = lines.wait_for(lambda line: line.startswith(f"/ip4/{host.ip}/"), 30)
-    return proc, lines, addr
+PORT = PEER_PORT
 
 
 def verdict(lines: Lines, reachability: str, timeout: float = 30) -> dict[str, Any]:
@@ -59,5 +44,36 @@ def test_public_peers_are_reachable_and_a_peer_behind_nat_is_not():
                 seen = verdict(lines, "public")
                 assert seen["public_addrs"] == [f"/ip4/{lab.host(host).ip}/tcp/{PORT}"]
 
+        finally:
+            stop_processes(procs)
+
+
+@pytest.mark.slow
+def test_a_peer_whose_router_gets_a_new_address_is_seen_there_without_a_restart():
+    """The provider renumbers the home's router: every connection through it dies
+    silently. The peer notices (keepalive, its observers see a new address), dials its
+    peers again and learns its new public address."""
+    with network_lab(["boot", "other"], [Home("a")]) as lab:
+        procs = []
+        try:
+            boot, _, boot_addr = start_peer(lab.host("boot"), [])
+            procs.append(boot)
+            other, _, other_addr = start_peer(lab.host("other"), [boot_addr])
+            procs.append(other)
+            home, home_lines, _ = start_peer(lab.host("a/0"), [boot_addr, other_addr])
+            procs.append(home)
+            assert verdict(home_lines, "private")["observed_ip"] == lab.public_ip_of("a")
+
+            new_ip = lab.renumber("a")
+            # observed every 30 s, then a round of dial-backs (measured: 36 s)
+            seen = home_lines.wait_for(
+                lambda line: (
+                    line.startswith("{")
+                    and json.loads(line)["reachability"] == "private"
+                    and json.loads(line)["observed_ip"] == new_ip
+                ),
+                90,
+            )
+            assert json.loads(seen)["public_addrs"] == []
         finally:
             stop_processes(procs)

@@ -60,13 +60,20 @@ async def test_requests_are_bounded_and_rate_limited_per_address():
         for bad in ([0], [70000], ["4001"], [True], list(range(1, 10)), "4001", None):
             with pytest.raises(BadRequest):
                 await client.rpc.call(server.peer_id, DIAL_BACK, {"ports": bad})
-        # only asking where we are seen from: no dial, still counted against the limit
-        for _ in range(2):
+        # only asking where we are seen from: no dial, so no budget spent
+        for _ in range(5):
             reply = await client.rpc.call(server.peer_id, DIAL_BACK, {"ports": []})
             assert reply.meta["observed"] == "127.0.0.1"
+            assert reply.meta["tried"] == []
+        # dial-backs: a burst of two, then refused
+        ports = tcp_ports(client.host.listen_addrs())
+        for _ in range(2):
+            reply = await client.rpc.call(server.peer_id, DIAL_BACK, {"ports": ports})
+            assert reply.meta["reachable"] == ports
         with pytest.raises(RateLimited):
-            await client.rpc.call(server.peer_id, DIAL_BACK, {"ports": []})
+            await client.rpc.call(server.peer_id, DIAL_BACK, {"ports": ports})
         assert service.refused == 8
+        assert service.served == 7
         nursery.cancel_scope.cancel()
 
 

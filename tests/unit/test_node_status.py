@@ -88,20 +88,59 @@ LOCAL = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWm
 
 
 @pytest.mark.parametrize(
-    ("addresses", "inbound", "says"),
+    ("addresses", "verdict", "relayed", "reach", "says", "advises"),
     [
-        ((), 0, "not listening"),
-        ((LOCAL,), 0, "only programs on this computer"),
-        ((LOCAL.replace("127.0.0.1", "::1").replace("ip4", "ip6"),), 0, "only programs"),
-        ((LAN, LOCAL), 0, "no other computer has connected yet"),
-        ((LAN, LOCAL), 3, "reachable: 3 connection(s) from other computers"),
+        ((), "unknown", False, "off", "not listening", ""),
+        ((LOCAL,), "unknown", False, "this computer only", "only programs on this", "Limits"),
+        (
+            (LOCAL.replace("127.0.0.1", "::1").replace("ip4", "ip6"),),
+            "public",
+            False,
+            "this computer only",
+            "only programs",
+            "Reachable",
+        ),
+        ((LAN, LOCAL), "unknown", False, "checking", "checking whether", ""),
+        ((LAN, LOCAL), "public", False, "direct", "reachable directly", ""),
+        # a dial-back that failed is "unreachable" until a relay holds a place for us
+        (
+            (LAN, LOCAL),
+            "private",
+            False,
+            "unreachable",
+            "router or a firewall blocks",
+            "forward TCP port 4001",
+        ),
+        (
+            (LAN, LOCAL),
+            "private",
+            True,
+            "relayed",
+            "reachable through a relay",
+            "nothing is needed",
+        ),
     ],
 )
-def test_the_status_says_plainly_how_the_node_is_reached(addresses, inbound, says):
-    status = build_status(NodeSnapshot(addresses=addresses, inbound_from_network=inbound))
-    assert status.network.addresses == list(addresses)
-    assert status.network.inbound_from_network == inbound
-    assert says in status.network.reachability
+def test_the_status_says_plainly_how_the_node_is_reached(
+    addresses, verdict, relayed, reach, says, advises
+):
+    snap = NodeSnapshot(
+        addresses=addresses,
+        inbound_from_network=2,
+        verdict=verdict,
+        relayed=relayed,
+        observed_ip="198.18.0.100" if verdict != "unknown" else None,
+    )
+    network = build_status(snap).network
+    assert network.addresses == list(addresses)
+    assert network.inbound_from_network == 2
+    assert network.reach == reach
+    assert says in network.reachability
+    assert advises in network.advice
+    if not advises:
+        assert network.advice == ""
+    if reach in ("direct", "relayed", "unreachable"):
+        assert "seen at 198.18.0.100" in network.reachability
 
 
 @pytest.mark.parametrize(("decision", "listed"), [(WORKING, {"ffn.0.1": 3}), (TOO_HOT, {})])

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from net import Identity
-from net.reachability import DialBackAnswer, Reachability, _answer, judge, tcp_ports
+from net._libp2p import PeerID
+from net.reachability import (
+    DialBackAnswer,
+    Reachability,
+    _answer,
+    judge,
+    pool_answers,
+    tcp_ports,
+)
 
 S = [Identity.generate().peer_id for _ in range(4)]
 HOME_LAN = "198.18.1.10"  # our own interface address behind a NAT
@@ -104,3 +112,39 @@ def test_an_answer_cannot_claim_ports_we_did_not_ask_about():
         S[0], {"observed": ROUTER, "reachable": [4001, 22], "tried": [4001, 22]}, [4001]
     )
     assert answer == DialBackAnswer(S[0], ROUTER, (4001,), (4001,))
+
+
+NEW_ROUTER = "198.18.0.150"
+
+
+def judged_pool(
+    rounds: list[tuple[float, list[DialBackAnswer]]], window: float = 300
+) -> Reachability:
+    recent: dict[PeerID, tuple[float, DialBackAnswer]] = {}
+    for now, answers in rounds:
+        recent = pool_answers(recent, answers, now, window, own_ips=(HOME_LAN,))
+    return judge([a for _, a in recent.values()], own_ips=(HOME_LAN,)).reachability
+
+
+@pytest.mark.parametrize(
+    ("rounds", "expected"),
+    [
+        # peers rate-limit dial-backs: two rounds with one failure each add up
+        ([(0, [failed(0)]), (10, [failed(1)])], Reachability.PRIVATE),
+        # the latest answer of a peer replaces its earlier one
+        ([(0, [failed(0), failed(1)]), (10, [ok(1)])], Reachability.PUBLIC),
+        ([(0, [ok(0)]), (10, [failed(0)]), (20, [failed(1)])], Reachability.PRIVATE),
+        # an answer older than the window no longer counts
+        ([(0, [failed(0)]), (400, [failed(1)])], Reachability.UNKNOWN),
+        # after a change of address, answers about the old one no longer count
+        ([(0, [failed(0)]), (10, [failed(1, NEW_ROUTER)])], Reachability.UNKNOWN),
+        (
+            [(0, [ok(0)]), (10, [failed(1, NEW_ROUTER)]), (20, [failed(2, NEW_ROUTER)])],
+            Reachability.PRIVATE,
+        ),
+        # a neighbour on the LAN stays in the pool but does not speak for the internet
+        ([(0, [ok(0, HOME_LAN)]), (10, [failed(1), failed(2)])], Reachability.PRIVATE),
+    ],
+)
+def test_answers_add_up_over_rounds(rounds, expected):
+    assert judged_pool(rounds) is expected

@@ -1,0 +1,73 @@
+"""Which of a peer's addresses to dial, in what order, and dialling them one after
+another until one answers.
+
+py-libp2p 0.8.1's ``Swarm.dial_peer`` dials *one* TCP address per peer (its "smart
+address selection" keeps one per transport class) in the peerstore's order, and it took
+the addresses a peer announced in Identify as they came: ``/ip4/0.0.0.0/tcp/4001`` from a
+peer listening on every interface. Dialling 0.0.0.0 reaches our own listener, the Noise
+handshake fails, and the peer counts as unreachable although its real address was one
+line below (measured in the lab: a home peer whose router changed its address stayed cut
+off from every public peer for about two minutes; docs/decisions/007-reachability.md).
+So we order the addresses ourselves and dial each in turn.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+from collections.abc import Collection, Sequence
+
+log = logging.getLogger(__name__)
+
+#: A peer's record may name many addresses; a dial tries at most this many.
+MAX_DIAL_ADDRS = 8
+#: The next address is dialled when the previous one failed, or after this long
+#: (Happy Eyeballs: a silent address must not hold back the next one for a whole
+#: connect timeout).
+STAGGER_S = 0.3
+#: Relay circuits are dialled once every direct address failed, or after this long: a
+#: direct connection is faster and costs no relay anything.
+CIRCUIT_AFTER_S = 1.0
+CIRCUIT_TIMEOUT_S = 10.0
+
+
+def dial_order(addrs: Sequence[str], own: Collection[str] = ()) -> list[str]:
+    """The addresses worth dialling, best first (a pure function: see its table test).
+
+    Left out: addresses that cannot name a peer (the unspecified ``0.0.0.0`` / ``::``,
+    which reach whoever dials), our own listen addresses (``own``: the dial would reach
+    us), relay circuits (dialled by the relay client, not here), and duplicates. The
+    peer's own order is kept (it puts what outsiders reached first), except that loopback
+    goes last: it reaches a peer only on this same computer."""
+    usable: list[str] = []
+    loopback: list[str] = []
+    seen: set[str] = set()
+    own_set = set(own)
+    for addr in addrs:
+        base = addr.split("/p2p/", 1)[0]
+        if base in seen or base in own_set or "/p2p-circuit" in addr:
+            continue
+        seen.add(base)
+        parts = base.split("/")
+        if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
+            usable.append(base)  # dns and the like: left to the transport
+            continue
+        try:
+            ip = ipaddress.ip_address(parts[2])
+        except ValueError:
+            continue
+        if ip.is_unspecified or ip.is_multicast:
+            continue
+        (loopback if ip.is_loopback else usable).append(base)
+    return [*usable, *loopback][:MAX_DIAL_ADDRS]
+
+
+def relayed_candidates(addrs: Sequence[str]) -> list[str]:
+    """The relay circuits among ``addrs`` (``<relay address>/p2p/<relay>/p2p-circuit``),
+    in a random order that spreads a peer's callers over its relays, at most 4."""
+    marker = "/p2p-circuit"
+    circuits = [a.split(marker, 1)[0] + marker for a in addrs if marker in a]
+    unique = list(dict.fromkeys(circuits))
+    random.shuffle(unique)
+    return unique[:4]

@@ -1,0 +1,252 @@
+"""Hole punching: two peers that met through a relay open a direct TCP connection by
+dialling each other at the same moment (a TCP simultaneous open through both NATs).
+
+The exchange is libp2p's DCUtR (``/libp2p/dcutr``, its protobuf from py-libp2p), driven
+from one side only. py-libp2p 0.8.1's DCUtR starts from both sides at once and cannot
+be turned off once run (docs/decisions/007), so this is ours; its swarm's
+``dial_addr_as_responder`` gives the fixed Noise roles a simultaneous open needs.
+
+1. B, the peer that accepted a relayed connection (it is behind NAT: that is why it
+   has a relay), opens a DCUtR stream over it and sends CONNECT with the address the
+   internet sees it at (its router's address, its own port: a NAT that keeps ports).
+2. A answers CONNECT with its own; B measures the round trip.
+3. B sends SYNC and waits half a round trip; A dials B's address when SYNC arrives,
+   B dials A's then: both SYNs cross the NATs at about the same time, each opening
+   the way for the other. Both dial from their listening port (SO_REUSEPORT), the
+   port their NAT showed the world. A is the Noise initiator, B the responder.
+4. Once a direct connection exists, the relayed one is closed after a grace period
+   (calls in flight finish; new streams already take the direct connection).
+
+A NAT that picks a new port for every destination (symmetric, many carrier NATs)
+defeats this; the relayed connection then stays (within the relay's limits).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.connection_types import ConnectionType
+from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
+
+from net._libp2p import PeerID
+from net.host import SwarmHost
+from net.relay import RelayError, read_message, write_message
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "/libp2p/dcutr"
+_MAX_ADDRS = 8
+
+
+@dataclass(frozen=True)
+class HolePunchConfig:
+    attempts: int = 3
+    #: one exchange and its dials
+    attempt_s: float = 10.0
+    #: the relayed connection stays this long once a direct one exists
+    grace_s: float = 5.0
+
+
+@dataclass
+class HolePunchStatistics:
+    attempts: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+
+class HolePuncher:
+    """Answers DCUtR streams (side A) and punches from side B after a relayed
+    connection came in (:meth:`punch`). ``observed()`` names the addresses the
+    internet sees us at (``/ip4/<router>/tcp/<our port>``)."""
+
+    def __init__(
+        self,
+        host: SwarmHost,
+        observed: Callable[[], Sequence[str]],
+        config: HolePunchConfig | None = None,
+    ) -> None:
+        self.host = host
+        self.observed = observed
+        self.config = config or HolePunchConfig()
+        self.stats = HolePunchStatistics()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.host.set_stream_handler(PROTOCOL, self._answer)
+        task_status.started()
+        await trio.sleep_forever()
+
+    # ---------------------------------------------------------------- side B
+
+    async def punch(self, peer: PeerID) -> bool:
+        """Try to replace our relayed connection to ``peer`` with a direct one."""
+        for attempt in range(1, self.config.attempts + 1):
+            if self.direct_connection(peer) is not None:
+                break
+            self.stats.attempts += 1
+            with trio.move_on_after(self.config.attempt_s):
+                try:
+                    await self._attempt(peer)
+                except (RelayError, OSError, Exception) as exc:  # noqa: BLE001 - a failed
+                    # round (the relay closed, the peer left, a handshake broke) is retried
+                    log.debug("hole punch %d to %s failed: %r", attempt, peer, exc)
+            if self.direct_connection(peer) is not None:
+                break
+        direct = self.direct_connection(peer)
+        if direct is None:
+            self.stats.failed += 1
+            log.info("no direct connection to %s: it stays relayed", peer)
+            return False
+        self.stats.succeeded += 1
+        log.info("direct connection to %s after hole punching", peer)
+        await trio.sleep(self.config.grace_s)
+        await self._close_relayed(peer)
+        return True
+
+    async def _attempt(self, peer: PeerID) -> None:
+        stream = await self.host.libp2p_host.new_stream(peer, [PROTOCOL])
+        try:
+            started = trio.current_time()
+            await write_message(stream, _connect(self.observed()))
+            answer = await read_message(stream, HolePunch)
+            rtt = trio.current_time() - started
+            if answer.type != HolePunch.CONNECT:
+                raise RelayError("expected CONNECT")
+            await write_message(stream, HolePunch(type=HolePunch.SYNC))
+            theirs = _addrs(answer.ObsAddrs)
+        finally:
+            await _close(stream)
+        if not theirs:
+            raise RelayError("the peer gave no address to punch to")
+        await trio.sleep(rtt / 2)
+        await self._dial(peer, theirs, as_responder=True)
+
+    # ---------------------------------------------------------------- side A
+
+    async def _answer(self, stream: Any) -> None:
+        peer = stream.muxed_conn.peer_id
+        if not _over_relay(stream):  # the spec: only over a relayed connection
+            await _reset(stream)
+            return
+        try:
+            with trio.fail_after(self.config.attempt_s):
+                offer = await read_message(stream, HolePunch)
+                if offer.type != HolePunch.CONNECT:
+                    raise RelayError("expected CONNECT")
+                await write_message(stream, _connect(self.observed()))
+                sync = await read_message(stream, HolePunch)
+                if sync.type != HolePunch.SYNC:
+                    raise RelayError("expected SYNC")
+                theirs = _addrs(offer.ObsAddrs)
+                await _close(stream)
+                if theirs:
+                    await self._dial(peer, theirs, as_responder=False)
+        except Exception as exc:  # noqa: BLE001 - a failed punch ends only itself
+            log.debug("hole punch from %s failed: %r", peer, exc)
+            await _reset(stream)
+
+    # ---------------------------------------------------------------- both
+
+    async def _dial(self, peer: PeerID, addrs: list[str], *, as_responder: bool) -> None:
+        swarm = self.host.libp2p_host.get_network()
+        source = _listen_source(self.host)
+        dial = swarm.dial_addr_as_responder if as_responder else swarm.dial_addr
+        for addr in addrs:
+            try:
+                await dial(multiaddr.Multiaddr(addr), peer, source)
+                return
+            except Exception as exc:  # noqa: BLE001 - the next address, or the next round
+                log.debug("punching %s at %s: %r", peer, addr, exc)
+
+    def direct_connection(self, peer: PeerID) -> Any | None:
+        for conn in self.host.libp2p_host.get_network().connections.get(peer, []):
+            if not conn.is_closed and _type_of(conn) is not ConnectionType.RELAYED:
+                return conn
+        return None
+
+    async def _close_relayed(self, peer: PeerID) -> None:
+        for conn in list(self.host.libp2p_host.get_network().connections.get(peer, [])):
+            if _type_of(conn) is ConnectionType.RELAYED:
+                try:
+                    await conn.close()
+                except Exception as exc:  # noqa: BLE001 - it may be gone already
+                    log.debug("closing the relayed connection to %s: %r", peer, exc)
+
+
+def _listen_source(host: SwarmHost) -> tuple[str, int] | None:
+    """The (ip, port) our first IPv4 TCP listener is bound to, as bound (0.0.0.0 for
+    every interface): a punch leaves from there, the port the NAT showed the world."""
+    for addr in host.libp2p_host.get_transport_addrs():
+        parts = str(addr).split("/")
+        if len(parts) > 4 and parts[1] == "ip4" and parts[3] == "tcp" and parts[4].isdigit():
+            return parts[2], int(parts[4])
+    return None
+
+
+def _connect(addrs: Sequence[str]) -> HolePunch:
+    return HolePunch(
+        type=HolePunch.CONNECT,
+        ObsAddrs=[multiaddr.Multiaddr(a).to_bytes() for a in list(addrs)[:_MAX_ADDRS]],
+    )
+
+
+def _addrs(raw: Sequence[bytes]) -> list[str]:
+    """The peer's IPv4 TCP addresses, checked: at most a few, no unspecified, loopback
+    or multicast address (a punch is never aimed at this computer or at everyone)."""
+    out = []
+    for item in list(raw)[:_MAX_ADDRS]:
+        try:
+            parts = str(multiaddr.Multiaddr(item)).split("/")
+            ip = ipaddress.IPv4Address(parts[2])
+        except Exception:  # noqa: BLE001, S112 - an address we cannot read is skipped
+            continue
+        if parts[1] != "ip4" or len(parts) < 5 or parts[3] != "tcp" or not parts[4].isdigit():
+            continue
+        if ip.is_unspecified or ip.is_loopback or ip.is_multicast:
+            continue
+        out.append(f"/ip4/{ip}/tcp/{int(parts[4])}")
+    return out
+
+
+def _type_of(conn: Any) -> ConnectionType | None:
+    """A connection's type; None when it cannot tell."""
+    for getter in (conn, getattr(conn, "muxed_conn", None)):
+        method = getattr(getter, "get_connection_type", None)
+        if callable(method):
+            try:
+                kind = method()
+            except Exception:  # noqa: BLE001, S112 - try the next layer
+                continue
+            if isinstance(kind, ConnectionType):
+                return kind
+    raw = _raw_of(getattr(conn, "muxed_conn", conn))
+    return getattr(raw, "_connection_type", None)
+
+
+def _raw_of(muxed: Any) -> Any:
+    """The RawConnection under a Yamux connection (Noise read-writer, then raw)."""
+    return getattr(getattr(getattr(muxed, "secured_conn", None), "conn", None), "conn", None)
+
+
+def _over_relay(stream: Any) -> bool:
+    raw = _raw_of(getattr(stream, "muxed_conn", None))
+    return getattr(raw, "_connection_type", None) is ConnectionType.RELAYED
+
+
+async def _close(stream: Any) -> None:
+    try:
+        await stream.close()
+    except Exception as exc:  # noqa: BLE001 - closing a stream that is gone
+        log.debug("closing a dcutr stream: %r", exc)
+
+
+async def _reset(stream: Any) -> None:
+    try:
+        await stream.reset()
+    except Exception as exc:  # noqa: BLE001 - resetting a stream that is gone
+        log.debug("resetting a dcutr stream: %r", exc)

@@ -1,0 +1,85 @@
+"""Dialling a peer at the addresses it gave: the right one is found whatever comes
+first, Identify never gives 0.0.0.0, and every connection has keepalive on (a dead one
+is noticed in seconds). (Behind a NAT whose address changes: tests/nat.)"""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+
+from net import Identity
+from net.host import SwarmHost, interface_addresses
+from net.keepalive import DEAD_AFTER_S, KEEPIDLE_S, socket_of
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def silent_listener(*, task_status: trio.TaskStatus[int]) -> None:
+    """Accepts TCP connections and never says a word (a wrong or dead address that
+    still completes the TCP handshake: the Noise handshake would wait its whole
+    timeout)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    held = []
+    while True:
+        held.append(await listeners[0].accept())
+
+
+async def test_a_peer_is_reached_at_its_working_address_whatever_comes_first():
+    async with trio.open_nursery() as nursery:
+        silent = await nursery.start(silent_listener)
+        other = SwarmHost(Identity.generate())  # a different peer (an address now reused)
+        b = SwarmHost(Identity.generate())
+        async with SwarmHost(Identity.generate()).running() as a, other.running(), b.running():
+            good = b.listen_addrs()
+            bad = [
+                f"/ip4/127.0.0.1/tcp/{closed_port()}",  # refused
+                f"/ip4/127.0.0.1/tcp/{silent}",  # silent: the next is dialled meanwhile
+                other.listen_addrs()[0],  # another identity: Noise refuses
+                "/ip4/0.0.0.0/tcp/1",  # never dialled
+            ]
+            # libp2p 0.8.1 would dial only the first of these TCP addresses
+            await a.connect(b.peer_id, [*bad, *good], timeout=5, attempts=1)
+            assert a.is_connected(b.peer_id)
+            # the addresses are still known after a wrong identity answered one
+            assert set(good) <= set(a.known_addrs(b.peer_id))
+        nursery.cancel_scope.cancel()
+
+
+async def test_concurrent_connects_to_one_peer_share_one_dial():
+    a, b = SwarmHost(Identity.generate()), SwarmHost(Identity.generate())
+    async with a.running(), b.running():
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(a.connect, b.peer_id, b.listen_addrs())
+        assert len(a.libp2p_host.get_network().connections[b.peer_id]) == 1
+
+
+async def test_identify_gives_what_we_announce_never_the_unspecified_address():
+    host = SwarmHost(Identity.generate(), ["/ip4/0.0.0.0/tcp/0"])
+    async with host.running():
+        given = [str(a) for a in host.libp2p_host.get_addrs()]
+        assert given == [f"{a}/p2p/{host.peer_id}" for a in host.announce_addrs()]
+        assert not any("/0.0.0.0/" in a for a in given)
+        if any(not a.startswith(("127.", "::1", "fe80")) for a in interface_addresses()):
+            assert not any("/127.0.0.1/" in a for a in given)  # it reaches only us
+
+
+async def test_connections_have_keepalive_and_a_user_timeout():
+    a, b = SwarmHost(Identity.generate()), SwarmHost(Identity.generate())
+    async with a.running(), b.running():
+        await a.connect(b.peer_id, b.listen_addrs())
+        for host, peer in ((a, b.peer_id), (b, a.peer_id)):
+            (conn,) = host.libp2p_host.get_network().connections[peer]
+            sock = socket_of(conn)
+            assert sock is not None
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            if hasattr(socket, "TCP_USER_TIMEOUT"):
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPIDLE_S
+                user_timeout = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+                assert user_timeout == DEAD_AFTER_S * 1000

@@ -1,0 +1,262 @@
+"""Circuit relays on loopback: reservations, circuits, their limits, a relay that
+leaves, a relay that lies. Every peer is a real libp2p host; the roles that NAT would
+force (this peer cannot be dialled, that one can) are given by hand. (Behind real NAT:
+tests/nat/test_relay.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+from libp2p.connection_types import ConnectionType
+
+from net import Identity, Peer
+from net.host import DialError
+from net.peer import PING
+from net.relay import (
+    HOP,
+    RelayClient,
+    RelayClientConfig,
+    RelayLimits,
+    RelayService,
+    split_circuit,
+)
+from net.rpc import RpcError
+from net.wire import Tensor
+from tests.waiting import eventually
+
+
+@dataclass
+class Relayed:
+    """A peer that cannot be dialled (by assumption) and its relay client."""
+
+    peer: Peer
+    client: RelayClient
+    changes: list[list[str]] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def relay_peer(
+    nursery: trio.Nursery, limits: RelayLimits | None = None, *, enabled: bool = True
+) -> AsyncIterator[tuple[Peer, RelayService]]:
+    peer: Peer = await nursery.start(Peer(Identity.generate()).run)
+    service = RelayService(peer.host, limits, enabled=lambda: enabled)
+    await nursery.start(service.run)
+    yield peer, service
+
+
+async def relayed_peer(
+    nursery: trio.Nursery,
+    relays: Callable[[], list[Any]],
+    config: RelayClientConfig | None = None,
+) -> Relayed:
+    peer: Peer = await nursery.start(Peer(Identity.generate()).run)
+    holder: list[Relayed] = []
+    client = RelayClient(
+        peer.host,
+        candidates=relays,
+        wanted=lambda: True,
+        config=config or RelayClientConfig(check_s=0.1, unreachable_s=0.2),
+        on_change=lambda addrs: holder[0].changes.append(addrs),
+    )
+    relayed = Relayed(peer, client)
+    holder.append(relayed)
+    await nursery.start(client.run)
+    return relayed
+
+
+def connection_types(peer: Peer, other: Any) -> list[ConnectionType]:
+    conns = peer.host.libp2p_host.get_network().connections.get(other, [])
+    return [c.get_connection_type() for c in conns]
+
+
+async def ping(peer: Peer, other: Any, nbytes: int = 0) -> int:
+    tensors = [Tensor("uint8", (nbytes,), bytes(nbytes))] if nbytes else []
+    reply = await peer.rpc.call(other, PING, {}, tensors, timeout=10)
+    return int(reply.meta["bytes"])
+
+
+async def test_a_peer_that_cannot_be_dialled_is_reached_through_its_relay():
+    async with trio.open_nursery() as nursery, relay_peer(nursery) as (relay, service):
+        target = await relayed_peer(nursery, lambda: [relay.peer_id])
+        await target.peer.host.connect(relay.peer_id, relay.host.listen_addrs())
+        await eventually(lambda: target.client.relayed_addrs(), 10)
+        (circuit,) = target.client.relayed_addrs()
+        assert circuit == f"{relay.host.listen_addrs()[0]}/p2p/{relay.peer_id}/p2p-circuit"
+        assert target.changes[-1] == [circuit]
+        assert service.reserved() == [target.peer.peer_id]
+
+        caller: Peer = await nursery.start(Peer(Identity.generate()).run)
+        # only the circuit is known: the direct addresses stay unknown to the caller
+        await caller.host.connect(target.peer.peer_id, [circuit])
+        assert connection_types(caller, target.peer.peer_id) == [ConnectionType.RELAYED]
+        assert await ping(caller, target.peer.peer_id, 1000) == 1000
+        # the same connection carries calls the other way
+        assert await ping(target.peer, caller.peer_id, 10) == 10
+        assert service.stats.circuits_opened == 1
+        assert target.client.circuits_accepted == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_circuit_over_its_byte_limit_is_cut_and_the_relay_serves_others():
+    limits = RelayLimits(circuit_bytes=256 * 1024)
+    async with trio.open_nursery() as nursery, relay_peer(nursery, limits) as (relay, service):
+        target = await relayed_peer(nursery, lambda: [relay.peer_id])
+        await target.peer.host.connect(relay.peer_id, relay.host.listen_addrs())
+        await eventually(lambda: target.client.relayed_addrs(), 10)
+        (circuit,) = target.client.relayed_addrs()
+
+        greedy: Peer = await nursery.start(Peer(Identity.generate()).run)
+        await greedy.host.connect(target.peer.peer_id, [circuit])
+        with pytest.raises(RpcError):
+            await ping(greedy, target.peer.peer_id, 1024 * 1024)
+        assert service.stats.circuits_cut_bytes == 1
+        await eventually(lambda: not greedy.host.is_connected(target.peer.peer_id), 10)
+
+        modest: Peer = await nursery.start(Peer(Identity.generate()).run)
+        await modest.host.connect(target.peer.peer_id, [circuit])
+        assert await ping(modest, target.peer.peer_id, 1000) == 1000
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_circuit_ends_at_its_time_limit():
+    limits = RelayLimits(circuit_s=1.0)
+    async with trio.open_nursery() as nursery, relay_peer(nursery, limits) as (relay, service):
+        target = await relayed_peer(nursery, lambda: [relay.peer_id])
+        await target.peer.host.connect(relay.peer_id, relay.host.listen_addrs())
+        await eventually(lambda: target.client.relayed_addrs(), 10)
+        caller: Peer = await nursery.start(Peer(Identity.generate()).run)
+        await caller.host.connect(target.peer.peer_id, target.client.relayed_addrs())
+        assert await ping(caller, target.peer.peer_id) == 0
+        # an idle circuit ends too (py-libp2p's relay checked only when bytes came)
+        await eventually(lambda: not caller.host.is_connected(target.peer.peer_id), 10)
+        assert service.stats.circuits_cut_time == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_reservations_are_refused_when_disabled_or_over_the_limit():
+    small_limits = RelayLimits(reservations_per_ip=1)
+    async with (
+        trio.open_nursery() as nursery,
+        relay_peer(nursery, enabled=False) as (closed, closed_service),
+        relay_peer(nursery, small_limits) as (small, small_service),
+    ):
+        first = await relayed_peer(nursery, lambda: [closed.peer_id, small.peer_id])
+        for p in (closed, small):
+            await first.peer.host.connect(p.peer_id, p.host.listen_addrs())
+        await eventually(lambda: first.client.relayed_addrs(), 10)
+        assert list(first.client.held) == [small.peer_id]
+        assert closed_service.stats.reservations_refused >= 1
+
+        # a second peer from the same address (127.0.0.1) is over the limit
+        second = await relayed_peer(nursery, lambda: [small.peer_id])
+        await second.peer.host.connect(small.peer_id, small.host.listen_addrs())
+        await eventually(lambda: small_service.stats.reservations_refused >= 1, 10)
+        assert second.client.relayed_addrs() == []
+        assert small_service.reserved() == [first.peer.peer_id]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_replaces_a_relay_that_leaves():
+    async with trio.open_nursery() as nursery:
+        relays: list[Peer] = []
+        scopes: list[trio.CancelScope] = []
+        for _ in range(3):
+            scope = trio.CancelScope()
+            scopes.append(scope)
+
+            async def run_relay(scope: trio.CancelScope = scope, *, task_status: Any) -> None:
+                with scope:  # cancelled: the relay's peer stops, its connections close
+                    async with trio.open_nursery() as own, relay_peer(own) as (peer, _):
+                        task_status.started(peer)
+                        await trio.sleep_forever()
+
+            relays.append(await nursery.start(run_relay))
+        target = await relayed_peer(nursery, lambda: [r.peer_id for r in relays])
+        for r in relays:
+            await target.peer.host.connect(r.peer_id, r.host.listen_addrs())
+        await eventually(lambda: len(target.client.held) == 2, 10)
+        gone = next(iter(target.client.held))
+        scopes[relays.index(next(r for r in relays if r.peer_id == gone))].cancel()
+        await eventually(
+            lambda: len(target.client.held) == 2 and gone not in target.client.held, 20
+        )
+        assert all(str(gone) not in a for a in target.changes[-1])
+        assert len(target.changes[-1]) == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_malformed_hop_requests_never_stop_the_relay():
+    async with trio.open_nursery() as nursery, relay_peer(nursery) as (relay, _):
+        stranger: Peer = await nursery.start(Peer(Identity.generate()).run)
+        await stranger.host.connect(relay.peer_id, relay.host.listen_addrs())
+        for junk in (b"\xff" * 12, b"\x90\x80\x80\x01", b"\x05abc", b"\x02\x08\x07"):
+            stream = await stranger.host.new_stream(relay.peer_id, HOP)
+            await stream.write(junk)
+            with trio.move_on_after(5), contextlib.suppress(Exception):  # reset or closed
+                await stream.read(100)
+            await stream.reset()
+        target = await relayed_peer(nursery, lambda: [relay.peer_id])
+        await target.peer.host.connect(relay.peer_id, relay.host.listen_addrs())
+        await eventually(lambda: target.client.relayed_addrs(), 10)
+        nursery.cancel_scope.cancel()
+
+
+class TamperingRelay(RelayService):
+    """Flips one bit in every chunk it relays from the caller once ``after`` bytes went
+    through (0: from the handshake on)."""
+
+    after = 0
+
+    async def _splice(self, a: Any, b: Any) -> None:
+        after = self.after
+
+        class Flipping:
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+                self.passed = 0
+
+            async def write(self, data: bytes) -> None:
+                self.passed += len(data)
+                if self.passed > after and len(data) > 32:
+                    data = data[:32] + bytes([data[32] ^ 1]) + data[33:]
+                await self.inner.write(data)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.inner, name)
+
+        await super()._splice(a, Flipping(b))
+
+
+@pytest.mark.parametrize("after", [0, 16 * 1024])
+async def test_a_relay_that_alters_bytes_breaks_the_connection_never_the_data(after):
+    async with trio.open_nursery() as nursery:
+        relay: Peer = await nursery.start(Peer(Identity.generate()).run)
+        tampering = TamperingRelay(relay.host, enabled=lambda: True)
+        tampering.after = after
+        await nursery.start(tampering.run)
+        target = await relayed_peer(nursery, lambda: [relay.peer_id])
+        await target.peer.host.connect(relay.peer_id, relay.host.listen_addrs())
+        await eventually(lambda: target.client.relayed_addrs(), 10)
+        caller: Peer = await nursery.start(Peer(Identity.generate()).run)
+        if not after:  # the Noise handshake fails: no connection at all
+            with pytest.raises(DialError):
+                await caller.host.connect(target.peer.peer_id, target.client.relayed_addrs())
+        else:  # an altered frame fails its authentication: the connection ends
+            await caller.host.connect(target.peer.peer_id, target.client.relayed_addrs())
+            with pytest.raises(RpcError):
+                await ping(caller, target.peer.peer_id, 64 * 1024)
+        nursery.cancel_scope.cancel()
+
+
+def test_circuit_addresses_name_their_relay():
+    relay = Identity.generate().peer_id
+    addr = f"/ip4/198.18.0.10/tcp/4001/p2p/{relay}/p2p-circuit"
+    assert split_circuit(addr) == (f"/ip4/198.18.0.10/tcp/4001/p2p/{relay}", relay)
+    assert split_circuit("/ip4/198.18.0.10/tcp/4001") is None
+    assert split_circuit("/p2p-circuit") is None
