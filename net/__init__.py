@@ -14,7 +14,7 @@ from net.dht import (
 )
 from net.host import AddressError, DialError, SwarmHost, parse_peer_addr
 from net.identity import Identity, IdentityError, load_or_create
-from net.peer import Peer, PeerConfig, running_last
+from net.peer import Peer, PeerConfig, network_config, running_last
 from net.rpc import (
     BadRequest,
     CallContext,
@@ -71,6 +71,7 @@ __all__ = [
     "Unavailable",
     "UnknownMethod",
     "load_or_create",
+    "network_config",
     "parse_peer_addr",
     "running_last",
 ]

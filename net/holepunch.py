@@ -47,8 +47,8 @@ _MAX_ADDRS = 8
 @dataclass(frozen=True)
 class HolePunchConfig:
     attempts: int = 3
-    #: one exchange and its dials
-    attempt_s: float = 10.0
+    #: one exchange and its dials (a SYN that a NAT drops waits for this long)
+    attempt_s: float = 5.0
     #: the relayed connection stays this long once a direct one exists
     grace_s: float = 5.0
 

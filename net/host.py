@@ -8,11 +8,13 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import multiaddr
 import psutil
 import trio
+from libp2p.connection_types import ConnectionType
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.network.swarm import Swarm
 from libp2p.peer.peerstore import PeerStoreError
@@ -51,6 +53,14 @@ RelayedDialer = Callable[[PeerID, str, float], Awaitable[Any]]
 
 class DialError(Exception):
     """No connection to a peer could be made within the deadline."""
+
+
+@dataclass
+class _Dial:
+    """A dial in flight, shared by the callers that want the same peer."""
+
+    done: trio.Event
+    error: BaseException | None = None
 
 
 class AddressError(ValueError):
@@ -133,6 +143,7 @@ class SwarmHost:
         streams: StreamLimits | None = None,
     ) -> None:
         self.identity = identity
+        self._dial_timeout = dial_timeout
         self._listen = [multiaddr.Multiaddr(a) for a in listen]
         self._public: list[str] = []
         self._relayed: list[str] = []
@@ -164,8 +175,10 @@ class SwarmHost:
         network.register_notifee(KeepaliveNotifee())
         self._swarm = network
         self._running = False
-        #: dials in flight, so that concurrent callers share one
-        self._dialing: dict[PeerID, trio.Event] = {}
+        #: dials in flight, so that concurrent callers share one; they run in this
+        #: nursery while the host runs
+        self._dialing: dict[PeerID, _Dial] = {}
+        self._dials: trio.Nursery | None = None
 
     @property
     def peer_id(self) -> PeerID:
@@ -227,12 +240,15 @@ class SwarmHost:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SwarmHost]:
         try:
-            async with self._host.run(self._listen):
+            async with self._host.run(self._listen), trio.open_nursery() as dials:
                 self._running = True
+                self._dials = dials
                 try:
                     yield self
                 finally:
                     self._running = False
+                    self._dials = None
+                    dials.cancel_scope.cancel()
                     await self._close()
         finally:
             await self._close()
@@ -275,7 +291,20 @@ class SwarmHost:
             return []
 
     def is_connected(self, peer_id: PeerID) -> bool:
-        return bool(self._host.get_network().connections.get(peer_id))
+        """Whether an open connection to ``peer_id`` exists (a closed one can linger in
+        libp2p's table for a moment: a relay circuit cut at its limit, for one)."""
+        conns = self._host.get_network().connections.get(peer_id, [])
+        return any(not c.is_closed for c in conns)
+
+    def relayed_only(self, peer_id: PeerID) -> bool:
+        """Whether every open connection to ``peer_id`` goes through a relay (and there
+        is one): a peer behind NAT whose hole punch failed, or has not happened yet."""
+        open_conns = [
+            c for c in self._host.get_network().connections.get(peer_id, []) if not c.is_closed
+        ]
+        return bool(open_conns) and all(
+            c.get_connection_type() == ConnectionType.RELAYED for c in open_conns
+        )
 
     def connected_peers(self) -> list[PeerID]:
         return list(self._host.get_connected_peers())
@@ -309,10 +338,12 @@ class SwarmHost:
             raise DialError(f"no dialable address for {peer_id} (known: {', '.join(known[:4])})")
         delay = 0.05
         last: BaseException | None = None
+        deadline = trio.current_time() + timeout
         with trio.move_on_after(timeout):
             for attempt in range(1, attempts + 1):
                 try:
-                    await self._dial_shared(peer_id, ordered, circuits)
+                    left = deadline - trio.current_time()
+                    await self._dial_shared(peer_id, ordered, circuits, left)
                     return
                 except (BaseLibp2pError, OSError, DialError) as exc:
                     last = exc
@@ -334,21 +365,45 @@ class SwarmHost:
             bound = []
         return [*bound, *self.listen_addrs()]
 
-    async def _dial_shared(self, peer_id: PeerID, addrs: list[str], circuits: list[str]) -> None:
-        """One dial per peer at a time: a caller that finds one in flight waits for it
-        and dials itself only if that one failed."""
+    async def _dial_shared(
+        self, peer_id: PeerID, addrs: list[str], circuits: list[str], timeout: float
+    ) -> None:
+        """One dial per peer at a time, run by the host, not by its caller: a caller
+        that gives up (an expert call that came too late) leaves the dial going, so a
+        slow or relayed peer still gets connected for the next call instead of never.
+        A caller that finds a dial in flight waits for it."""
         while (pending := self._dialing.get(peer_id)) is not None:
-            await pending.wait()
+            await pending.done.wait()
             if self.is_connected(peer_id):
                 return
+            if pending.error is not None:
+                raise DialError(str(pending.error)) from pending.error
         if self.is_connected(peer_id):
             return
-        done = self._dialing[peer_id] = trio.Event()
+        dial = _Dial(trio.Event())
+        self._dialing[peer_id] = dial
+        if self._dials is None:  # not running (yet): the caller dials
+            await self._run_dial(peer_id, addrs, circuits, timeout, dial)
+        else:
+            self._dials.start_soon(self._run_dial, peer_id, addrs, circuits, timeout, dial)
+            await dial.done.wait()
+        if dial.error is not None:
+            raise DialError(str(dial.error)) from dial.error
+
+    async def _run_dial(
+        self, peer_id: PeerID, addrs: list[str], circuits: list[str], timeout: float, dial: _Dial
+    ) -> None:
         try:
-            await self._dial_in_turn(peer_id, addrs, circuits)
+            # at least the host's dial timeout, whatever the first caller allowed
+            with trio.move_on_after(max(timeout, self._dial_timeout)) as scope:
+                await self._dial_in_turn(peer_id, addrs, circuits)
+            if scope.cancelled_caught:
+                dial.error = DialError("timed out")
+        except (DialError, BaseLibp2pError, OSError) as exc:
+            dial.error = exc
         finally:
             del self._dialing[peer_id]
-            done.set()
+            dial.done.set()
 
     async def _dial_in_turn(self, peer_id: PeerID, addrs: list[str], circuits: list[str]) -> None:
         """Dial ``addrs`` in order, the next one when the previous failed or after

@@ -63,6 +63,27 @@ class PeerConfig:
     relay_client: RelayClientConfig | None = None
 
 
+def network_config(
+    listen: Sequence[str], bootstrap: Sequence[str], *, relay: bool = False
+) -> PeerConfig:
+    """The configuration of a role's peer: on loopback only, a plain peer; listening
+    beyond this computer, it learns whether it can be dialled, keeps places on relays
+    while it cannot, and (``relay``) relays for others while it can."""
+    local = all(_on_loopback(a) for a in listen)
+    return PeerConfig(
+        listen=tuple(listen),
+        bootstrap=tuple(bootstrap),
+        reachability=None if local else ReachabilityConfig(),
+        relay_client=None if local else RelayClientConfig(),
+        relay=RelayLimits() if relay and not local else None,
+    )
+
+
+def _on_loopback(listen_addr: str) -> bool:
+    parts = listen_addr.split("/")
+    return len(parts) > 2 and (parts[2].startswith("127.") or parts[2] == "::1")
+
+
 class Peer:
     """Use as a service::
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -44,6 +45,23 @@ def demo(
     workdir: Annotated[
         Path | None, typer.Option(help="Keep every process's files here (default: a temp folder).")
     ] = None,
+    experts: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Experts each volunteer serves (default: all 16, so each expert has "
+            "several servers). Fewer: the volunteers split them, and every one must be "
+            "reached.",
+        ),
+    ] = None,
+    nat: Annotated[
+        bool,
+        typer.Option(
+            "--nat",
+            help="Put the volunteers and the trainer behind NAT routers (Linux network "
+            "namespaces; needs root): the summary says how each volunteer was reached.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Train a small language model on a local swarm: a bootstrap peer, the owner
@@ -62,6 +80,17 @@ def demo(
     if rule not in RULES:
         typer.echo(f"error: --rule must be one of {', '.join(RULES)}", err=True)
         raise typer.Exit(2)
+    if nat:
+        from net.lab import missing_requirements
+
+        why_not = missing_requirements()
+        if why_not is not None:
+            typer.echo(
+                f"error: --nat runs the swarm in network namespaces behind NAT routers, "
+                f"which needs root and the ip, nft and tc commands (Linux): {why_not}",
+                err=True,
+            )
+            raise typer.Exit(2)
     options = DemoOptions(
         volunteers=volunteers,
         steps=steps,
@@ -73,7 +102,10 @@ def demo(
         rule=rule,
         data=data,
         workdir=workdir,
+        nat=nat,
     )
+    if experts is not None:
+        options = replace(options, experts_per_volunteer=experts)
     summary = run_async(partial(run_demo, options, quiet=as_json))
     if as_json:
         typer.echo(json.dumps(summary))

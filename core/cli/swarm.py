@@ -4,6 +4,7 @@ own (bootstrap peers, records, expert servers for tests and local swarms)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 from typing import Annotated
 
@@ -50,6 +51,15 @@ def peer(
             hidden=True,
         ),
     ] = None,
+    observe_s: Annotated[
+        float | None,
+        typer.Option(
+            "--observe-s",
+            min=0.1,
+            help="Seconds between asking a peer which address it sees us at.",
+            hidden=True,
+        ),
+    ] = None,
 ) -> None:
     """Run a swarm peer (DHT and RPC, no experts): a bootstrap node for others.
 
@@ -59,11 +69,11 @@ def peer(
     from core.roles.peer import run_peer
     from net.reachability import ReachabilityConfig
 
-    reach = (
-        ReachabilityConfig()
-        if recheck_s is None
-        else ReachabilityConfig(unknown_recheck_s=recheck_s)
-    )
+    reach = ReachabilityConfig()
+    if recheck_s is not None:
+        reach = replace(reach, unknown_recheck_s=recheck_s)
+    if observe_s is not None:
+        reach = replace(reach, observe_s=observe_s)
     run_async(run_peer, load_identity(ephemeral), listen or None, bootstrap or [], reach)
 
 

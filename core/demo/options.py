@@ -28,3 +28,5 @@ class DemoOptions:
     experts_per_volunteer: int = 16
     learning_rate: float = 3e-3
     eval_every: int = 100
+    #: volunteers and the trainer behind NAT routers in network namespaces (net/lab.py)
+    nat: bool = False

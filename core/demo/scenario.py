@@ -23,6 +23,7 @@ import signal
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,83 @@ from core.demo.supervisor import Proc, Swarm, free_port
 from core.errors import UserFacingError
 from core.trainer.progress import TrainingProgress
 from net.identity import load_or_create
+from net.lab import Home, Lab, missing_requirements, network_lab
 
 log = logging.getLogger(__name__)
 
 #: Every process of the demo listens on loopback: the demo never leaves this computer.
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+#: With --nat, each process has a namespace (and an address of 198.18.0.0/15) of its own,
+#: and a port of its own: two machines behind one NAT cannot both keep the same port
+#: outside, and hole punching aims at the port a peer listens on.
+LAB_PORT = 4001
+LAB_LISTEN = f"/ip4/0.0.0.0/tcp/{LAB_PORT}"
+TRAINER_PORT = 4000
+
+
+@dataclass
+class Places:
+    """Where the demo's processes run: all on this computer's loopback, or (``--nat``)
+    in the network lab: the bootstrap peer, the owner and the aggregator on the public
+    network; volunteers in two homes behind NAT routers, taking turns; the trainer in
+    the second home."""
+
+    lab: Lab | None = None
+    _volunteers: int = 0
+
+    @staticmethod
+    def homes(options: DemoOptions) -> list[Home]:
+        most = options.volunteers + options.attackers
+        if options.churn:
+            most += math.ceil(options.volunteers / 3)
+        return [Home("a", hosts=(most + 1) // 2), Home("b", hosts=most // 2 + 1)]
+
+    @property
+    def listen(self) -> str:
+        return LAB_LISTEN if self.lab else LOOPBACK
+
+    def volunteer_listen(self) -> str:
+        """For the volunteer just placed (:meth:`next_volunteer`)."""
+        return f"/ip4/0.0.0.0/tcp/{LAB_PORT + self._volunteers}" if self.lab else LOOPBACK
+
+    def trainer_listen(self) -> str:
+        return f"/ip4/0.0.0.0/tcp/{TRAINER_PORT}" if self.lab else LOOPBACK
+
+    def prefix(self, host: str) -> list[str]:
+        return self.lab.host(host).command([]) if self.lab else []
+
+    def aggregator_listen(self) -> tuple[str, int]:
+        """(listen address, port) of the aggregator, whose address the manifest names."""
+        if self.lab:
+            return LAB_LISTEN, LAB_PORT
+        port = free_port()
+        return f"/ip4/127.0.0.1/tcp/{port}", port
+
+    def aggregator_ip(self) -> str:
+        return self.lab.host("aggregator").ip if self.lab else "127.0.0.1"
+
+    def next_volunteer(self) -> str:
+        """The host of the next volunteer (homes a and b in turn)."""
+        self._volunteers += 1
+        k = self._volunteers - 1
+        return f"{'ab'[k % 2]}/{k // 2}"
+
+    def trainer(self) -> str:
+        if not self.lab:
+            return ""
+        return f"b/{len(self.lab.home_hosts['b']) - 1}"
+
+
+@contextmanager
+def _places(options: DemoOptions) -> Iterator[Places]:
+    if not options.nat:
+        yield Places()
+        return
+    why_not = missing_requirements()
+    if why_not is not None:
+        raise UserFacingError(f"--nat builds network namespaces and NAT routers: {why_not}")
+    with network_lab(["bootstrap", "owner", "aggregator"], Places.homes(options)) as lab:
+        yield Places(lab)
 
 
 def demo_manifest(options: DemoOptions, aggregator: tuple[str, str], trainer: str) -> str:
@@ -112,17 +185,18 @@ async def run_demo(
     console = Console(stderr=True, quiet=quiet)
     # the processes' keys are made here; "created a new identity" lines are noise in a demo
     logging.getLogger("net.identity").setLevel(logging.WARNING)
-    with _work_folder(options.workdir) as root:
+    with _work_folder(options.workdir) as root, _places(options) as places:
         swarm = Swarm(root)
         try:
-            return await _run(options, swarm, console, handle_signals)
+            return await _run(options, swarm, places, console, handle_signals)
         finally:
+            # before the lab goes (its namespaces take what runs inside along)
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(swarm.stop_all)
 
 
 async def _run(
-    options: DemoOptions, swarm: Swarm, console: Console, handle_signals: bool
+    options: DemoOptions, swarm: Swarm, places: Places, console: Console, handle_signals: bool
 ) -> dict[str, Any]:
     total = options.volunteers + options.attackers
     console.print(
@@ -130,6 +204,7 @@ async def _run(
         + (f" + {options.attackers} attackers ({options.attack})" if options.attackers else "")
         + (f", {options.slow} behind {options.slow_ms:.0f} ms links" if options.slow else "")
         + (", churn" if options.churn else "")
+        + (", volunteers and trainer behind NAT routers" if options.nat else "")
         + f"; {options.steps} steps; every process's files and log in {swarm.root}"
         + ("" if options.workdir else " (removed at the end; --workdir keeps them)")
     )
@@ -143,13 +218,18 @@ async def _run(
     )
     with starting:
         task = starting.add_task("starting the swarm", total=4 + total)
-        boot = swarm.start("bootstrap", ["peer", "-l", LOOPBACK], role="bootstrap")
+        boot = swarm.start(
+            "bootstrap",
+            ["peer", "-l", places.listen],
+            role="bootstrap",
+            prefix=places.prefix("bootstrap"),
+        )
         bootstrap = await swarm.first_line(boot)
         starting.advance(task)
 
         agg_identity = load_or_create(swarm.folder("aggregator") / "data" / "identity.key")
-        port = free_port()
-        agg_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{agg_identity.peer_id}"
+        agg_listen, port = places.aggregator_listen()
+        agg_addr = f"/ip4/{places.aggregator_ip()}/tcp/{port}/p2p/{agg_identity.peer_id}"
         trainer_key = load_or_create(swarm.folder("trainer") / "data" / "identity.key").public_key
         manifest = swarm.folder("owner") / "demo.toml"
         manifest.write_text(
@@ -160,7 +240,10 @@ async def _run(
             # the same folder is the same project and the trainer resumes its checkpoint
             await swarm.run_to_end("owner", ["owner", "init"])
         owner = swarm.start(
-            "owner", ["owner", "publish", str(manifest), "-b", bootstrap], role="owner"
+            "owner",
+            ["owner", "publish", str(manifest), "-b", bootstrap, "-l", places.listen],
+            role="owner",
+            prefix=places.prefix("owner"),
         )
         project_line = await swarm.first_line(owner, "project id:")
         project = project_line.split(":", 1)[1].strip()
@@ -182,9 +265,10 @@ async def _run(
                 "-b",
                 bootstrap,
                 "-l",
-                f"/ip4/127.0.0.1/tcp/{port}",
+                agg_listen,
             ],
             role="aggregator",
+            prefix=places.prefix("aggregator"),
         )
         await swarm.first_line(agg)
         starting.advance(task)
@@ -201,13 +285,16 @@ async def _run(
             # the demo runs while you use the machine: serve even when not idle (the
             # temperature limits still apply)
             (folder / "config" / "preferences.json").write_text(json.dumps({"idle_only": False}))
-            args = ["node", "--project", project, "-b", bootstrap, "--no-benchmark", "-l", LOOPBACK]
+            where = places.next_volunteer() if places.lab else ""
+            args = ["node", "--project", project, "-b", bootstrap, "--no-benchmark"]
+            args += ["-l", places.volunteer_listen()]
             args += ["--experts", str(options.experts_per_volunteer)]
             if role.startswith("attacker"):
                 args += ["--attack", options.attack]
             if role == "slow":
                 args += ["--reply-delay-ms", str(options.slow_ms)]
-            proc = swarm.start(name, args, role=role)
+            proc = swarm.start(name, args, role=role, prefix=places.prefix(where) if where else [])
+            proc.where = where
             proc.public_key = key
             await swarm.first_line(proc)
             volunteers.append(proc)
@@ -248,9 +335,12 @@ async def _run(
                 str(options.eval_every),
                 "--log-every",
                 "5",
+                "-l",
+                places.trainer_listen(),
             ],
             threads=None,
             role="trainer",
+            prefix=places.prefix(places.trainer()) if places.lab else [],
         )
         starting.advance(task)
 

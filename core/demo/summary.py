@@ -31,6 +31,7 @@ def demo_summary(
         contributors.update(agg.get("contributors", {}))
     volunteers = []
     answered = trained.get("answered_by", {})
+    reached = trained.get("reached", {})
     for p in procs:
         if not p.public_key:
             continue
@@ -42,6 +43,8 @@ def demo_summary(
                 "role": p.role,
                 "peer": peer,
                 "answers": answered.get(peer, 0),
+                "where": p.where or "this computer",
+                "reached": reached.get(peer, "not called"),
                 "accepted": c.get("accepted", 0),
                 "rejected": c.get("rejected", {}),
                 "rounds": c.get("rounds", 0),
@@ -57,6 +60,7 @@ def demo_summary(
         "attack": options.attack if options.attackers else None,
         "slow": options.slow,
         "churn": options.churn,
+        "nat": options.nat,
         "rule": options.rule,
         "steps": trained["steps"],
         "stopped_early": trained["stopped_early"],
@@ -74,6 +78,9 @@ def demo_summary(
         "per_volunteer": volunteers,
         "calls": trained.get("calls", {}),
     }
+
+
+_FIGURES = ("expert answers", "accepted", "rejected", "influence")
 
 
 def _nan(x: Any) -> bool:
@@ -99,14 +106,19 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         f"(aggregation: {summary['rule']})"
     )
     table = Table(title="volunteers")
-    for column in ("name", "role", "expert answers", "accepted", "rejected", "influence"):
-        table.add_column(column, justify="left" if column in ("name", "role") else "right")
+    nat = summary.get("nat", False)
+    columns = ["name", "role", "expert answers", "accepted", "rejected", "influence"]
+    if nat:  # where it ran, and how the trainer (in another home) reached it at the end
+        columns[2:2] = ["home", "reached"]
+    for column in columns:
+        table.add_column(column, justify="right" if column in _FIGURES else "left")
     for v in summary["per_volunteer"]:
         rejected_v = ", ".join(f"{k} {n}" for k, n in sorted(v["rejected"].items())) or "-"
         influence = "-" if v["influence"] is None else f"{100 * v['influence']:.1f}%"
-        table.add_row(
-            v["name"], v["role"], str(v["answers"]), str(v["accepted"]), rejected_v, influence
-        )
+        row = [v["name"], v["role"], str(v["answers"]), str(v["accepted"]), rejected_v, influence]
+        if nat:
+            row[2:2] = [v["where"], v["reached"]]
+        table.add_row(*row)
     console.print(table)
     console.print(
         "influence: the share of a volunteer's gradient the robust rule kept, averaged over "

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ class Proc:
     role: str = ""
     public_key: str = ""
     lines: list[str] = field(default_factory=list)
+    #: the lab host it runs in (``moehome demo --nat``), e.g. "a/0"; "" on loopback
+    where: str = ""
 
 
 class Swarm:
@@ -61,7 +64,17 @@ class Swarm:
         (path / "config").mkdir(parents=True, exist_ok=True)
         return path
 
-    def start(self, name: str, args: list[str], *, threads: int | None = 1, role: str = "") -> Proc:
+    def start(
+        self,
+        name: str,
+        args: list[str],
+        *,
+        threads: int | None = 1,
+        role: str = "",
+        prefix: Sequence[str] = (),
+    ) -> Proc:
+        """Start ``moehome <args>``; ``prefix`` runs it through another command (e.g.
+        ``ip netns exec <namespace>`` in the network lab)."""
         folder = self.folder(name)
         env = {
             **os.environ,
@@ -72,7 +85,7 @@ class Swarm:
             env["OMP_NUM_THREADS"] = str(threads)
         log_file = open(folder / "log.txt", "a")  # noqa: SIM115 - closed in stop_all
         self._log_files.append(log_file)
-        cmd = [*moehome_command(), "--data-dir", str(folder / "data"), *args]
+        cmd = [*prefix, *moehome_command(), "--data-dir", str(folder / "data"), *args]
         popen = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,

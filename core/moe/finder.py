@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -129,8 +129,7 @@ class ExpertFinder:
         return frozenset(coords)
 
     async def servers(self, uid: str) -> list[ExpertServerRef]:
-        """Live servers of ``uid``: fastest first (servers not called yet count as fast,
-        so each gets tried), then least loaded, then at random."""
+        """Live servers of ``uid`` in the order to try them (:func:`rank_servers`)."""
         out = []
         for value, author in await self._records(uid):
             try:
@@ -139,17 +138,9 @@ class ExpertFinder:
                 continue
             if ann.state == SERVING and ann.uid == uid and not self._is_banned(author):
                 out.append(ExpertServerRef(author, ann.sha256, ann.version, ann.load))
-        # equally fast and loaded servers in random order: calls (and so the gradients
-        # each volunteer contributes) spread over them, which is what gives the
-        # aggregator's robust rules several inputs per expert to compare
-        out.sort(
-            key=lambda s: (
-                _speed_class(self._latency.get(s.peer_id)),
-                round(s.load, 1),
-                random.random(),
-            )
-        )
-        return out
+        host = getattr(self.dht, "host", None)
+        relayed = {s.peer_id for s in out if host is not None and host.relayed_only(s.peer_id)}
+        return rank_servers(out, self._latency, relayed)
 
     async def beam_search(
         self, scores: Sequence[Sequence[Sequence[float]]], k: int
@@ -191,6 +182,28 @@ class ExpertFinder:
             for uid in set(uids):
                 nursery.start_soon(one, uid)
         return out
+
+
+def rank_servers(
+    servers: Sequence[ExpertServerRef],
+    latency: Mapping[PeerID, float],
+    relayed: Collection[PeerID] = (),
+) -> list[ExpertServerRef]:
+    """Servers in the order to try them: those we reach directly before those we reach
+    only through a relay (a relay bounds bytes and adds a hop), then fastest first
+    (servers not called yet count as fast, so each gets tried), then least loaded, then
+    at random. Equally good servers in random order: calls (and so the gradients each
+    volunteer contributes) spread over them, which gives the aggregator's robust rules
+    several inputs per expert to compare."""
+    return sorted(
+        servers,
+        key=lambda s: (
+            s.peer_id in relayed,
+            _speed_class(latency.get(s.peer_id)),
+            round(s.load, 1),
+            random.random(),
+        ),
+    )
 
 
 def _speed_class(seconds: float | None) -> int:

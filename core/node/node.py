@@ -11,7 +11,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import psutil
@@ -37,10 +37,8 @@ from core.node.status import NodeSnapshot, build_status, reason_code
 from core.node.throttle import Decision
 from core.project.distribution import ProjectNotFound, find_manifest, list_projects
 from core.project.pins import PinStore
-from net import DhtError, Identity, Peer, PeerConfig, RpcConfig, running_last
+from net import DhtError, Identity, Peer, RpcConfig, network_config, running_last
 from net.host import DEFAULT_LISTEN
-from net.reachability import ReachabilityConfig
-from net.relay import RelayClientConfig, RelayLimits
 
 __all__ = ["Node", "NodeOptions"]
 
@@ -136,18 +134,15 @@ class Node:
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         opts = self.options
-        listen = tuple(opts.listen or self._listen_by_preference())
-        local_only = all(_on_loopback(a) for a in listen)
-        config = PeerConfig(
-            listen=listen,
-            bootstrap=tuple(opts.bootstrap),
+        # beyond this computer: learn whether we can be dialled, keep places on relays
+        # while we cannot, relay for others while we can if the volunteer allows it
+        config = replace(
+            network_config(
+                opts.listen or self._listen_by_preference(),
+                opts.bootstrap,
+                relay=self.preferences.current.relay_for_others,
+            ),
             rpc=RpcConfig(reply_delay=opts.reply_delay),
-            # whether others can dial us matters only when we listen beyond this computer;
-            # then we keep places on relays while we cannot be dialled, and relay for
-            # others while we can, if the volunteer allows it
-            reachability=None if local_only else ReachabilityConfig(),
-            relay_client=None if local_only else RelayClientConfig(),
-            relay=RelayLimits() if self.preferences.current.relay_for_others else None,
         )
         # the peer stops last: on the way out the expert server still withdraws its
         # declarations over it (else trainers keep calling a node that is gone)
@@ -369,8 +364,3 @@ class Node:
         finally:
             if self.history is not None:
                 self.history.close()
-
-
-def _on_loopback(listen_addr: str) -> bool:
-    parts = listen_addr.split("/")
-    return len(parts) > 2 and (parts[2].startswith("127.") or parts[2] == "::1")

@@ -21,7 +21,7 @@ from core.project.pins import PinStore
 from core.project.signed import SignedManifest
 from core.protocol.aggregator_methods import responsible_aggregator
 from core.roles.peer import print_addresses
-from net import Identity, Peer, PeerConfig
+from net import Identity, Peer, network_config
 from net.host import DEFAULT_LISTEN
 from net.identity import peer_id_from_public_key
 
@@ -75,7 +75,7 @@ async def run_aggregator(
     listen: Sequence[str] | None,
     bootstrap: Sequence[str],
 ) -> None:
-    config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
+    config = network_config(listen or DEFAULT_LISTEN, bootstrap, relay=True)
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
         signed = await find_manifest(peer, project_id, PinStore(data_dir / "pinned-owners.json"))

@@ -18,7 +18,7 @@ from core.experts.uid import ExpertUID
 from core.namespaces import moehome_validator
 from core.project.joining import join_project
 from core.roles.peer import print_addresses
-from net import Identity, Peer, PeerConfig, running_last
+from net import Identity, Peer, network_config, running_last
 from net.host import DEFAULT_LISTEN
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ async def serve_experts(
 ) -> None:
     """Serve ``uids``. For project 'demo': seeded experts of ``spec``. For a real project
     id: its manifest is fetched and verified (owner key pinned), and the weights too."""
-    config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
+    config = network_config(listen or DEFAULT_LISTEN, bootstrap)
     server_config = ServerConfig(
         project=project, announce_interval=announce_interval, announce_ttl=3 * announce_interval
     )

@@ -16,7 +16,7 @@ from core.project.keys import KeyRotation
 from core.project.owner import announce_rotation, project_status
 from core.project.publish import Prepared, serve_project
 from core.roles.peer import joined_client, print_addresses
-from net import Identity, Peer, PeerConfig
+from net import Identity, Peer, network_config
 from net.host import DEFAULT_LISTEN
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ async def publish_and_serve(
     listen: Sequence[str] | None,
     bootstrap: Sequence[str],
 ) -> None:
-    config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
+    config = network_config(listen or DEFAULT_LISTEN, bootstrap)
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
         await nursery.start(serve_project, peer, prepared)

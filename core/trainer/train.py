@@ -36,7 +36,8 @@ from core.project.signed import SignedManifest
 from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, load_corpus
 from core.trainer.model import CharLanguageModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
-from net import Identity, Peer, PeerConfig
+from net import Identity, Peer, network_config
+from net._libp2p import PeerID
 from net.host import DEFAULT_LISTEN
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ async def run_trainer(
     report: Report,
 ) -> dict[str, Any]:
     """Train until ``options.steps`` or a stop signal; the summary (also reported)."""
-    config = PeerConfig(listen=tuple(listen or DEFAULT_LISTEN), bootstrap=tuple(bootstrap))
+    config = network_config(listen or DEFAULT_LISTEN, bootstrap)
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
         signed = await _find_manifest(peer, options.project, data_dir)
@@ -180,9 +181,22 @@ async def run_trainer(
         nursery.start_soon(_stop_on_signals, stop)
         summary = await _train(session, options, stop, report)
         summary["aggregators"] = await aggregator_statistics(peer, signed.manifest)
+        summary["reached"] = {p: how_reached(peer, p) for p in summary["answered_by"]}
         report({"event": "summary", **summary})
         nursery.cancel_scope.cancel()
     return summary
+
+
+def how_reached(peer: Peer, server: str) -> str:
+    """How we reach ``server`` now: "direct", "relayed" (only through a relay: its NAT
+    defeated hole punching) or "not connected"."""
+    try:
+        peer_id = PeerID.from_base58(server)
+    except ValueError:
+        return "not connected"
+    if not peer.host.is_connected(peer_id):
+        return "not connected"
+    return "relayed" if peer.host.relayed_only(peer_id) else "direct"
 
 
 async def _find_manifest(peer: Peer, project: str, data_dir: Path) -> SignedManifest:

@@ -16,6 +16,12 @@ from net.lab import missing_requirements
 
 @pytest.fixture(autouse=True)
 def _lab_requirements() -> None:
+    require_lab()
+
+
+def require_lab() -> None:
+    """Skip (or, with MOEHOME_REQUIRE_LAB=1, fail) when the lab cannot run here; for
+    module-scoped fixtures too, which run before the autouse check."""
     why_not = missing_requirements()
     if why_not is None:
         return

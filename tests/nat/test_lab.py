@@ -35,11 +35,14 @@ def test_home_machines_reach_out_behind_their_router_and_cannot_be_reached():
             assert seen_port != "4001"
         finally:
             stop_processes([echo])
-        # nobody outside reaches a home machine: neither its own address nor its router's
+        # nobody outside reaches a home machine: neither its own address nor its router's;
+        # a machine of the same home does, at its own address
         home_echo = start_echo(lab.host("a/0"), 4002)
         try:
             assert ask(server, lab.host("a/0").ip, 4002).startswith("unreachable")
             assert ask(server, lab.public_ip_of("a"), 4002).startswith("unreachable")
+            seen = ask(lab.host("a/1"), lab.host("a/0").ip, 4002, 4005)
+            assert seen == f"{lab.host('a/1').ip} 4005"  # no NAT inside the home
         finally:
             stop_processes([home_echo])
 

@@ -1,30 +1,45 @@
-"""Relays behind real NAT (network namespaces): a peer in one home is reached from
-another home through a public peer's relay, and moves to another relay when its relay
-leaves."""
+"""Relays and hole punching behind real NAT (network namespaces). One lab for the
+module: a bootstrap peer and two more public peers (all relay), a volunteer in home
+"a", callers in home "b" (a NAT that keeps ports, like most home routers) and home "c"
+(a symmetric NAT, like many carrier NATs). The destructive test comes last."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from net.lab import Home, LabHost, network_lab
+from net.lab import Home, Lab, LabHost, network_lab
 from tests.child_processes import stop_processes
-from tests.nat.probes import Lines, start_peer
+from tests.nat.conftest import require_lab
+from tests.nat.probes import ROOT, Lines, start_peer
 from tests.nat.test_reachability import verdict
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
 
 
-def relayed_addrs(lines: Lines, count: int, timeout: float = 60) -> list[str]:
-    """The next announcement of exactly ``count`` relayed addresses."""
+@dataclass
+class World:
+    lab: Lab
+    boot_addr: str
+    #: peer id -> process, for the public peers that are not the bootstrap peer
+    relays: dict[str, subprocess.Popen[str]]
+    home_lines: Lines
+    target: str
+    circuits: list[str]
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+
+
+def relayed_announcement(lines: Lines, wanted: Any, timeout: float = 60) -> list[str]:
+    """The relayed addresses of the next announcement for which ``wanted`` holds."""
     line = lines.wait_for(
         lambda line: (
-            line.startswith('{"relayed_addrs"') and len(json.loads(line)["relayed_addrs"]) == count
+            line.startswith('{"relayed_addrs"') and wanted(json.loads(line)["relayed_addrs"])
         ),
         timeout,
     )
@@ -32,18 +47,14 @@ def relayed_addrs(lines: Lines, count: int, timeout: float = 60) -> list[str]:
     return addrs
 
 
-def call(
-    host: LabHost,
-    peer: str,
-    addrs: list[str],
-    nbytes: int = 0,
-    bootstrap: str | None = None,
-    direct_within: float = 0.0,
-) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "tests.nat.caller", peer, *addrs, "--bytes", str(nbytes)]
-    cmd += ["--direct-within", str(direct_within)]
-    if bootstrap:
-        cmd += ["--bootstrap", bootstrap]
+def call(host: LabHost, world: World, *, punch: bool, nbytes: int = 0) -> dict[str, Any]:
+    """Run tests/nat/caller.py in ``host``: it knows only the volunteer's relayed
+    addresses; with ``punch`` it first learns where it is seen (hole punching needs it)
+    and waits up to 20 s for a direct connection."""
+    cmd = [sys.executable, "-m", "tests.nat.caller", world.target, *world.circuits]
+    cmd += ["--bytes", str(nbytes)]
+    if punch:  # three attempts of at most 5 s each (net/holepunch.py)
+        cmd += ["--bootstrap", world.boot_addr, "--direct-within", "20"]
     done = subprocess.run(
         host.command(cmd), cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
     )
@@ -52,12 +63,14 @@ def call(
 
 
 def peer_id_of(addr: str) -> str:
-    return addr.rsplit("/p2p/", 1)[1]
+    return addr.removesuffix("/p2p-circuit").rsplit("/p2p/", 1)[1]
 
 
-@pytest.mark.slow
-def test_a_peer_behind_nat_is_reached_through_a_relay_and_moves_when_it_leaves():
-    with network_lab(["boot", "r2", "r3"], [Home("a"), Home("b")]) as lab:
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    require_lab()
+    homes = [Home("a"), Home("b"), Home("c", nat="symmetric")]
+    with network_lab(["boot", "r2", "r3"], homes) as lab:
         procs: list[subprocess.Popen[str]] = []
         try:
             boot, _, boot_addr = start_peer(lab.host("boot"), [])
@@ -71,62 +84,43 @@ def test_a_peer_behind_nat_is_reached_through_a_relay_and_moves_when_it_leaves()
             home, home_lines, home_addr = start_peer(lab.host("a/0"), [boot_addr])
             procs.append(home)
             assert verdict(home_lines, "private")["observed_ip"] == lab.public_ip_of("a")
-            circuits = relayed_addrs(home_lines, 2)
+            circuits = relayed_announcement(home_lines, lambda addrs: len(addrs) == 2)
             assert all(a.endswith("/p2p-circuit") for a in circuits)
-
-            # from another home, knowing only the relayed addresses
-            target = peer_id_of(home_addr)
-            result = call(lab.host("b/0"), target, circuits, nbytes=256 * 1024)
-            assert result["connected"], result
-            assert result["first_kind"] == "relayed"
-
-            # the relay that is not the bootstrap peer leaves: another takes its place
-            used = {peer_id_of(a.removesuffix("/p2p-circuit")) for a in circuits}
-            leaving = next(p for p in used if p in relays)
-            stop_processes([relays[leaving]])
-            moved = home_lines.wait_for(
-                lambda line: (
-                    line.startswith('{"relayed_addrs"')
-                    and len(json.loads(line)["relayed_addrs"]) == 2
-                    and leaving not in line
-                ),
-                60,
-            )
-            new_circuits = json.loads(moved)["relayed_addrs"]
-            result = call(lab.host("b/0"), target, new_circuits)
-            assert result["connected"], result
-            assert result["first_kind"] == "relayed"
+            yield World(lab, boot_addr, relays, home_lines, peer_id_of(home_addr), circuits, procs)
         finally:
             stop_processes(procs)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("nat", "final"), [("cone", "direct"), ("symmetric", "relayed")])
-def test_peers_behind_two_nats_punch_through_or_stay_relayed(nat, final):
-    """Two homes: across two NATs that keep ports, hole punching makes the connection
-    direct; when the caller's NAT picks a new port per destination, it stays relayed."""
-    with network_lab(["boot", "r2"], [Home("a"), Home("b", nat=nat)]) as lab:
-        procs: list[subprocess.Popen[str]] = []
-        try:
-            boot, _, boot_addr = start_peer(lab.host("boot"), [])
-            procs.append(boot)
-            r2, r2_lines, _ = start_peer(lab.host("r2"), [boot_addr])
-            procs.append(r2)
-            verdict(r2_lines, "public")
-            home, home_lines, home_addr = start_peer(lab.host("a/0"), [boot_addr])
-            procs.append(home)
-            circuits = relayed_addrs(home_lines, 2)
-            result = call(
-                lab.host("b/0"),
-                peer_id_of(home_addr),
-                circuits,
-                nbytes=1024 * 1024,
-                bootstrap=boot_addr,
-                direct_within=30,
-            )
-            assert result["connected"], result
-            assert result["reachability"] == "private"
-            assert result["first_kind"] == "relayed"
-            assert result["final_kind"] == final, result
-        finally:
-            stop_processes(procs)
+def test_a_peer_behind_nat_is_reached_through_a_relay_from_another_home(world):
+    result = call(world.lab.host("b/0"), world, punch=False, nbytes=256 * 1024)
+    assert result["connected"], result
+    assert result["first_kind"] == "relayed"
+    assert result["mb_s"] > 0
+
+
+def test_across_two_nats_that_keep_ports_hole_punching_makes_it_direct(world):
+    result = call(world.lab.host("b/0"), world, punch=True, nbytes=1024 * 1024)
+    assert result["connected"], result
+    assert result["reachability"] == "private"
+    assert result["first_kind"] == "relayed"
+    assert result["final_kind"] == "direct", result
+
+
+def test_behind_a_symmetric_nat_the_connection_stays_relayed_and_works(world):
+    result = call(world.lab.host("c/0"), world, punch=True, nbytes=1024 * 1024)
+    assert result["connected"], result
+    assert result["first_kind"] == "relayed"
+    assert result["final_kind"] == "relayed", result
+    assert result["mb_s"] > 0
+
+
+def test_when_its_relay_leaves_the_peer_moves_to_another(world):
+    leaving = next(peer_id_of(a) for a in world.circuits if peer_id_of(a) in world.relays)
+    stop_processes([world.relays.pop(leaving)])
+    world.circuits = relayed_announcement(
+        world.home_lines,
+        lambda addrs: len(addrs) == 2 and not any(leaving in a for a in addrs),
+    )
+    result = call(world.lab.host("b/0"), world, punch=False)
+    assert result["connected"], result
+    assert result["first_kind"] == "relayed"

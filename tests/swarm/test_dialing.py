@@ -11,6 +11,7 @@ import trio
 from net import Identity
 from net.host import SwarmHost, interface_addresses
 from net.keepalive import DEAD_AFTER_S, KEEPIDLE_S, socket_of
+from tests.waiting import eventually
 
 
 def closed_port() -> int:
@@ -48,6 +49,21 @@ async def test_a_peer_is_reached_at_its_working_address_whatever_comes_first():
             assert a.is_connected(b.peer_id)
             # the addresses are still known after a wrong identity answered one
             assert set(good) <= set(a.known_addrs(b.peer_id))
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_dial_goes_on_when_its_caller_gives_up():
+    """An expert call that came too late is cancelled; its dial must not be, or a peer
+    slower to reach than one call's patience is never connected."""
+    async with trio.open_nursery() as nursery:
+        silent = await nursery.start(silent_listener)
+        a, b = SwarmHost(Identity.generate()), SwarmHost(Identity.generate())
+        async with a.running(), b.running():
+            addrs = [f"/ip4/127.0.0.1/tcp/{silent}", *b.listen_addrs()]
+            with trio.move_on_after(0.1):  # before the second address is even dialled
+                await a.connect(b.peer_id, addrs, attempts=1)
+            assert not a.is_connected(b.peer_id)
+            await eventually(lambda: a.is_connected(b.peer_id), 5)
         nursery.cancel_scope.cancel()
 
 

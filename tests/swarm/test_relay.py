@@ -95,6 +95,8 @@ async def test_a_peer_that_cannot_be_dialled_is_reached_through_its_relay():
         # only the circuit is known: the direct addresses stay unknown to the caller
         await caller.host.connect(target.peer.peer_id, [circuit])
         assert connection_types(caller, target.peer.peer_id) == [ConnectionType.RELAYED]
+        assert caller.host.relayed_only(target.peer.peer_id)  # trainers try it last
+        assert not caller.host.relayed_only(relay.peer_id)
         assert await ping(caller, target.peer.peer_id, 1000) == 1000
         # the same connection carries calls the other way
         assert await ping(target.peer, caller.peer_id, 10) == 10

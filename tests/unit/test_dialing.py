@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from net.dialing import MAX_DIAL_ADDRS, dial_order
+from net.peer import network_config
 
 PUB = "/ip4/198.18.0.10/tcp/4001"
 LAN = "/ip4/198.18.1.10/tcp/4001"
@@ -37,3 +38,20 @@ def test_dial_order(addrs, own, expected):
 def test_a_record_naming_many_addresses_is_dialled_at_a_few():
     many = [f"/ip4/198.18.0.{i}/tcp/4001" for i in range(1, 100)]
     assert dial_order(many) == many[:MAX_DIAL_ADDRS]
+
+
+@pytest.mark.parametrize(
+    ("listen", "relay", "reach", "relays"),
+    [
+        (["/ip4/127.0.0.1/tcp/0"], True, False, False),  # a local swarm: nothing to learn
+        (["/ip6/::1/tcp/0"], False, False, False),
+        (["/ip4/0.0.0.0/tcp/4001"], False, True, False),
+        (["/ip4/0.0.0.0/tcp/4001"], True, True, True),
+        (["/ip4/127.0.0.1/tcp/0", "/ip4/198.18.0.10/tcp/4001"], False, True, False),
+    ],
+)
+def test_roles_learn_their_reachability_only_beyond_loopback(listen, relay, reach, relays):
+    config = network_config(listen, [], relay=relay)
+    assert (config.reachability is not None) is reach
+    assert (config.relay_client is not None) is reach  # places on relays when needed
+    assert (config.relay is not None) is relays

@@ -18,7 +18,7 @@ from core.experts.records import SERVING, ExpertAnnouncement
 from core.experts.registry import build_expert
 from core.experts.uid import Grid
 from core.moe.client import ExpertServerRef
-from core.moe.finder import ExpertFinder, _speed_class
+from core.moe.finder import ExpertFinder, _speed_class, rank_servers
 from core.project.manifest import Manifest, parse_manifest
 from core.project.publish import seed_for
 from core.trainer.data import Corpus, load_corpus
@@ -239,3 +239,13 @@ def test_the_trainer_device(name, expected):
         return
     with pytest.raises(UserFacingError, match=re.escape(expected)):
         resolve_device(name)
+
+
+def test_servers_reached_only_through_a_relay_are_tried_last():
+    ids = [Identity.generate().peer_id for _ in range(4)]
+    direct_slow, relayed_fast, direct_fast, relayed_slow = (ExpertServerRef(i) for i in ids)
+    latency = {ids[0]: 0.3, ids[1]: 0.005, ids[2]: 0.005, ids[3]: 0.3}
+    ranked = rank_servers(
+        [relayed_slow, relayed_fast, direct_slow, direct_fast], latency, relayed={ids[1], ids[3]}
+    )
+    assert ranked == [direct_fast, direct_slow, relayed_fast, relayed_slow]
