@@ -58,6 +58,24 @@ def status_line(status: Status | None) -> str:
     return f"{state.capitalize()}: {reason}" if reason else state.capitalize()
 
 
+_REACH: Final[dict[str, str]] = {
+    "direct": "reachable directly",
+    "relayed": "reachable through a relay",
+    "unreachable": "not reachable yet (see the advice)",
+    "checking": "checking whether others can connect\N{HORIZONTAL ELLIPSIS}",
+    "this computer only": "only this computer can connect",
+    "off": "not listening",
+}
+
+
+def network_line(status: Status | None) -> str:
+    """The menu's network line: how other computers reach this one ("" when the node
+    does not say: not running, or an older node)."""
+    if status is None or not status.network.reachability:
+        return ""
+    return f"Network: {_REACH.get(status.network.reach, status.network.reach)}"
+
+
 def remaining(until: float, now: float) -> str:
     """'2 h 05 min' / '14 min' left of a snooze."""
     minutes = max(0, round((until - now) / 60))
@@ -214,6 +232,10 @@ class Tray(QObject):
         self.status_action.setEnabled(False)
         self.reason_action = self._action("", "reasonAction")
         self.reason_action.setEnabled(False)
+        # how other computers reach this one; the advice in its tooltip
+        self.network_action = self._action("", "networkAction")
+        self.network_action.setEnabled(False)
+        self.menu.setToolTipsVisible(True)
         self.menu.addSeparator()
         self.pause_action = self._action("Pause", "pauseAction", self.pause)
         self.resume_action = self._action("Resume", "resumeAction", self.resume)
@@ -416,6 +438,10 @@ class Tray(QObject):
             else ""
         )
         self.reason_action.setVisible(snoozed)
+        network = network_line(status)
+        self.network_action.setText(network)
+        self.network_action.setToolTip(status.network.advice if status is not None else "")
+        self.network_action.setVisible(bool(network))
         running = status is not None
         # also without a project: a pause is stored and must be undoable from the menu
         paused_by_user = running and code in ("paused", "snoozed")

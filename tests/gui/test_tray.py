@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QApplication, QDoubleSpinBox, QLabel, QPushButton
 from app.link import NodeLink
 from app.supervisor import NodeSupervisor, node_command
 from app.tray import Tray, remaining, seconds_until_tomorrow, settings_at, status_line
-from core.control.models import Event, Status
+from core.control.models import Event, NetworkStatus, Status
 from tests.child_processes import stop_processes
 from tests.gui.fakes import NoAutostart
 
@@ -231,6 +231,17 @@ def test_the_tray_shows_what_the_node_says(qtbot, tmp_path):
     assert tray.node_pid == 42
     assert tray.pause_action.isVisible()
     assert not tray.resume_action.isVisible()
+    assert not tray.network_action.isVisible()  # the node said nothing of its network
+
+    behind_nat = NetworkStatus(
+        reach="relayed",
+        reachability="reachable through a relay: your router blocks direct connections",
+        advice="nothing is needed; to make connections direct, forward TCP port 4001",
+    )
+    tray._on_status(Status(state="working", reason="", network=behind_nat))
+    assert tray.network_action.isVisible()
+    assert tray.network_action.text() == "Network: reachable through a relay"
+    assert tray.network_action.toolTip().startswith("nothing is needed")
 
     until = time.time() + 3 * 3600
     tray._on_status(
@@ -251,6 +262,7 @@ def test_the_tray_shows_what_the_node_says(qtbot, tmp_path):
     assert not tray.pause_action.isVisible()
     assert not tray.resume_action.isVisible()
     assert not tray.reason_action.isVisible()
+    assert not tray.network_action.isVisible()
     assert not tray.snooze_menu.isEnabled()
 
     events = TypeAdapter(list[Event]).validate_python(
