@@ -22,8 +22,9 @@ lint:
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# the slowest tests listed at the end: the suite must stay well under 20 minutes
 test: lint
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest --durations=25
 
 # The fast tier alone (pure functions, decoders, models; no sockets, no processes): < 1 min.
 test-fast:
