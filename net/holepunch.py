@@ -36,7 +36,7 @@ from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
 from net._libp2p import PeerID
 from net.host import SwarmHost
-from net.relay import RelayError, read_message, write_message
+from net.relay import RelayError, read_message, reset_quietly, write_message
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class HolePuncher:
     async def _answer(self, stream: Any) -> None:
         peer = stream.muxed_conn.peer_id
         if not _over_relay(stream):  # the spec: only over a relayed connection
-            await _reset(stream)
+            await reset_quietly(stream)
             return
         try:
             with trio.fail_after(self.config.attempt_s):
@@ -148,7 +148,7 @@ class HolePuncher:
                     await self._dial(peer, theirs, as_responder=False)
         except Exception as exc:  # noqa: BLE001 - a failed punch ends only itself
             log.debug("hole punch from %s failed: %r", peer, exc)
-            await _reset(stream)
+            await reset_quietly(stream)
 
     # ---------------------------------------------------------------- both
 
@@ -165,13 +165,13 @@ class HolePuncher:
 
     def direct_connection(self, peer: PeerID) -> Any | None:
         for conn in self.host.libp2p_host.get_network().connections.get(peer, []):
-            if not conn.is_closed and _type_of(conn) is not ConnectionType.RELAYED:
+            if not conn.is_closed and conn.get_connection_type() != ConnectionType.RELAYED:
                 return conn
         return None
 
     async def _close_relayed(self, peer: PeerID) -> None:
         for conn in list(self.host.libp2p_host.get_network().connections.get(peer, [])):
-            if _type_of(conn) is ConnectionType.RELAYED:
+            if conn.get_connection_type() == ConnectionType.RELAYED:
                 try:
                     await conn.close()
                 except Exception as exc:  # noqa: BLE001 - it may be gone already
@@ -213,21 +213,6 @@ def _addrs(raw: Sequence[bytes]) -> list[str]:
     return out
 
 
-def _type_of(conn: Any) -> ConnectionType | None:
-    """A connection's type; None when it cannot tell."""
-    for getter in (conn, getattr(conn, "muxed_conn", None)):
-        method = getattr(getter, "get_connection_type", None)
-        if callable(method):
-            try:
-                kind = method()
-            except Exception:  # noqa: BLE001, S112 - try the next layer
-                continue
-            if isinstance(kind, ConnectionType):
-                return kind
-    raw = _raw_of(getattr(conn, "muxed_conn", conn))
-    return getattr(raw, "_connection_type", None)
-
-
 def _raw_of(muxed: Any) -> Any:
     """The RawConnection under a Yamux connection (Noise read-writer, then raw)."""
     return getattr(getattr(getattr(muxed, "secured_conn", None), "conn", None), "conn", None)
@@ -243,10 +228,3 @@ async def _close(stream: Any) -> None:
         await stream.close()
     except Exception as exc:  # noqa: BLE001 - closing a stream that is gone
         log.debug("closing a dcutr stream: %r", exc)
-
-
-async def _reset(stream: Any) -> None:
-    try:
-        await stream.reset()
-    except Exception as exc:  # noqa: BLE001 - resetting a stream that is gone
-        log.debug("resetting a dcutr stream: %r", exc)

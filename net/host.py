@@ -116,7 +116,8 @@ def expand_unspecified(bound: Sequence[str], interfaces: Sequence[str]) -> list[
     return list(dict.fromkeys(out))
 
 
-def _is_loopback(addr: str) -> bool:
+def is_loopback_addr(addr: str) -> bool:
+    """Whether a multiaddress names this computer's loopback (127.0.0.0/8, ::1)."""
     parts = addr.split("/")
     ip = _ip_or_none(parts[2]) if len(parts) > 2 and parts[1] in ("ip4", "ip6") else None
     return ip is not None and ip.is_loopback
@@ -225,7 +226,7 @@ class SwarmHost:
         left out when there is anything else: it would reach only this computer, and a
         peer elsewhere that dials it reaches itself."""
         ordered = list(dict.fromkeys([*self._public, *self.listen_addrs()]))
-        outside = [a for a in ordered if not _is_loopback(a)]
+        outside = [a for a in ordered if not is_loopback_addr(a)]
         return [*(outside or ordered), *self._relayed]
 
     def _identify_addrs(self, candidates: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:

@@ -15,7 +15,7 @@ from net._libp2p import PeerID
 from net.admission import AdmissionLimits
 from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator
 from net.holepunch import HolePuncher
-from net.host import DEFAULT_LISTEN, AddressError, SwarmHost, parse_peer_addr
+from net.host import DEFAULT_LISTEN, AddressError, SwarmHost, is_loopback_addr, parse_peer_addr
 from net.identity import Identity
 from net.inbound import StreamLimits
 from net.reachability import (
@@ -69,7 +69,7 @@ def network_config(
     """The configuration of a role's peer: on loopback only, a plain peer; listening
     beyond this computer, it learns whether it can be dialled, keeps places on relays
     while it cannot, and (``relay``) relays for others while it can."""
-    local = all(_on_loopback(a) for a in listen)
+    local = all(is_loopback_addr(a) for a in listen)
     return PeerConfig(
         listen=tuple(listen),
         bootstrap=tuple(bootstrap),
@@ -77,11 +77,6 @@ def network_config(
         relay_client=None if local else RelayClientConfig(),
         relay=RelayLimits() if relay and not local else None,
     )
-
-
-def _on_loopback(listen_addr: str) -> bool:
-    parts = listen_addr.split("/")
-    return len(parts) > 2 and (parts[2].startswith("127.") or parts[2] == "::1")
 
 
 class Peer:

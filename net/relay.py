@@ -210,7 +210,7 @@ class RelayService:
                 message = await read_message(stream, HopMessage)
         except (RelayError, trio.TooSlowError, BaseLibp2pError, OSError) as exc:
             log.debug("bad hop request from %s: %s", peer, exc)
-            await _reset(stream)
+            await reset_quietly(stream)
             return
         if message.type == HopMessage.RESERVE:
             await self._reserve(stream, peer)
@@ -313,7 +313,7 @@ class RelayService:
             await self._refuse_circuit(stream, Code.CONNECTION_FAILED)
             return
         if answer.type != StopMessage.STATUS or answer.status != Code.OK:
-            await _reset(far)
+            await reset_quietly(far)
             await self._refuse_circuit(stream, Code.CONNECTION_FAILED)
             return
         try:
@@ -321,7 +321,7 @@ class RelayService:
                 stream, HopMessage(type=HopMessage.STATUS, status=Code.OK, limit=self._limit())
             )
         except (BaseLibp2pError, OSError):
-            await _reset(far)
+            await reset_quietly(far)
             return
         self.stats.circuits_opened += 1
         await self._splice(stream, far)
@@ -362,8 +362,8 @@ class RelayService:
             self.stats.circuits_cut_time += 1
             cut = True
         if cut:
-            await _reset(a)
-            await _reset(b)
+            await reset_quietly(a)
+            await reset_quietly(b)
 
 
 async def _answer_hop(stream: Any, code: Any) -> None:
@@ -375,10 +375,11 @@ async def _send_and_close(stream: Any, message: HopMessage | StopMessage) -> Non
         await write_message(stream, message)
         await stream.close()
     except (BaseLibp2pError, OSError):
-        await _reset(stream)
+        await reset_quietly(stream)
 
 
-async def _reset(stream: Any) -> None:
+async def reset_quietly(stream: Any) -> None:
+    """Reset a stream that may be gone already (relay and hole-punch streams)."""
     with (
         trio.CancelScope(shield=True),
         trio.move_on_after(1),
@@ -525,7 +526,7 @@ class RelayClient:
         relay = stream.muxed_conn.peer_id
         if relay not in self.held or self._inbound >= self.config.max_inbound_circuits:
             self.circuits_refused += 1
-            await _reset(stream)
+            await reset_quietly(stream)
             return
         try:
             with trio.fail_after(10):
@@ -536,7 +537,7 @@ class RelayClient:
                 await write_message(stream, StopMessage(type=StopMessage.STATUS, status=Code.OK))
         except Exception as exc:  # noqa: BLE001 - a bad stop request ends only itself
             log.debug("bad circuit from relay %s: %s", relay, exc)
-            await _reset(stream)
+            await reset_quietly(stream)
             return
         addr = multiaddr.Multiaddr(f"/p2p/{relay}/p2p-circuit/p2p/{initiator}")
         raw = RawConnection(stream, False, ConnectionType.RELAYED, [addr])
@@ -557,7 +558,7 @@ class RelayClient:
                         nursery.cancel_scope.cancel()
         except (BaseLibp2pError, OSError, RelayError) as exc:
             log.debug("relayed connection from %s failed: %s", initiator, exc)
-            await _reset(stream)
+            await reset_quietly(stream)
         finally:
             self._inbound -= 1
 
@@ -568,13 +569,6 @@ def _readable_addr(raw: bytes) -> str | None:
     except Exception as exc:  # noqa: BLE001 - an address we cannot read is skipped
         log.debug("unreadable relay address: %s", exc)
         return None
-
-
-def _is_relayed(conn: Any) -> bool:
-    try:
-        return bool(conn.get_connection_type() == ConnectionType.RELAYED)
-    except Exception:  # noqa: BLE001 - older connection objects have no type
-        return False
 
 
 # ------------------------------------------------------------------ dialling
@@ -604,5 +598,5 @@ async def dial_relayed(host: SwarmHost, target: PeerID, circuit: str, timeout: f
             raw = RawConnection(stream, True, ConnectionType.RELAYED, [addr])
             return await host.libp2p_host.upgrade_outbound_connection(raw, target)
         except BaseException:
-            await _reset(stream)
+            await reset_quietly(stream)
             raise
