@@ -69,6 +69,11 @@ _TOOLTIPS: Final[dict[str, str]] = {
         "whose router blocks them: each one is bounded in time and bytes, so it can "
         "never carry the swarm's traffic. Applies when moehome starts again."
     ),
+    "map_port": (
+        "Ask the router (UPnP) to forward moehome's port to this computer, so that "
+        "trainers reach it directly instead of through a relay. The port is closed "
+        "again when moehome stops. Applies when moehome starts again."
+    ),
     "exclusive_apps": (
         "Process names, one per line (e.g. steam.exe). While any of them runs, the node pauses."
     ),
@@ -380,6 +385,8 @@ class LimitsDialog(QDialog):
         self._listen_on_network.setObjectName("listenOnNetwork")
         self._relay_for_others = QCheckBox("Relay for volunteers behind a router")
         self._listen_on_network.toggled.connect(self._relay_for_others.setEnabled)
+        self._map_port = QCheckBox("Ask the router to forward a port (UPnP)")
+        self._listen_on_network.toggled.connect(self._map_port.setEnabled)
 
         gpus = QWidget()
         gpus_layout = QHBoxLayout(gpus)
@@ -434,6 +441,7 @@ class LimitsDialog(QDialog):
             [
                 ("listen_on_network", "Reachable", self._listen_on_network),
                 ("relay_for_others", "Relay", self._relay_for_others),
+                ("map_port", "Router", self._map_port),
             ],
         )
 
@@ -569,6 +577,8 @@ class LimitsDialog(QDialog):
         self._listen_on_network.setChecked(preferences.listen_on_network)
         self._relay_for_others.setChecked(preferences.relay_for_others)
         self._relay_for_others.setEnabled(preferences.listen_on_network)
+        self._map_port.setChecked(preferences.map_port)
+        self._map_port.setEnabled(preferences.listen_on_network)
 
     def values(self) -> dict[str, Any]:
         """What the form holds, in the shape of the node's preferences.
@@ -605,6 +615,7 @@ class LimitsDialog(QDialog):
         )
         result["listen_on_network"] = self._listen_on_network.isChecked()
         result["relay_for_others"] = self._relay_for_others.isChecked()
+        result["map_port"] = self._map_port.isChecked()
         return result
 
     def schedule_editor(self) -> ScheduleEditor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import math
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -49,6 +50,8 @@ _ADDR_TTL = 3600
 StreamHandler = Callable[[Any], Awaitable[None]]
 #: (peer, circuit address, timeout) -> a connection through that relay
 RelayedDialer = Callable[[PeerID, str, float], Awaitable[Any]]
+#: peer -> the addresses it published ([] when none could be found)
+Resolver = Callable[[PeerID], Awaitable[list[str]]]
 
 
 class DialError(Exception):
@@ -150,6 +153,8 @@ class SwarmHost:
         self._relayed: list[str] = []
         #: dials a circuit address (net/relay.py sets it; None: circuits are not dialled)
         self.relayed_dialer: RelayedDialer | None = None
+        #: looks up the addresses a peer published (net/addressbook.py); None: never
+        self.resolver: Resolver | None = None
         self._host = new_host(
             key_pair=identity.key_pair(),
             connection_config=connection_config(dial_timeout=dial_timeout),
@@ -321,7 +326,10 @@ class SwarmHost:
         """Connect to a peer, retrying with backoff, within ``timeout`` seconds overall.
 
         Explicit ``addrs`` are dialled alone and replace what the peerstore knew: a peer
-        that restarted listens elsewhere, and libp2p would keep trying the old address."""
+        that restarted listens elsewhere, and libp2p would keep trying the old address.
+        Otherwise, when no address is known, the addresses the peer published are looked
+        up (``resolver``) and dialled; when every known one failed, they are looked up in
+        the background for the next call (the caller of a dead peer must not wait)."""
         if peer_id == self.peer_id:
             raise DialError("refusing to dial ourselves")
         if addrs:
@@ -330,17 +338,38 @@ class SwarmHost:
             self.remember(peer_id, addrs)
         if self.is_connected(peer_id):
             return
+        deadline = trio.current_time() + timeout
         known = list(addrs) or self.known_addrs(peer_id)
         if not known:
-            raise DialError(f"no known address for {peer_id}")
+            known = await self._resolve(peer_id, deadline)
+            if not known:
+                raise DialError(f"no known address for {peer_id}")
+        try:
+            await self._connect_to(peer_id, known, deadline, attempts)
+        except DialError:
+            if not addrs and self.resolver is not None and self._dials is not None:
+                self._dials.start_soon(self._resolve, peer_id, math.inf)
+            raise
+
+    async def _resolve(self, peer_id: PeerID, deadline: float) -> list[str]:
+        """The addresses ``peer_id`` published, remembered for the next dials."""
+        found: list[str] = []
+        if self.resolver is not None:
+            with trio.move_on_at(deadline):
+                found = await self.resolver(peer_id)
+            self.remember(peer_id, found)
+        return found
+
+    async def _connect_to(
+        self, peer_id: PeerID, known: list[str], deadline: float, attempts: int
+    ) -> None:
         ordered = dial_order(known, own=self._own_addrs())
         circuits = relayed_candidates(known) if self.relayed_dialer is not None else []
         if not ordered and not circuits:
             raise DialError(f"no dialable address for {peer_id} (known: {', '.join(known[:4])})")
         delay = 0.05
         last: BaseException | None = None
-        deadline = trio.current_time() + timeout
-        with trio.move_on_after(timeout):
+        with trio.move_on_at(deadline):
             for attempt in range(1, attempts + 1):
                 try:
                     left = deadline - trio.current_time()

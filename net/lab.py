@@ -34,9 +34,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from net import lab_upnp
+
 log = logging.getLogger(__name__)
 
 PUBLIC_NET = "198.18.0"
+#: the public network's own address: the STUN server routers with UPnP ask
+STUN_IP = f"{PUBLIC_NET}.1"
 NatKind = Literal["cone", "symmetric"]
 _PREFIX = "mhlab"
 _NAME_RE = re.compile(rf"^{_PREFIX}(\d+)-")
@@ -57,6 +61,8 @@ class Home:
     nat: NatKind = "cone"
     #: upload of the home line in Mbit/s (None: as fast as the machine goes)
     uplink_mbit: float | None = None
+    #: the router forwards ports on request (UPnP IGD and NAT-PMP: miniupnpd)
+    upnp: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,8 @@ class Lab:
     _routers: dict[str, int] = field(default_factory=dict)  # home -> index k
     _wan_ip: dict[str, str] = field(default_factory=dict)
     _namespaces: list[str] = field(default_factory=list)
+    _upnp: dict[str, subprocess.Popen[str]] = field(default_factory=dict)  # home -> daemon
+    _helpers: list[subprocess.Popen[str]] = field(default_factory=list)
 
     # ---- what tests and the demo use
 
@@ -214,6 +222,9 @@ class Lab:
         _run(["ip", "netns", "exec", ns, "nft", "flush", "ruleset"])
         _run(["ip", "netns", "exec", ns, "nft", "-f", "-"], stdin=_nat_rules(self.homes[home]))
         self._wan_ip[home] = new
+        if home in self._upnp:  # a router that restarted starts its daemon again
+            _stop(self._upnp.pop(home))
+            self._start_upnp(home)
         return new
 
     def all_hosts(self) -> list[LabHost]:
@@ -243,6 +254,13 @@ class Lab:
         inet = self._add_namespace("inet")
         _run(["ip", "-n", inet, "link", "add", "inet", "type", "bridge"])
         _run(["ip", "-n", inet, "link", "set", "inet", "up"])
+        if any(home.upnp for home in homes):
+            why_not = lab_upnp.missing()
+            if why_not is not None:
+                raise LabError(f"a home with UPnP needs miniupnpd: {why_not}")
+            # the internet's STUN server, on the public network's bridge
+            _run(["ip", "-n", inet, "addr", "add", f"{STUN_IP}/24", "dev", "inet"])
+            self._helpers.append(lab_upnp.start_stun(["ip", "netns", "exec", inet], STUN_IP))
         for i, name in enumerate(public):
             ns = self._add_namespace(f"p{i}")
             self._veth(inet, f"p{i}", ns, "eth0")
@@ -279,11 +297,54 @@ class Lab:
             self.home_hosts[home.name] = hosts
             if home.uplink_mbit is not None:
                 self.set_uplink(home.name, home.uplink_mbit)
+            if home.upnp:
+                self._start_upnp(home.name)
+
+    def _start_upnp(self, home: str) -> None:
+        ns = self.router_namespace(home)
+        _run(["ip", "netns", "exec", ns, "nft", "-f", "-"], stdin=lab_upnp.NFT_RULES)
+        try:
+            self._upnp[home] = lab_upnp.start_miniupnpd(["ip", "netns", "exec", ns], STUN_IP)
+        except RuntimeError as exc:
+            raise LabError(str(exc)) from exc
+
+    def upnp_mappings(self, home: str) -> str:
+        """The port forwards miniupnpd made on ``home``'s router (nft rules)."""
+        ns = self.router_namespace(home)
+        return _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "nft",
+                "list",
+                "chain",
+                "inet",
+                "miniupnpd",
+                "prerouting_miniupnpd",
+            ]
+        )
 
     def remove(self) -> None:
+        for proc in [*self._upnp.values(), *self._helpers]:
+            _stop(proc)
+        self._upnp.clear()
+        self._helpers.clear()
         for ns in reversed(self._namespaces):
             _delete_namespace(ns)
         self._namespaces.clear()
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()  # miniupnpd removes its rules on SIGTERM
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _nat_rules(home: Home) -> str:

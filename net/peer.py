@@ -12,12 +12,14 @@ from functools import partial
 import trio
 
 from net._libp2p import PeerID
+from net.addressbook import AddressBook
 from net.admission import AdmissionLimits
 from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator
 from net.holepunch import HolePuncher
 from net.host import DEFAULT_LISTEN, AddressError, SwarmHost, is_loopback_addr, parse_peer_addr
 from net.identity import Identity
 from net.inbound import StreamLimits
+from net.portmap import PortMapConfig, PortMapper
 from net.reachability import (
     DialBackService,
     Reachability,
@@ -61,14 +63,25 @@ class PeerConfig:
     #: Keep reservations on relays while we cannot be dialled; None: never. Both need
     #: ``reachability``.
     relay_client: RelayClientConfig | None = None
+    #: Publish our addresses as a signed DHT record (net/addressbook.py); any peer
+    #: looks others' records up when it knows no address of theirs.
+    address_record: bool = False
+    #: Ask the home router to forward our port (UPnP IGD, net/portmap.py); None: never.
+    #: Needs ``reachability``, which learns from dial-backs whether it worked.
+    port_mapping: PortMapConfig | None = None
 
 
 def network_config(
-    listen: Sequence[str], bootstrap: Sequence[str], *, relay: bool = False
+    listen: Sequence[str],
+    bootstrap: Sequence[str],
+    *,
+    relay: bool = False,
+    port_mapping: bool = False,
 ) -> PeerConfig:
     """The configuration of a role's peer: on loopback only, a plain peer; listening
     beyond this computer, it learns whether it can be dialled, keeps places on relays
-    while it cannot, and (``relay``) relays for others while it can."""
+    while it cannot, publishes its addresses, (``relay``) relays for others while it
+    can, and (``port_mapping``) asks its router to forward its port."""
     local = all(is_loopback_addr(a) for a in listen)
     return PeerConfig(
         listen=tuple(listen),
@@ -76,6 +89,8 @@ def network_config(
         reachability=None if local else ReachabilityConfig(),
         relay_client=None if local else RelayClientConfig(),
         relay=RelayLimits() if relay and not local else None,
+        address_record=not local,
+        port_mapping=PortMapConfig() if port_mapping and not local else None,
     )
 
 
@@ -106,6 +121,10 @@ class Peer:
         self.rpc = RpcService(self.host, self.config.rpc)
         self.dht = DhtNode(identity, self.host, self.rpc, validator, self.config.dht)
         self.rpc.register(PING, _ping)
+        self.addressbook = AddressBook(
+            self.dht, self.host.announce_addrs, publish=self.config.address_record
+        )
+        self.host.resolver = self.addressbook.resolve
         self.reachability: ReachabilityMonitor | None = None
         #: told every new reachability verdict (after our announced addresses changed)
         self.reachability_listeners: list[Callable[[Verdict], None]] = []
@@ -117,6 +136,7 @@ class Peer:
         self.relay_client: RelayClient | None = None
         #: told our relayed addresses whenever they change
         self.relayed_listeners: list[Callable[[list[str]], None]] = []
+        self.port_mapper: PortMapper | None = None
         if self.config.reachability is not None:
             self.reachability = ReachabilityMonitor(
                 self.rpc, self.host, self.config.reachability, on_change=self._reached
@@ -136,6 +156,12 @@ class Peer:
                     config=self.config.relay_client,
                     on_change=self._relayed,
                     on_circuit=self.holepunch.punch,
+                )
+            if self.config.port_mapping is not None:
+                self.port_mapper = PortMapper(
+                    lambda: tcp_ports(self.host.listen_addrs()),
+                    self.config.port_mapping,
+                    on_change=self._mapped,
                 )
 
     def _verdict_is(self, reachability: Reachability) -> bool:
@@ -161,6 +187,12 @@ class Peer:
         if verdict.observed_ip is None:
             return []
         return [f"/ip4/{verdict.observed_ip}/tcp/{p}" for p in tcp_ports(self.host.listen_addrs())]
+
+    def _mapped(self, external_ports: list[int]) -> None:
+        """The router forwards these ports to us now: have peers dial us back there."""
+        if self.reachability is not None:
+            self.reachability.extra_ports = external_ports
+            self.reachability.recheck_soon()
 
     def _relayed(self, addrs: list[str]) -> None:
         self.host.set_relayed_addrs(addrs)
@@ -205,10 +237,13 @@ class Peer:
                         await nursery.start(self._dial_backs.run)
                         nursery.start_soon(self.reachability.run)
                     await nursery.start(self.holepunch.run)
+                    await nursery.start(self.addressbook.run)
                     if self.relay is not None:
                         await nursery.start(self.relay.run)
                     if self.relay_client is not None:
                         await nursery.start(self.relay_client.run)
+                    if self.port_mapper is not None:
+                        await nursery.start(self.port_mapper.run)
                     log.debug("peer %s listening on %s", self.host.peer_id, ", ".join(self.addrs()))
                     task_status.started(self)
                     await trio.sleep_forever()

@@ -243,6 +243,8 @@ class ReachabilityMonitor:
     on_change: Callable[[Verdict], None] | None = None
     verdict: Verdict = field(default_factory=lambda: Verdict(Reachability.UNKNOWN, None, ()))
     rounds: int = 0
+    #: ports to be dialled back on besides our listeners' (those a router forwards)
+    extra_ports: list[int] = field(default_factory=list)
     _recheck: trio.Event = field(default_factory=trio.Event)
     #: peers outside our network that answered the last round
     _observers: list[PeerID] = field(default_factory=list)
@@ -307,7 +309,8 @@ class ReachabilityMonitor:
         """One round: ask up to ``servers_per_round`` peers at once, those that answered
         from outside last time first (connected or not: after a change of network the
         old connections may all be dead), then connected ones."""
-        ports = tcp_ports(self.host.listen_addrs())
+        ports = list(dict.fromkeys([*tcp_ports(self.host.listen_addrs()), *self.extra_ports]))
+        ports = ports[: self.config.max_ports]
         connected = self.host.connected_peers()
         random.shuffle(connected)
         peers = list(dict.fromkeys([*self._observers, *connected]))

@@ -62,6 +62,22 @@ def demo(
             "namespaces; needs root): the summary says how each volunteer was reached.",
         ),
     ] = False,
+    symmetric: Annotated[
+        bool,
+        typer.Option(
+            "--symmetric",
+            help="With --nat: the volunteers' second home has a symmetric NAT, where hole "
+            "punching fails: its volunteers are reached through relays.",
+        ),
+    ] = False,
+    kill_relay: Annotated[
+        bool,
+        typer.Option(
+            "--kill-relay",
+            help="With --nat: kill the bootstrap peer, a relay the volunteers use, halfway; "
+            "they move to other relays.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Train a small language model on a local swarm: a bootstrap peer, the owner
@@ -79,6 +95,9 @@ def demo(
         raise typer.Exit(2)
     if rule not in RULES:
         typer.echo(f"error: --rule must be one of {', '.join(RULES)}", err=True)
+        raise typer.Exit(2)
+    if (symmetric or kill_relay) and not nat:
+        typer.echo("error: --symmetric and --kill-relay go with --nat", err=True)
         raise typer.Exit(2)
     if nat:
         from net.lab import missing_requirements
@@ -103,6 +122,8 @@ def demo(
         data=data,
         workdir=workdir,
         nat=nat,
+        symmetric=symmetric,
+        kill_relay=kill_relay,
     )
     if experts is not None:
         options = replace(options, experts_per_volunteer=experts)

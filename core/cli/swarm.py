@@ -60,6 +60,13 @@ def peer(
             hidden=True,
         ),
     ] = None,
+    map_port: Annotated[
+        bool,
+        typer.Option(
+            "--map-port",
+            help="Ask the home router (UPnP) to forward the listening port while running.",
+        ),
+    ] = False,
 ) -> None:
     """Run a swarm peer (DHT and RPC, no experts): a bootstrap node for others.
 
@@ -74,7 +81,13 @@ def peer(
         reach = replace(reach, unknown_recheck_s=recheck_s)
     if observe_s is not None:
         reach = replace(reach, observe_s=observe_s)
-    run_async(run_peer, load_identity(ephemeral), listen or None, bootstrap or [], reach)
+    run_async(
+        partial(run_peer, map_port=map_port),
+        load_identity(ephemeral),
+        listen or None,
+        bootstrap or [],
+        reach,
+    )
 
 
 @dht_app.command("get")

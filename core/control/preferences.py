@@ -81,6 +81,10 @@ class Preferences(BaseModel):
     #: connection it carries is bounded in time and bytes (net/relay.py). Read when the
     #: node starts.
     relay_for_others: bool = False
+    #: Ask the home router to forward the node's port (UPnP IGD; net/portmap.py), so
+    #: that peers reach it directly instead of through a relay. Off by default: it opens
+    #: a port on the volunteer's router. Read when the node starts.
+    map_port: bool = False
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Preferences:

@@ -30,3 +30,9 @@ class DemoOptions:
     eval_every: int = 100
     #: volunteers and the trainer behind NAT routers in network namespaces (net/lab.py)
     nat: bool = False
+    #: with ``nat``: the volunteers' second home has a symmetric NAT, where hole punching
+    #: fails (they are reached through relays)
+    symmetric: bool = False
+    #: with ``nat``: the bootstrap peer, one of the relays the volunteers hold places
+    #: on, is killed halfway (SIGKILL); a second public relay joins the swarm
+    kill_relay: bool = False

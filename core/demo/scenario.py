@@ -38,7 +38,7 @@ from core.demo.supervisor import Proc, Swarm, free_port
 from core.errors import UserFacingError
 from core.trainer.progress import TrainingProgress
 from net.identity import load_or_create
-from net.lab import Home, Lab, missing_requirements, network_lab
+from net.lab import Home, Lab, NatKind, missing_requirements, network_lab
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +61,28 @@ class Places:
 
     lab: Lab | None = None
     _volunteers: int = 0
+    #: the homes volunteers take turns in ("b" is the trainer's)
+    volunteer_homes: str = "ab"
 
     @staticmethod
-    def homes(options: DemoOptions) -> list[Home]:
+    def for_options(options: DemoOptions, lab: Lab | None = None) -> Places:
+        return Places(lab, volunteer_homes="ac" if options.symmetric else "ab")
+
+    def homes(self, options: DemoOptions) -> list[Home]:
         most = options.volunteers + options.attackers
         if options.churn:
             most += math.ceil(options.volunteers / 3)
-        return [Home("a", hosts=(most + 1) // 2), Home("b", hosts=most // 2 + 1)]
+        n = len(self.volunteer_homes)
+        hosts = {h: (most + n - 1 - k) // n for k, h in enumerate(self.volunteer_homes)}
+        hosts["b"] = hosts.get("b", 0) + 1  # the trainer
+        nat: dict[str, NatKind] = {"c": "symmetric"}
+        return [Home(h, hosts=hosts[h], nat=nat.get(h, "cone")) for h in sorted(hosts)]
+
+    @staticmethod
+    def public(options: DemoOptions) -> list[str]:
+        # a second public relay, so that volunteers have one to move to when the
+        # bootstrap peer is killed
+        return ["bootstrap", "owner", "aggregator", *(["relay"] if options.kill_relay else [])]
 
     @property
     def listen(self) -> str:
@@ -94,10 +109,11 @@ class Places:
         return self.lab.host("aggregator").ip if self.lab else "127.0.0.1"
 
     def next_volunteer(self) -> str:
-        """The host of the next volunteer (homes a and b in turn)."""
+        """The host of the next volunteer (the volunteer homes in turn)."""
         self._volunteers += 1
         k = self._volunteers - 1
-        return f"{'ab'[k % 2]}/{k // 2}"
+        n = len(self.volunteer_homes)
+        return f"{self.volunteer_homes[k % n]}/{k // n}"
 
     def trainer(self) -> str:
         if not self.lab:
@@ -107,14 +123,16 @@ class Places:
 
 @contextmanager
 def _places(options: DemoOptions) -> Iterator[Places]:
+    places = Places.for_options(options)
     if not options.nat:
-        yield Places()
+        yield places
         return
     why_not = missing_requirements()
     if why_not is not None:
         raise UserFacingError(f"--nat builds network namespaces and NAT routers: {why_not}")
-    with network_lab(["bootstrap", "owner", "aggregator"], Places.homes(options)) as lab:
-        yield Places(lab)
+    with network_lab(Places.public(options), places.homes(options)) as lab:
+        places.lab = lab
+        yield places
 
 
 def demo_manifest(options: DemoOptions, aggregator: tuple[str, str], trainer: str) -> str:
@@ -205,6 +223,8 @@ async def _run(
         + (f", {options.slow} behind {options.slow_ms:.0f} ms links" if options.slow else "")
         + (", churn" if options.churn else "")
         + (", volunteers and trainer behind NAT routers" if options.nat else "")
+        + (" (one home's NAT symmetric)" if options.symmetric else "")
+        + (", the bootstrap relay killed halfway" if options.kill_relay else "")
         + f"; {options.steps} steps; every process's files and log in {swarm.root}"
         + ("" if options.workdir else " (removed at the end; --workdir keeps them)")
     )
@@ -217,7 +237,7 @@ async def _run(
         transient=True,
     )
     with starting:
-        task = starting.add_task("starting the swarm", total=4 + total)
+        task = starting.add_task("starting the swarm", total=4 + total + options.kill_relay)
         boot = swarm.start(
             "bootstrap",
             ["peer", "-l", places.listen],
@@ -226,6 +246,15 @@ async def _run(
         )
         bootstrap = await swarm.first_line(boot)
         starting.advance(task)
+        if options.kill_relay:
+            relay = swarm.start(
+                "relay",
+                ["peer", "-l", places.listen, "-b", bootstrap],
+                role="relay",
+                prefix=places.prefix("relay"),
+            )
+            await swarm.first_line(relay)
+            starting.advance(task)
 
         agg_identity = load_or_create(swarm.folder("aggregator") / "data" / "identity.key")
         agg_listen, port = places.aggregator_listen()
@@ -345,7 +374,7 @@ async def _run(
         starting.advance(task)
 
     return await _follow_trainer(
-        options, swarm, trainer, volunteers, start_volunteer, console, handle_signals
+        options, swarm, trainer, volunteers, start_volunteer, console, handle_signals, boot
     )
 
 
@@ -357,10 +386,13 @@ async def _follow_trainer(
     start_volunteer: Any,
     console: Console,
     handle_signals: bool,
+    bootstrap: Proc,
 ) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     summary: dict[str, Any] | None = None
     churned = False
+    #: with --kill-relay: expert answers per volunteer when the relay was killed
+    relay_killed: dict[str, Any] | None = None
     assert trainer.popen.stdout is not None
     async with trio.open_nursery() as nursery:
         if handle_signals:
@@ -390,6 +422,18 @@ async def _follow_trainer(
                 ):
                     churned = True
                     nursery.start_soon(_churn, swarm, volunteers, start_volunteer, console)
+                if (
+                    kind == "progress"
+                    and options.kill_relay
+                    and relay_killed is None
+                    and event["step"] >= options.steps // 2
+                ):
+                    swarm.kill(bootstrap)
+                    relay_killed = {"step": event["step"], "answered_by": event["answered_by"]}
+                    console.print(
+                        f"step {event['step']}: killed the bootstrap peer, a relay the "
+                        "volunteers use (SIGKILL)"
+                    )
         nursery.cancel_scope.cancel()
     code = await trio.to_thread.run_sync(trainer.popen.wait)
     if summary is None:
@@ -397,7 +441,7 @@ async def _follow_trainer(
             f"the trainer exited with code {code} before its summary; "
             f"see {swarm.root / 'trainer'}/log.txt"
         )
-    return demo_summary(options, summary, swarm.procs, events)
+    return demo_summary(options, summary, swarm.procs, events, relay_killed)
 
 
 async def _churn(

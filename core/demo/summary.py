@@ -19,8 +19,14 @@ log = logging.getLogger(__name__)
 
 
 def demo_summary(
-    options: DemoOptions, trained: dict[str, Any], procs: list[Proc], events: list[dict[str, Any]]
+    options: DemoOptions,
+    trained: dict[str, Any],
+    procs: list[Proc],
+    events: list[dict[str, Any]],
+    relay_killed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``relay_killed``: the step at which the bootstrap relay was killed, and the expert
+    answers per volunteer then (--kill-relay)."""
     rejected: dict[str, int] = {}
     accepted = 0
     contributors: dict[str, dict[str, Any]] = {}
@@ -37,12 +43,17 @@ def demo_summary(
             continue
         c = contributors.get(p.public_key, {})
         peer = str(peer_id_from_public_key(bytes.fromhex(p.public_key)))
+        answers = answered.get(peer, 0)
+        after_kill = None
+        if relay_killed is not None:
+            after_kill = answers - relay_killed["answered_by"].get(peer, 0)
         volunteers.append(
             {
                 "name": p.name,
                 "role": p.role,
                 "peer": peer,
-                "answers": answered.get(peer, 0),
+                "answers": answers,
+                "answers_after_relay_killed": after_kill,
                 "where": p.where or "this computer",
                 "reached": reached.get(peer, "not called"),
                 "accepted": c.get("accepted", 0),
@@ -61,6 +72,8 @@ def demo_summary(
         "slow": options.slow,
         "churn": options.churn,
         "nat": options.nat,
+        "symmetric": options.symmetric,
+        "relay_killed_at_step": relay_killed["step"] if relay_killed else None,
         "rule": options.rule,
         "steps": trained["steps"],
         "stopped_early": trained["stopped_early"],
@@ -120,6 +133,14 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
             row[2:2] = [v["where"], v["reached"]]
         table.add_row(*row)
     console.print(table)
+    if summary.get("relay_killed_at_step") is not None:
+        since = ", ".join(
+            f"{v['name']} {v['answers_after_relay_killed']}" for v in summary["per_volunteer"]
+        )
+        console.print(
+            f"the bootstrap peer (a relay) was killed at step {summary['relay_killed_at_step']}; "
+            f"expert answers since: {since}"
+        )
     console.print(
         "influence: the share of a volunteer's gradient the robust rule kept, averaged over "
         "rounds (poisoned gradients are clipped to a small share)"

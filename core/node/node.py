@@ -125,6 +125,11 @@ class Node:
             verdict=verdict.reachability.value if verdict else "unknown",
             observed_ip=verdict.observed_ip if verdict else None,
             relayed=bool(self.peer and self.peer.relay_client and self.peer.relay_client.held),
+            port_mapping=(
+                None
+                if self.peer is None or self.peer.port_mapper is None
+                else self.peer.port_mapper.status.error or ""
+            ),
             uptime_s=time.time() - self.started,
             snoozed_until=snoozed.timestamp() if snoozed is not None else None,
             pid=os.getpid(),
@@ -141,6 +146,7 @@ class Node:
                 opts.listen or self._listen_by_preference(),
                 opts.bootstrap,
                 relay=self.preferences.current.relay_for_others,
+                port_mapping=self.preferences.current.map_port,
             ),
             rpc=RpcConfig(reply_delay=opts.reply_delay),
         )

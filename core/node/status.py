@@ -51,6 +51,8 @@ class NodeSnapshot:
     observed_ip: str | None = None
     #: whether a relay holds a place for us (so peers reach us through it)
     relayed: bool = False
+    #: the router forwarding our port (UPnP): None off, "" on, else why it failed
+    port_mapping: str | None = None
     uptime_s: float = 0.0
     snoozed_until: float | None = None
     pid: int | None = None
@@ -95,10 +97,13 @@ def reachability(
     verdict: str = "unknown",
     observed_ip: str | None = None,
     relayed: bool = False,
+    port_mapping: str | None = None,
 ) -> ReachView:
     """How other computers reach the node, in words, with what the volunteer can do:
     from what it listens on and what its peers' dial-backs found (``verdict``:
-    "public", "private" or "unknown"; net/reachability.py)."""
+    "public", "private" or "unknown"; net/reachability.py) and whether the router was
+    asked to forward a port (``port_mapping``: None not asked, "" asked, else why it
+    failed)."""
     if not addresses:
         return ReachView("off", "not listening")
     if all(_is_loopback(a) for a in addresses):
@@ -114,6 +119,12 @@ def reachability(
         if port
         else ("forward this node's TCP port on your router to this computer")
     )
+    if port_mapping is None:
+        forward = (
+            f"tick “Ask the router to forward a port (UPnP)” under Limits → Network, or {forward}"
+        )
+    elif port_mapping:
+        forward = f"{forward} (asked by UPnP, the router did not: {port_mapping})"
     if verdict == "public":
         return ReachView("direct", f"reachable directly: other computers connect to this one{seen}")
     if verdict == "private" and relayed:
@@ -200,7 +211,9 @@ def build_status(snap: NodeSnapshot) -> Status:
 
 
 def network_status(snap: NodeSnapshot) -> NetworkStatus:
-    view = reachability(snap.addresses, snap.verdict, snap.observed_ip, snap.relayed)
+    view = reachability(
+        snap.addresses, snap.verdict, snap.observed_ip, snap.relayed, snap.port_mapping
+    )
     return NetworkStatus(
         addresses=list(snap.addresses),
         inbound_from_network=snap.inbound_from_network,

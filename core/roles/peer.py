@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -15,6 +16,7 @@ import trio
 from core.namespaces import moehome_validator
 from net import DhtConfig, DhtError, Identity, NamespacedValidator, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
+from net.portmap import PortMapConfig
 from net.reachability import ReachabilityConfig, Verdict
 from net.relay import RelayClientConfig, RelayLimits
 
@@ -34,9 +36,12 @@ async def run_peer(
     listen: Sequence[str] | None,
     bootstrap: Sequence[str],
     reachability: ReachabilityConfig | None = None,
+    *,
+    map_port: bool = False,
 ) -> None:
     """Serve DHT and RPC until cancelled; print our addresses on stdout for scripts, then
-    a JSON line for each new reachability verdict."""
+    a JSON line for each new reachability verdict (and our relayed addresses). With
+    ``map_port``, the home router is asked to forward the listening port."""
     config = PeerConfig(
         listen=tuple(listen or DEFAULT_LISTEN),
         bootstrap=tuple(bootstrap),
@@ -45,6 +50,8 @@ async def run_peer(
         # one that turns out not to be dialable keeps reservations itself
         relay=RelayLimits(),
         relay_client=RelayClientConfig(),
+        address_record=True,
+        port_mapping=PortMapConfig() if map_port else None,
     )
     # the swarm's records are checked here too: a bootstrap peer stores its share
     peer = Peer(identity, config, validator=moehome_validator())
@@ -53,7 +60,12 @@ async def run_peer(
     async with trio.open_nursery() as nursery:
         await nursery.start(peer.run)
         print_addresses(peer)
-        await trio.sleep_forever()
+        # SIGTERM (a supervisor, a test) stops as cleanly as Ctrl-C: a port the router
+        # forwards for us is closed again
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                return
 
 
 def print_verdict(verdict: Verdict) -> None:

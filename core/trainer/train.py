@@ -268,6 +268,8 @@ async def _train(
                     "version_min": min(versions),
                     "version_max": max(versions),
                     "failed_steps": state.failed_steps,
+                    # expert answers so far, per volunteer (the demo compares them)
+                    "answered_by": dict(view["answered_by"]),
                 }
             )
             losses.clear()

@@ -13,7 +13,7 @@ remote peer asks us to store them.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -141,10 +141,54 @@ class NamespaceRule:
     store_share: float = 0.5
 
 
+#: A peer record names at most this many addresses, each at most this long.
+MAX_PEER_ADDRS: Final = 16
+MAX_PEER_ADDR_CHARS: Final = 256
+_PEER_RECORD_BYTES: Final = 8 * 1024
+
+
+def peer_record_key(peer_id: PeerID) -> str:
+    """Where a peer announces its own addresses; only that peer may write there."""
+    return f"{KEY_PREFIX}peer/{peer_id.to_base58()}"
+
+
+def encode_peer_addrs(addrs: Sequence[str]) -> bytes:
+    """The value of a peer record: the addresses to dial, best first (relayed last)."""
+    kept = [a for a in addrs if len(a) <= MAX_PEER_ADDR_CHARS][:MAX_PEER_ADDRS]
+    return pack({"addrs": kept})
+
+
+def decode_peer_addrs(value: bytes) -> list[str]:
+    """The addresses of a peer record; RecordRejected("schema") for anything else."""
+    try:
+        obj = unpack_bounded(value, _PEER_RECORD_BYTES)
+    except ValueError as exc:
+        raise RecordRejected("schema", f"peer record is not msgpack ({exc})") from exc
+    addrs = obj.get("addrs") if isinstance(obj, dict) else None
+    if not isinstance(addrs, list) or len(addrs) > MAX_PEER_ADDRS:
+        raise RecordRejected("schema", f"a peer record holds a list of <= {MAX_PEER_ADDRS} addrs")
+    for addr in addrs:
+        if not (
+            isinstance(addr, str) and addr.startswith("/") and len(addr) <= MAX_PEER_ADDR_CHARS
+        ):
+            raise RecordRejected("schema", f"{str(addr)[:60]!r} is not a multiaddress")
+    return addrs
+
+
+def _check_peer_record(record: SignedRecord) -> None:
+    decode_peer_addrs(record.value)
+
+
 #: Namespaces the network layer itself uses.
 BUILTIN_NAMESPACES: Final[Mapping[str, NamespaceRule]] = {
-    # /moehome/peer/<peer id>: a peer's own announcements (addresses, role, load)
-    "peer": NamespaceRule(max_ttl_s=3600.0, owner_in_key=True, store_share=1 / 8),
+    # /moehome/peer/<peer id>: a peer's own addresses, signed (net/addressbook.py)
+    "peer": NamespaceRule(
+        max_ttl_s=3600.0,
+        max_value_bytes=_PEER_RECORD_BYTES,
+        owner_in_key=True,
+        check=_check_peer_record,
+        store_share=1 / 8,
+    ),
     # /moehome/demo/<anything>: open namespace for demos, benchmarks and tests
     "demo": NamespaceRule(max_ttl_s=3600.0, store_share=1 / 16),
 }

@@ -60,6 +60,7 @@ PREFERENCES = {
     "cpu_threads": 3,
     "listen_on_network": False,
     "relay_for_others": True,
+    "map_port": True,
 }
 
 
@@ -118,8 +119,12 @@ def test_limits_dialog_shows_the_preferences_it_was_given(qtbot):
     relay = child(dialog, QCheckBox, "field_relay_for_others")
     assert relay.isChecked()
     assert not relay.isEnabled()  # no relaying without listening on the network
+    router = child(dialog, QCheckBox, "field_map_port")
+    assert router.isChecked()
+    assert not router.isEnabled()
     child(dialog, QCheckBox, "field_listen_on_network").setChecked(True)
     assert relay.isEnabled()
+    assert router.isEnabled()
     child(dialog, QCheckBox, "field_listen_on_network").setChecked(False)
     assert child(dialog, QCheckBox, "cpuThreadsLimit").isChecked()
     assert child(dialog, QDoubleSpinBox, "cpuThreads").value() == 3

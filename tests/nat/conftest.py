@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from net import lab_upnp
 from net.lab import missing_requirements
 
 
@@ -28,3 +29,13 @@ def require_lab() -> None:
     if os.environ.get("MOEHOME_REQUIRE_LAB") == "1":
         pytest.fail(f"MOEHOME_REQUIRE_LAB=1 but {why_not}")
     pytest.skip(f"network lab unavailable: {why_not}")
+
+
+def require_upnp() -> None:
+    """The same for a home router that offers UPnP (miniupnpd)."""
+    why_not = lab_upnp.missing()
+    if why_not is None:
+        return
+    if os.environ.get("MOEHOME_REQUIRE_LAB") == "1":
+        pytest.fail(f"MOEHOME_REQUIRE_LAB=1 but {why_not}")
+    pytest.skip(f"no router with UPnP in the lab: {why_not}")

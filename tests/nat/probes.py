@@ -123,12 +123,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_peer(
-    host: LabHost, bootstrap: list[str], port: int = PEER_PORT, *, observe_s: float = 30
+    host: LabHost,
+    bootstrap: list[str],
+    port: int = PEER_PORT,
+    *,
+    observe_s: float = 30,
+    map_port: bool = False,
 ) -> tuple[subprocess.Popen[str], Lines, str]:
     """A bare swarm peer in ``host``'s namespace; returns it, its output and its address
-    on the lab's network. ``observe_s``: how often it asks where it is seen from."""
+    on the lab's network. ``observe_s``: how often it asks where it is seen from;
+    ``map_port``: it asks its router to forward its port."""
     cmd = [sys.executable, "-m", "core.cli", "--quiet", "peer", "--ephemeral"]
     cmd += ["-l", f"/ip4/0.0.0.0/tcp/{port}", "--recheck-s", "1", "--observe-s", str(observe_s)]
+    if map_port:
+        cmd.append("--map-port")
     for addr in bootstrap:
         cmd += ["-b", addr]
     proc = subprocess.Popen(host.command(cmd), cwd=ROOT, stdout=subprocess.PIPE, text=True)

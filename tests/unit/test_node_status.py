@@ -114,6 +114,14 @@ LOCAL = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWm
         (
             (LAN, LOCAL),
             "private",
+            False,
+            "unreachable",
+            "router or a firewall blocks",
+            "tick “Ask the router to forward a port (UPnP)”",
+        ),
+        (
+            (LAN, LOCAL),
+            "private",
             True,
             "relayed",
             "reachable through a relay",
@@ -124,12 +132,40 @@ LOCAL = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWm
 def test_the_status_says_plainly_how_the_node_is_reached(
     addresses, verdict, relayed, reach, says, advises
 ):
+    _the_status_says(addresses, verdict, relayed, reach, says, advises, port_mapping=None)
+
+
+@pytest.mark.parametrize(
+    ("port_mapping", "advises", "not_advised"),
+    [
+        (None, "tick “Ask the router to forward a port (UPnP)”", "asked by UPnP"),
+        ("", "forward TCP port 4001", "UPnP"),
+        ("no router answered", "the router did not: no router answered", "tick"),
+    ],
+)
+def test_the_advice_follows_the_port_mapping(port_mapping, advises, not_advised):
+    snap = NodeSnapshot(addresses=(LAN, LOCAL), verdict="private", port_mapping=port_mapping)
+    advice = build_status(snap).network.advice
+    assert advises in advice
+    assert not_advised not in advice
+
+
+def _the_status_says(
+    addresses: tuple[str, ...],
+    verdict: str,
+    relayed: bool,
+    reach: str,
+    says: str,
+    advises: str,
+    port_mapping: str | None,
+) -> None:
     snap = NodeSnapshot(
         addresses=addresses,
         inbound_from_network=2,
         verdict=verdict,
         relayed=relayed,
         observed_ip="198.18.0.100" if verdict != "unknown" else None,
+        port_mapping=port_mapping,
     )
     network = build_status(snap).network
     assert network.addresses == list(addresses)

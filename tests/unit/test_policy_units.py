@@ -5,16 +5,21 @@ from __future__ import annotations
 import pytest
 
 from net.dht.records import (
+    MAX_PEER_ADDRS,
     NamespacedValidator,
     NamespaceRule,
     RecordRejected,
     SignedRecord,
+    decode_peer_addrs,
+    encode_peer_addrs,
+    peer_record_key,
     sign_record,
 )
 from net.dht.routing import RoutingTable, key_id_of
 from net.dht.store import RecordStore, StoreLimits
 from net.identity import Identity
 from net.ratelimit import Admission, PeerRateLimiter, RateLimits, TokenBucket
+from net.wire import pack
 
 NOW = 1_700_000_000_000
 
@@ -177,6 +182,21 @@ ALICE = Identity.from_seed(b"a" * 32)
 BOB = Identity.from_seed(b"b" * 32)
 
 
+ADDRS = encode_peer_addrs(["/ip4/198.18.0.1/tcp/4001", "/ip4/198.18.0.2/tcp/4001/p2p-circuit"])
+
+
+def peer_rec(identity: Identity, value: object) -> SignedRecord:
+    return record(identity, key=f"/moehome/peer/{identity.peer_id}", value=pack(value))
+
+
+def test_peer_record_addresses_round_trip_and_are_bounded():
+    addrs = [f"/ip4/198.18.0.{i}/tcp/4001" for i in range(20)]
+    assert decode_peer_addrs(encode_peer_addrs(addrs)) == addrs[:MAX_PEER_ADDRS]
+    too_long = "/ip4/198.18.0.1/tcp/4001/" + "x" * 300
+    assert decode_peer_addrs(encode_peer_addrs([too_long, addrs[0]])) == [addrs[0]]
+    assert peer_record_key(ALICE.peer_id) == f"/moehome/peer/{ALICE.peer_id.to_base58()}"
+
+
 def tampered(r: SignedRecord, **changes) -> SignedRecord:
     fields = {
         f: getattr(r, f)
@@ -201,8 +221,15 @@ def tampered(r: SignedRecord, **changes) -> SignedRecord:
         (lambda: record(ALICE, key="/other/demo/k"), "bad_key"),
         (lambda: record(ALICE, key="/moehome/demo/has space"), "bad_key"),
         (lambda: record(ALICE, value=b"x" * 9000), "too_large"),
-        (lambda: record(ALICE, key=f"/moehome/peer/{ALICE.peer_id}"), None),
-        (lambda: record(BOB, key=f"/moehome/peer/{ALICE.peer_id}"), "wrong_author"),
+        (lambda: record(ALICE, key=f"/moehome/peer/{ALICE.peer_id}", value=ADDRS), None),
+        (lambda: record(BOB, key=f"/moehome/peer/{ALICE.peer_id}", value=ADDRS), "wrong_author"),
+        (lambda: record(ALICE, key=f"/moehome/peer/{ALICE.peer_id}"), "schema"),
+        (lambda: peer_rec(ALICE, {"addrs": ["/ip4/198.18.0.1/tcp/1"] * 17}), "schema"),
+        (lambda: peer_rec(ALICE, {"addrs": ["/ip4/198.18.0.1/tcp/" + "1" * 300]}), "schema"),
+        (lambda: peer_rec(ALICE, {"addrs": ["no-slash"]}), "schema"),
+        (lambda: peer_rec(ALICE, {"addrs": [7]}), "schema"),
+        (lambda: peer_rec(ALICE, {"addr": []}), "schema"),
+        (lambda: peer_rec(ALICE, ["/ip4/198.18.0.1/tcp/1"]), "schema"),
         (lambda: record(ALICE, key="/moehome/strict/k", value=b"bad"), "schema"),
     ],
 )
