@@ -50,6 +50,7 @@ from libp2p.relay.circuit_v2.pb.circuit_pb2 import Status as Code
 from net._libp2p import PeerID
 from net.admission import source_of
 from net.host import DialError, SwarmHost, parse_peer_addr
+from net.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,10 @@ class RelayLimits:
     circuit_bytes: int = 64 * 1024 * 1024
     #: the longest the relay waits for a hop or stop message
     message_s: float = 10.0
+    #: bytes per second forwarded, all circuits together (both ways count: each byte
+    #: is received and sent again): the relay's own line is never filled by others.
+    #: 4 MiB/s for public peers; a volunteer's node gives it a home uplink's share.
+    bytes_per_s: float = 4 * 1024 * 1024
 
 
 @dataclass
@@ -194,6 +199,9 @@ class RelayService:
         self._reservations: dict[PeerID, _Reservation] = {}
         self._circuits = 0
         self.stats = RelayStatistics()
+        # a burst of a second, and at least one chunk (else a chunk never passes)
+        burst = max(self.limits.bytes_per_s, _CHUNK)
+        self._rate = TokenBucket.full(self.limits.bytes_per_s, burst, 0.0)  # full from the start
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host.set_stream_handler(HOP, self._on_hop)
@@ -326,6 +334,14 @@ class RelayService:
         self.stats.circuits_opened += 1
         await self._splice(stream, far)
 
+    async def _spend(self, nbytes: int) -> None:
+        """Wait until the relay's shared rate lets ``nbytes`` more through."""
+        while True:
+            if self._rate.try_take(nbytes, trio.current_time()):
+                return
+            # exactly as long as the missing tokens take to come back
+            await trio.sleep((nbytes - self._rate.tokens) / self._rate.rate)
+
     async def _splice(self, a: Any, b: Any) -> None:
         """Copy both ways until both ends closed, a limit is reached or one end fails."""
         cut = False
@@ -348,6 +364,7 @@ class RelayService:
                         cut = True
                         cancel.cancel()
                         return
+                    await self._spend(len(chunk))
                     await dst.write(chunk)
                     self.stats.bytes_relayed += len(chunk)
             except (BaseLibp2pError, OSError):

@@ -44,6 +44,10 @@ __all__ = ["Node", "NodeOptions"]
 
 log = logging.getLogger(__name__)
 
+#: What a volunteer's node relays for others at most, all circuits together (bytes/s):
+#: 1 MiB/s, a share of a home uplink (10-50 Mbit/s) that leaves the rest to its owner.
+VOLUNTEER_RELAY_RATE = 1024 * 1024
+
 
 def memory_in_use() -> int:
     """This process's resident memory, plus what torch holds on the GPUs (bytes)."""
@@ -150,6 +154,8 @@ class Node:
             ),
             rpc=RpcConfig(reply_delay=opts.reply_delay),
         )
+        if config.relay is not None:  # a home line: relay at most a share of it
+            config = replace(config, relay=replace(config.relay, bytes_per_s=VOLUNTEER_RELAY_RATE))
         # the peer stops last: on the way out the expert server still withdraws its
         # declarations over it (else trainers keep calling a node that is gone)
         peer = Peer(self.identity, config, validator=moehome_validator())

@@ -126,6 +126,36 @@ async def test_a_circuit_over_its_byte_limit_is_cut_and_the_relay_serves_others(
         nursery.cancel_scope.cancel()
 
 
+async def test_the_relay_forwards_no_faster_than_its_rate_all_circuits_together():
+    """Two callers push 1 MiB each through one relay limited to 512 KiB/s (burst 512
+    KiB): together they take at least (2 MiB - burst) / rate = 3 s, and both arrive."""
+    rate = 512 * 1024
+    limits = RelayLimits(bytes_per_s=rate)
+    async with trio.open_nursery() as nursery, relay_peer(nursery, limits) as (relay, service):
+        target = await relayed_peer(nursery, lambda: [relay.peer_id])
+        await target.peer.host.connect(relay.peer_id, relay.host.listen_addrs())
+        await eventually(lambda: target.client.relayed_addrs(), 10)
+        (circuit,) = target.client.relayed_addrs()
+        callers = [await nursery.start(Peer(Identity.generate()).run) for _ in range(2)]
+        for caller in callers:
+            await caller.host.connect(target.peer.peer_id, [circuit])
+        received: list[int] = []
+
+        async def push(caller: Peer) -> None:
+            received.append(await ping(caller, target.peer.peer_id, 1024 * 1024))
+
+        started = trio.current_time()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as pushes:
+                for caller in callers:
+                    pushes.start_soon(push, caller)
+        took = trio.current_time() - started
+        assert received == [1024 * 1024] * 2
+        assert service.stats.bytes_relayed >= 2 * 1024 * 1024
+        assert took >= (2 * 1024 * 1024 - rate) / rate * 0.95, took
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_circuit_ends_at_its_time_limit():
     limits = RelayLimits(circuit_s=1.0)
     async with trio.open_nursery() as nursery, relay_peer(nursery, limits) as (relay, service):
