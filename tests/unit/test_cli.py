@@ -163,3 +163,10 @@ def test_join_refuses_what_is_no_invite_before_asking_the_node(tmp_path, invite,
     result = runner.invoke(app, ["--data-dir", str(tmp_path), "join", invite])
     assert result.exit_code == 2
     assert says in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--symmetric", "--kill-relay"])
+def test_demo_nat_variations_need_nat(flag):
+    result = runner.invoke(app, ["demo", flag])
+    assert result.exit_code == 2
+    assert "go with --nat" in result.output
