@@ -60,6 +60,15 @@ def peer(
             hidden=True,
         ),
     ] = None,
+    relay_circuit_mib: Annotated[
+        float | None,
+        typer.Option(
+            "--relay-circuit-mib",
+            min=0.01,
+            help="Bytes one relayed connection may carry one way (MiB; default 64).",
+            hidden=True,
+        ),
+    ] = None,
     map_port: Annotated[
         bool,
         typer.Option(
@@ -75,6 +84,7 @@ def peer(
     """
     from core.roles.peer import run_peer
     from net.reachability import ReachabilityConfig
+    from net.relay import RelayLimits
 
     reach = ReachabilityConfig()
     if recheck_s is not None:
@@ -82,7 +92,13 @@ def peer(
     if observe_s is not None:
         reach = replace(reach, observe_s=observe_s)
     run_async(
-        partial(run_peer, map_port=map_port),
+        partial(
+            run_peer,
+            map_port=map_port,
+            relay_limits=RelayLimits(circuit_bytes=int(relay_circuit_mib * 2**20))
+            if relay_circuit_mib
+            else RelayLimits(),
+        ),
         load_identity(ephemeral),
         listen or None,
         bootstrap or [],

@@ -38,6 +38,7 @@ async def run_peer(
     reachability: ReachabilityConfig | None = None,
     *,
     map_port: bool = False,
+    relay_limits: RelayLimits | None = None,
 ) -> None:
     """Serve DHT and RPC until cancelled; print our addresses on stdout for scripts, then
     a JSON line for each new reachability verdict (and our relayed addresses). With
@@ -48,7 +49,7 @@ async def run_peer(
         reachability=reachability or ReachabilityConfig(),
         # a bootstrap peer is public by design: it relays for those behind NAT, and
         # one that turns out not to be dialable keeps reservations itself
-        relay=RelayLimits(),
+        relay=relay_limits or RelayLimits(),
         relay_client=RelayClientConfig(),
         address_record=True,
         port_mapping=PortMapConfig() if map_port else None,

@@ -129,6 +129,7 @@ def start_peer(
     *,
     observe_s: float = 30,
     map_port: bool = False,
+    relay_circuit_mib: float | None = None,
 ) -> tuple[subprocess.Popen[str], Lines, str]:
     """A bare swarm peer in ``host``'s namespace; returns it, its output and its address
     on the lab's network. ``observe_s``: how often it asks where it is seen from;
@@ -137,6 +138,8 @@ def start_peer(
     cmd += ["-l", f"/ip4/0.0.0.0/tcp/{port}", "--recheck-s", "1", "--observe-s", str(observe_s)]
     if map_port:
         cmd.append("--map-port")
+    if relay_circuit_mib is not None:
+        cmd += ["--relay-circuit-mib", str(relay_circuit_mib)]
     for addr in bootstrap:
         cmd += ["-b", addr]
     proc = subprocess.Popen(host.command(cmd), cwd=ROOT, stdout=subprocess.PIPE, text=True)

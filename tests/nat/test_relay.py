@@ -1,7 +1,8 @@
 """Relays and hole punching behind real NAT (network namespaces). One lab for the
 module: a bootstrap peer and two more public peers (all relay), a volunteer in home
 "a", callers in home "b" (a NAT that keeps ports, like most home routers) and home "c"
-(a symmetric NAT, like many carrier NATs). The destructive test comes last."""
+(a symmetric NAT, like many carrier NATs). The relays let a circuit carry 2 MiB one
+way (64 by default), so that a test can go over. The destructive test comes last."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from tests.nat.probes import ROOT, Lines, start_peer
 from tests.nat.test_reachability import verdict
 
 pytestmark = pytest.mark.slow
+
+CIRCUIT_MIB = 2
 
 
 @dataclass
@@ -73,11 +76,13 @@ def world() -> Iterator[World]:
     with network_lab(["boot", "r2", "r3"], homes) as lab:
         procs: list[subprocess.Popen[str]] = []
         try:
-            boot, _, boot_addr = start_peer(lab.host("boot"), [])
+            boot, _, boot_addr = start_peer(lab.host("boot"), [], relay_circuit_mib=CIRCUIT_MIB)
             procs.append(boot)
             relays = {}
             for name in ("r2", "r3"):
-                proc, lines, addr = start_peer(lab.host(name), [boot_addr])
+                proc, lines, addr = start_peer(
+                    lab.host(name), [boot_addr], relay_circuit_mib=CIRCUIT_MIB
+                )
                 procs.append(proc)
                 relays[peer_id_of(addr)] = proc
                 verdict(lines, "public")
@@ -112,6 +117,20 @@ def test_behind_a_symmetric_nat_the_connection_stays_relayed_and_works(world):
     assert result["first_kind"] == "relayed"
     assert result["final_kind"] == "relayed", result
     assert result["mb_s"] > 0
+
+
+def test_a_caller_over_the_relays_limit_is_cut_off_and_the_relay_serves_others(world):
+    # behind the symmetric NAT the caller has only the relay: 4 MiB cannot pass
+    greedy = call(world.lab.host("c/0"), world, punch=False, nbytes=2 * CIRCUIT_MIB * 2**20)
+    assert greedy["connected"], greedy
+    assert greedy["first_kind"] == "relayed"
+    assert "mb_s" not in greedy
+    assert greedy.get("error"), greedy
+    # the volunteer keeps its places, and the relays carry the next caller
+    modest = call(world.lab.host("b/0"), world, punch=False, nbytes=256 * 1024)
+    assert modest["connected"], modest
+    assert modest["first_kind"] == "relayed"
+    assert modest["mb_s"] > 0
 
 
 def test_when_its_relay_leaves_the_peer_moves_to_another(world):
