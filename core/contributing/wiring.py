@@ -61,7 +61,7 @@ async def start_contributing(
         ChunkStore(data_dir / "chunks"),
         server.device,
         before_swap=sender.flush,
-        after_swap=lambda _uid: server.announce_now(),
+        after_swap=server.announce_now,
     )
     await nursery.start(puller.run)
     return sender

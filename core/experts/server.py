@@ -216,9 +216,12 @@ class ExpertServer:
         """Held while a batch computes: hold it to change weights between batches."""
         return self._device
 
-    async def announce_now(self) -> None:
-        """Declare again at once (e.g. after new weights were swapped in)."""
-        await self._announce_current()
+    async def announce_now(self, uid: str | None = None) -> None:
+        """Declare again at once: every expert, or only ``uid`` (its new weights were
+        swapped in: the others' records and the prefixes have not changed, and
+        declaring all after each of a round's swaps made a node's DHT traffic grow with
+        the square of its experts)."""
+        await self._announce_current(None if uid is None else [uid])
 
     def compute_seconds(self) -> float:
         """Seconds the device has spent on batches since the server started."""
@@ -241,18 +244,21 @@ class ExpertServer:
             await trio.sleep(self.config.announce_interval)
             await self._announce_current()
 
-    async def _announce_current(self) -> None:
+    async def _announce_current(self, only: list[str] | None = None) -> None:
         # One announcement at a time: a withdrawal must not be overtaken by the records
         # of an announcement that started before it (newest record wins in the DHT).
         async with self._announcing:
-            await self._announce(withdraw=self._paused)
+            await self._announce(withdraw=self._paused, only=only)
 
-    async def _announce(self, *, withdraw: bool) -> None:
-        """Put (or withdraw) every declaration: one record per expert, one per prefix.
-        Withdrawing puts newer records saying so, which replace ours everywhere."""
+    async def _announce(self, *, withdraw: bool, only: list[str] | None = None) -> None:
+        """Put (or withdraw) every declaration: one record per expert, one per prefix
+        (``only``: just these experts' records). Withdrawing puts newer records saying
+        so, which replace ours everywhere."""
         project, ttl = self.config.project, self.config.announce_ttl
         puts: list[tuple[str, bytes]] = []
         for uid, backend in self.backends.items():
+            if only is not None and uid not in only:
+                continue
             ann = ExpertAnnouncement(
                 uid,
                 WITHDRAWN if withdraw else SERVING,
@@ -262,7 +268,7 @@ class ExpertServer:
                 self.config.max_batch_size,
             )
             puts.append((expert_key(project, uid), ann.encode()))
-        for prefix, coords in prefix_children(list(self.backends)).items():
+        for prefix, coords in prefix_children(list(self.backends) if only is None else []).items():
             puts.append(
                 (
                     expert_key(project, prefix),

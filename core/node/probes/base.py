@@ -4,8 +4,10 @@ amdgpu driver's sysfs on Linux)."""
 from __future__ import annotations
 
 import logging
+import math
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -78,6 +80,8 @@ class PortableProbes:
 
     def __init__(self, gpu_readers: Sequence[GpuReader] | None = None) -> None:
         self._gpus = list(gpu_readers) if gpu_readers is not None else default_gpu_readers()
+        self._processes: frozenset[str] = frozenset()
+        self._processes_at = -math.inf
 
     def idle_seconds(self) -> float | None:
         return None
@@ -91,8 +95,17 @@ class PortableProbes:
             gpu_power_w=gpu_power,
             cpu_temp_c=_cpu_temp(),
             on_battery=_on_battery(),
-            processes=_process_names(),
+            processes=self._process_names(),
         )
+
+    def _process_names(self) -> frozenset[str]:
+        """The running programs, listed at most every PROCESS_SCAN_S: the governor reads
+        the probes four times a second, and listing every process that often cost a
+        node more than its idle work (measured with py-spy in the demo)."""
+        now = time.monotonic()
+        if now - self._processes_at >= PROCESS_SCAN_S:
+            self._processes, self._processes_at = _process_names(), now
+        return self._processes
 
 
 def default_gpu_readers() -> list[GpuReader]:
@@ -151,6 +164,10 @@ def _on_battery() -> bool | None:
     except (OSError, RuntimeError, AttributeError):
         return None
     return None if battery is None else not battery.power_plugged
+
+
+#: a program named in the exclusive apps pauses the node at most this long after it starts
+PROCESS_SCAN_S = 2.0
 
 
 def _process_names() -> frozenset[str]:
