@@ -376,7 +376,14 @@ class RpcService:
         finally:
             pool.users -= 1
             if not pool.users and not pool.idle:
-                del self._pools[peer_id]  # a pool per peer ever met would grow forever
+                self._drop_pool(peer_id, pool)  # a pool per peer ever met would grow forever
+
+    def _drop_pool(self, peer_id: PeerID, pool: _PeerPool) -> None:
+        """Forget ``pool`` if it is still the peer's: a sweep that awaited a stream's
+        closing, or a call that ended meanwhile, may have dropped it (or another may
+        have taken its place) already. (A KeyError here stopped a bootstrap peer.)"""
+        if self._pools.get(peer_id) is pool:
+            del self._pools[peer_id]
 
     async def _call_pooled(
         self,
@@ -476,7 +483,7 @@ class RpcService:
             stale = [e for e in pool.idle if e not in fresh]
             pool.idle = fresh
             if not pool.users and not pool.idle:
-                del self._pools[peer_id]
+                self._drop_pool(peer_id, pool)
             for entry in stale:
                 await _close_quietly(entry.stream)
 

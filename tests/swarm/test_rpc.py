@@ -6,6 +6,7 @@ import hashlib
 import struct
 import time
 from contextlib import asynccontextmanager
+from typing import Any, cast
 
 import msgpack
 import pytest
@@ -27,6 +28,8 @@ from net.rpc import (
     RpcTimeout,
     TooLarge,
     UnknownMethod,
+    _PeerPool,
+    _PooledStream,
 )
 from net.wire import (
     KIND_RESPONSE,
@@ -512,3 +515,23 @@ async def test_a_large_call_to_a_peer_that_hangs_up_fails_with_an_rpc_error():
         for _ in range(3):
             with pytest.raises(PeerUnreachable):
                 await client.call(server.host.peer_id, "echo", tensors=[big], timeout=10)
+
+
+async def test_a_sweep_survives_a_pool_dropped_while_it_closes_a_stale_stream():
+    """The sweep closes stale streams one by one; a call that ends meanwhile drops its
+    own pool, now empty. The sweep then reaching that peer must pass over it (a KeyError
+    there stopped a bootstrap peer in the network lab)."""
+    async with rpc_pair() as (client, _server):
+        first, second = Identity.generate().peer_id, Identity.generate().peer_id
+        ended = _PeerPool(1)
+
+        class ClosingSlowly:
+            async def close(self) -> None:
+                client._drop_pool(second, ended)  # the other call's end, meanwhile
+                await trio.sleep(0)
+
+        stale = _PeerPool(1)
+        stale.idle = [_PooledStream(ClosingSlowly(), cast(Any, None), last_used=-1e9)]
+        client._pools = {first: stale, second: ended}
+        await client._close_stale_streams()
+        assert client._pools == {}
