@@ -51,6 +51,9 @@ class HolePunchConfig:
     attempt_s: float = 5.0
     #: the relayed connection stays this long once a direct one exists
     grace_s: float = 5.0
+    #: a peer that does not know its own address yet (it met us before learning it)
+    #: is asked again, after 1, 2, 4 ... s, this long at most
+    address_patience_s: float = 60.0
 
 
 @dataclass
@@ -85,16 +88,31 @@ class HolePuncher:
 
     async def punch(self, peer: PeerID) -> bool:
         """Try to replace our relayed connection to ``peer`` with a direct one."""
-        for attempt in range(1, self.config.attempts + 1):
+        attempt = 0
+        wait, patience = 1.0, trio.current_time() + self.config.address_patience_s
+        while attempt < self.config.attempts and self.host.is_connected(peer):
             if self.direct_connection(peer) is not None:
                 break
-            self.stats.attempts += 1
+            no_address = False
             with trio.move_on_after(self.config.attempt_s):
                 try:
                     await self._attempt(peer)
+                except _NoAddress:
+                    no_address = True
                 except (RelayError, OSError, Exception) as exc:  # noqa: BLE001 - a failed
                     # round (the relay closed, the peer left, a handshake broke) is retried
-                    log.debug("hole punch %d to %s failed: %r", attempt, peer, exc)
+                    log.debug("hole punch %d to %s failed: %r", attempt + 1, peer, exc)
+            if no_address:
+                # it met us (a DHT lookup, say) before it learned where it is seen from:
+                # ask again later, without spending an attempt
+                if trio.current_time() + wait > patience:
+                    break
+                log.debug("%s does not know its address yet; asking in %g s", peer, wait)
+                await trio.sleep(wait)
+                wait *= 2
+                continue
+            attempt += 1
+            self.stats.attempts += 1
             if self.direct_connection(peer) is not None:
                 break
         direct = self.direct_connection(peer)
@@ -117,12 +135,12 @@ class HolePuncher:
             rtt = trio.current_time() - started
             if answer.type != HolePunch.CONNECT:
                 raise RelayError("expected CONNECT")
-            await write_message(stream, HolePunch(type=HolePunch.SYNC))
             theirs = _addrs(answer.ObsAddrs)
+            if not theirs:  # no SYNC: it does not dial either
+                raise _NoAddress("the peer gave no address to punch to")
+            await write_message(stream, HolePunch(type=HolePunch.SYNC))
         finally:
             await _close(stream)
-        if not theirs:
-            raise RelayError("the peer gave no address to punch to")
         await trio.sleep(rtt / 2)
         await self._dial(peer, theirs, as_responder=True)
 
@@ -145,6 +163,10 @@ class HolePuncher:
                 theirs = _addrs(offer.ObsAddrs)
                 await _close(stream)
                 if theirs:
+                    # B's SYN may reach us before ours leaves (we are slow, or our NAT
+                    # kept the way open since a former attempt): our listener then
+                    # accepts it, and must initiate Noise as this dial would have
+                    self.host.expect_punch(theirs, peer, self.config.attempt_s)
                     await self._dial(peer, theirs, as_responder=False)
         except Exception as exc:  # noqa: BLE001 - a failed punch ends only itself
             log.debug("hole punch from %s failed: %r", peer, exc)
@@ -176,6 +198,10 @@ class HolePuncher:
                     await conn.close()
                 except Exception as exc:  # noqa: BLE001 - it may be gone already
                     log.debug("closing the relayed connection to %s: %r", peer, exc)
+
+
+class _NoAddress(RelayError):
+    """The peer does not know where the internet sees it (yet)."""
 
 
 def _listen_source(host: SwarmHost) -> tuple[str, int] | None:

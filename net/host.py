@@ -488,6 +488,14 @@ class SwarmHost:
             last = errors[-1] if errors else "no address answered"
             raise DialError(f"every address failed ({len(errors)}): {last}")
 
+    def expect_punch(self, addrs: Sequence[str], peer_id: PeerID, seconds: float) -> None:
+        """We take the Noise initiator's part in a hole punch to ``peer_id`` at ``addrs``
+        (/ip4/.../tcp/...) for ``seconds``: a connection from there is its other half."""
+        for addr in addrs:
+            parts = addr.split("/")
+            if len(parts) > 4 and parts[1] == "ip4" and parts[3] == "tcp" and parts[4].isdigit():
+                self._gate.expect_punch((parts[2], int(parts[4])), peer_id, seconds)
+
     def forget_failures(self, peer_id: PeerID) -> None:
         """Let the next dial to ``peer_id`` really happen: libp2p refuses for 60 s to
         dial a peer whose addresses all failed once, whatever address is dialled next."""

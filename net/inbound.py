@@ -38,6 +38,9 @@ from net.logs import ThrottledLog
 
 log = logging.getLogger(__name__)
 
+#: hole punches awaited at once (each lasts one attempt)
+_MAX_PUNCHES = 64
+
 
 class InboundGate:
     """Installs itself as ``swarm``'s inbound handler; one per host."""
@@ -49,6 +52,17 @@ class InboundGate:
         # source -> the scopes of its connections' handlers (cancelled when it is banned)
         self._connections: dict[str, set[trio.CancelScope]] = {}
         self._log = ThrottledLog(log)
+        #: (ip, port) -> (peer, until): a hole punch in which we are the Noise initiator
+        #: (net/holepunch.py). A connection from there is the punch: when the other
+        #: side's SYN came before ours left, our listener accepted it, and must not
+        #: take the responder's part the other side takes too.
+        self._punches: dict[tuple[str, int], tuple[Any, float]] = {}
+
+    def expect_punch(self, endpoint: tuple[str, int], peer: Any, seconds: float) -> None:
+        now = trio.current_time()
+        self._punches = {k: v for k, v in self._punches.items() if v[1] > now}
+        if len(self._punches) < _MAX_PUNCHES:
+            self._punches[endpoint] = (peer, now + seconds)
 
     def install(self) -> None:
         # The listener's callback looks the method up on the instance at each connection.
@@ -79,11 +93,18 @@ class InboundGate:
             self._evicted.add(old)
             old.cancel()
         muxed: Any = None
+        punch = self._punch_from(read_write_closer)
         try:
             with scope:
-                muxed = await self._swarm.upgrade_inbound_raw_conn(
-                    RawConnection(read_write_closer, False), maddr
-                )
+                if punch is not None:  # we initiate, as our own dial would have
+                    conn = await self._swarm.upgrade_outbound_raw_conn(
+                        RawConnection(read_write_closer, True), punch
+                    )
+                    muxed = conn.muxed_conn
+                else:
+                    muxed = await self._swarm.upgrade_inbound_raw_conn(
+                        RawConnection(read_write_closer, False), maddr
+                    )
         except Exception as exc:  # noqa: BLE001 - any failed handshake only ends this connection
             self.policy.stats.handshakes_failed += 1
             log.debug("inbound handshake from %s failed: %s", source, exc)
@@ -115,6 +136,20 @@ class InboundGate:
                     del self._connections[source]
         if watch.cancelled_caught:  # banned: the connection goes
             await _close_quietly(muxed)
+
+    def _punch_from(self, stream: Any) -> Any | None:
+        """The peer whose hole punch this connection is, if it is one."""
+        endpoint = None
+        with contextlib.suppress(Exception):
+            remote = stream.get_remote_address()
+            endpoint = (str(remote[0]), int(remote[1]))
+        if endpoint is None or endpoint not in self._punches:
+            return None
+        peer, until = self._punches.pop(endpoint)
+        if until <= trio.current_time():
+            return None
+        log.debug("the connection from %s:%d is the hole punch of %s", *endpoint, peer)
+        return peer
 
 
 def _is_loopback(source: str) -> bool:

@@ -109,6 +109,7 @@ def test_across_two_nats_that_keep_ports_hole_punching_makes_it_direct(world):
     assert result["reachability"] == "private"
     assert result["first_kind"] == "relayed"
     assert result["final_kind"] == "direct", result
+    assert result["mb_s"] > 0, result  # 1 MiB over the direct connection
 
 
 def test_behind_a_symmetric_nat_the_connection_stays_relayed_and_works(world):
