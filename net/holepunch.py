@@ -13,7 +13,11 @@ be turned off once run (docs/decisions/007), so this is ours; its swarm's
 3. B sends SYNC and waits half a round trip; A dials B's address when SYNC arrives,
    B dials A's then: both SYNs cross the NATs at about the same time, each opening
    the way for the other. Both dial from their listening port (SO_REUSEPORT), the
-   port their NAT showed the world. A is the Noise initiator, B the responder.
+   port their NAT showed the world. A is the Noise initiator, B the responder;
+   when B's SYN reaches A before A's leaves (A is slow, or A's NAT kept the way open
+   since an earlier attempt), A's listener accepts it and A still initiates.
+   A that does not know its own address yet (it met B, through a DHT lookup, before
+   its reachability was known) answers CONNECT with none: B asks again later.
 4. Once a direct connection exists, the relayed one is closed after a grace period
    (calls in flight finish; new streams already take the direct connection).
 
