@@ -99,3 +99,50 @@ async def test_connections_have_keepalive_and_a_user_timeout():
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPIDLE_S
                 user_timeout = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
                 assert user_timeout == DEAD_AFTER_S * 1000
+
+
+async def test_a_host_that_stops_leaves_no_connection_open_to_peers_that_keep_dialling_it():
+    """libp2p's Swarm.close() closed connections one by one (0.1 s each) with its
+    listener still open, then forgot the table: a peer that dialled in meanwhile kept a
+    connection that nobody served or closed (a test saw a stopped peer "connected" for
+    10 s in CI). The host shuts its door first."""
+    stopping = SwarmHost(Identity.generate(), listen=["/ip4/127.0.0.1/tcp/0"])
+    callers = [SwarmHost(Identity.generate(), listen=[]) for _ in range(12)]
+    async with trio.open_nursery() as nursery:
+        for caller in callers:
+            await nursery.start(_run, caller)
+        stop = trio.CancelScope()
+        await nursery.start(_run, stopping, stop)
+        addrs = stopping.listen_addrs()
+
+        async def keep_dialling(caller: SwarmHost) -> None:
+            while True:
+                try:
+                    await caller.connect(stopping.peer_id, addrs, timeout=2, attempts=1)
+                except Exception:  # noqa: BLE001 - refused once it stopped: what we wait for
+                    await trio.sleep(0)
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as dialling:
+            for caller in callers:
+                dialling.start_soon(keep_dialling, caller)
+            await eventually(lambda: all(c.is_connected(stopping.peer_id) for c in callers))
+            stop.cancel()
+            await trio.sleep(1)  # dials go on through the whole shutdown, and after it
+            dialling.cancel_scope.cancel()
+        await eventually(
+            lambda: not any(c.is_connected(stopping.peer_id) for c in callers), timeout=5
+        )
+        nursery.cancel_scope.cancel()
+
+
+async def _run(
+    host: SwarmHost,
+    scope: trio.CancelScope | None = None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with scope or trio.CancelScope():
+        async with host.running():
+            task_status.started()
+            await trio.sleep_forever()

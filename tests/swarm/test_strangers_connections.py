@@ -10,11 +10,20 @@ from contextlib import AbstractAsyncContextManager
 import pytest
 import trio
 
+from net.admission import AdmissionLimits
 from net.host import SwarmHost, parse_peer_addr
 from net.identity import Identity
 from net.rpc import Reply, RpcService
 from net.wire import KIND_RESPONSE, FrameReader, Limits, build_response
-from tests.strangers import frame, hold_sockets, rpc_server, send_raw, stranger, tcp_target
+from tests.strangers import (
+    frame,
+    hold_sockets,
+    open_raw_socket,
+    rpc_server,
+    send_raw,
+    stranger,
+    tcp_target,
+)
 from tests.waiting import eventually
 
 
@@ -172,3 +181,18 @@ async def test_a_bootstrap_peer_process_outlives_every_hostile_frame():
         assert proc.poll() is None
     finally:
         stop_processes([proc])
+
+
+async def test_a_host_that_stops_closes_the_sockets_still_in_their_handshake():
+    """Inbound handshakes run in libp2p's listener task, which stopping the host does not
+    cancel: one that finished after the stop left a connection open that nobody served
+    (a peer that restarted was still "connected" to its old self in CI)."""
+    host = SwarmHost(Identity.generate(), admission=AdmissionLimits(handshake_seconds=60))
+    async with host.running():
+        sock = await open_raw_socket(tcp_target(host), "127.0.0.3")
+        await eventually(lambda: host.admission_statistics().handshakes_started == 1)
+    # the host has stopped: the socket is closed at once, not after the 60 s handshake limit
+    with trio.fail_after(3):
+        while await sock.receive_some(4096):
+            pass  # the Noise prologue the host sent, then end of stream
+    await sock.aclose()
