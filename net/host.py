@@ -63,6 +63,8 @@ class _Dial:
     """A dial in flight, shared by the callers that want the same peer."""
 
     done: trio.Event
+    #: what it dials: a caller with an address outside it dials alongside
+    addrs: frozenset[str] = frozenset()
     error: BaseException | None = None
 
 
@@ -408,8 +410,12 @@ class SwarmHost:
         """One dial per peer at a time, run by the host, not by its caller: a caller
         that gives up (an expert call that came too late) leaves the dial going, so a
         slow or relayed peer still gets connected for the next call instead of never.
-        A caller that finds a dial in flight waits for it."""
-        while (pending := self._dialing.get(peer_id)) is not None:
+        A caller that finds a dial in flight to the same addresses waits for it; one
+        that brings an address it lacks dials alongside (measured in the lab: a trainer
+        given a volunteer's relay circuits waited 2-5 s for a DHT dial, begun earlier,
+        to time out at an old or unreachable address)."""
+        wanted = frozenset([*addrs, *circuits])
+        while (pending := self._dialing.get(peer_id)) is not None and wanted <= pending.addrs:
             await pending.done.wait()
             if self.is_connected(peer_id):
                 return
@@ -417,8 +423,8 @@ class SwarmHost:
                 raise DialError(str(pending.error)) from pending.error
         if self.is_connected(peer_id):
             return
-        dial = _Dial(trio.Event())
-        self._dialing[peer_id] = dial
+        dial = _Dial(trio.Event(), wanted)
+        self._dialing[peer_id] = dial  # the newest: later callers wait for this one
         if self._dials is None:  # not running (yet): the caller dials
             await self._run_dial(peer_id, addrs, circuits, timeout, dial)
         else:
@@ -439,7 +445,8 @@ class SwarmHost:
         except (DialError, BaseLibp2pError, OSError) as exc:
             dial.error = exc
         finally:
-            del self._dialing[peer_id]
+            if self._dialing.get(peer_id) is dial:
+                del self._dialing[peer_id]
             dial.done.set()
 
     async def _dial_in_turn(self, peer_id: PeerID, addrs: list[str], circuits: list[str]) -> None:

@@ -59,7 +59,9 @@ async def call(args: argparse.Namespace) -> dict[str, object]:
         started = time.monotonic()
         try:
             # only the addresses given: nothing learned elsewhere helps
+            out["already_connected"] = peer.host.is_connected(target)
             await peer.host.connect(target, args.addrs, timeout=30)
+            out["connect_s"] = round(time.monotonic() - started, 3)
             await peer.rpc.call(target, PING, {}, timeout=30)
             answered = time.monotonic()
             out["first_answer_s"] = round(answered - started, 3)
