@@ -60,6 +60,9 @@ _reconnect_libp2p_logging()
 #: The longest one Yamux frame (at most 256 KiB) may take to leave: a peer that stops
 #: reading its socket for this long loses the connection.
 FRAME_WRITE_SECONDS = 30.0
+#: The longest closing a connection may take (a goodbye frame, within 1 s, then the
+#: socket); past it the socket is closed without the goodbye.
+CLOSE_SECONDS = 3.0
 
 
 def _write_frames_whole() -> None:
@@ -71,7 +74,8 @@ def _write_frames_whole() -> None:
     peer failed with "connection reset"). A frame is now written shielded, within
     FRAME_WRITE_SECONDS; past that the connection is closed, since half a frame may be on
     the wire. Closing the connection cancels the writes in flight (a peer that stopped
-    reading must not hold a shutdown for FRAME_WRITE_SECONDS)."""
+    reading must not hold a shutdown for FRAME_WRITE_SECONDS), and a close, once begun,
+    finishes whatever cancels the task closing (within CLOSE_SECONDS)."""
     original_write = Yamux._write_frame
     original_close = Yamux.close
     if getattr(original_write, "_moehome_whole", False):
@@ -99,7 +103,19 @@ def _write_frames_whole() -> None:
         self.__dict__["_moehome_closing"] = True
         for scope in list(self.__dict__.get("_moehome_writes", ())):
             scope.cancel()
-        await original_close(self, error_code)
+        # Finished whatever cancels the closer: SwarmConn.close() marks the connection
+        # closed before it closes the muxer, and never tries again, so a close cancelled
+        # half way (the swarm's own, when the host stops) left the socket open for good.
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + CLOSE_SECONDS
+            await original_close(self, error_code)
+        if scope.cancelled_caught:  # its lock held by a task that is stuck: the socket
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                try:
+                    await self.secured_conn.close()
+                except Exception as exc:  # noqa: BLE001 - closing a broken connection
+                    logging.getLogger(__name__).debug("closing a stuck connection: %s", exc)
+            self.event_closed.set()
 
     write_frame_whole._moehome_whole = True  # type: ignore[attr-defined]
     Yamux._write_frame = write_frame_whole  # type: ignore[method-assign]
