@@ -148,6 +148,8 @@ def main() -> None:
             "kind": reference.get("final_kind"),
         },
         "failures": [t.get("error") for t in trials if not t.get("connected")][:5],
+        # connected, but a call failed afterwards (the 4 MiB one, say)
+        "call_failures": sum(1 for t in reached if t.get("error")),
     }
     print(json.dumps(line))
 

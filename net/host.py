@@ -307,19 +307,31 @@ class SwarmHost:
     def is_connected(self, peer_id: PeerID) -> bool:
         """Whether an open connection to ``peer_id`` exists (a closed one can linger in
         libp2p's table for a moment: a relay circuit cut at its limit, for one)."""
+        return bool(self._open_connections(peer_id))
+
+    def _open_connections(self, peer_id: PeerID) -> list[Any]:
         conns = self._host.get_network().connections.get(peer_id, [])
         # the muxer sees the end of a connection before the swarm's task that drops it
-        return any(not c.is_closed and not c.muxed_conn.is_closed for c in conns)
+        return [c for c in conns if not c.is_closed and not c.muxed_conn.is_closed]
 
     def relayed_only(self, peer_id: PeerID) -> bool:
         """Whether every open connection to ``peer_id`` goes through a relay (and there
         is one): a peer behind NAT whose hole punch failed, or has not happened yet."""
-        open_conns = [
-            c for c in self._host.get_network().connections.get(peer_id, []) if not c.is_closed
-        ]
+        open_conns = self._open_connections(peer_id)
         return bool(open_conns) and all(
             c.get_connection_type() == ConnectionType.RELAYED for c in open_conns
         )
+
+    def worth_reusing(self, stream: Any) -> bool:
+        """Whether an idle stream of ours may carry another call: its connection is still
+        open, and it does not go through a relay while a direct connection to the same
+        peer exists (heavy traffic goes direct once hole punching made a way)."""
+        muxed = stream.muxed_conn
+        if muxed.is_closed:
+            return False
+        if muxed.get_connection_type() != ConnectionType.RELAYED:
+            return True
+        return self.relayed_only(muxed.peer_id)
 
     def connected_peers(self) -> list[PeerID]:
         return list(self._host.get_connected_peers())

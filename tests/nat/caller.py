@@ -30,6 +30,24 @@ from net.rpc import RpcError
 from net.wire import Tensor
 
 
+def _chain(exc: BaseException | None) -> list[str]:
+    """The error and its causes, type and message each (a bare message can be empty)."""
+    out: list[str] = []
+    while exc is not None and len(out) < 6:
+        out.append(f"{type(exc).__name__}: {exc}"[:200])
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def _connections(peer: Peer, other: PeerID) -> list[str]:
+    conns = peer.host.libp2p_host.get_network().connections.get(other, [])
+    return [
+        f"{c.get_connection_type().name} closed={c.is_closed} muxer_closed={c.muxed_conn.is_closed}"
+        f" streams={len(c.get_streams())}"
+        for c in conns
+    ]
+
+
 def kinds(peer: Peer, other: PeerID) -> set[str]:
     conns = peer.host.libp2p_host.get_network().connections.get(other, [])
     return {
@@ -82,6 +100,8 @@ async def call(args: argparse.Namespace) -> dict[str, object]:
                 out["mb_s"] = round(args.bytes / 1e6 / (time.monotonic() - t0), 3)
         except (DialError, RpcError) as exc:
             out["error"] = str(exc)[:300]
+            out["error_chain"] = _chain(exc)
+            out["connections_then"] = _connections(peer, target)
         nursery.cancel_scope.cancel()
     return out
 
