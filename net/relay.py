@@ -361,6 +361,9 @@ class RelayService:
                     sent += len(chunk)
                     if sent > self.limits.circuit_bytes:
                         self.stats.circuits_cut_bytes += 1
+                        log.info(
+                            "a circuit reached %d bytes one way: cut", self.limits.circuit_bytes
+                        )
                         cut = True
                         cancel.cancel()
                         return
@@ -377,6 +380,7 @@ class RelayService:
                 nursery.start_soon(pump, b, a, nursery.cancel_scope)
         if timer.cancelled_caught:
             self.stats.circuits_cut_time += 1
+            log.info("a circuit reached %.0f s: cut", self.limits.circuit_s)
             cut = True
         if cut:
             await reset_quietly(a)

@@ -50,6 +50,37 @@ def advance_beams(
     return candidates[:k]
 
 
+# ---------------------------------------------------------------- pure failure policy
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A server that failed a call is skipped until ``until``; ``backoff`` is how long
+    that was (the next failure doubles it)."""
+
+    until: float
+    backoff: float
+
+
+#: the longest a failing server is skipped
+LONGEST_SKIP = 300.0
+
+
+def skip_after_failure(skip: Skip | None, now: float, base: float) -> Skip:
+    """How long to skip a server that just failed a call: ``base`` seconds the first
+    time, twice as long after each failure that follows the end of a skip, at most
+    LONGEST_SKIP. Failures during a skip are the same incident (the calls that were in
+    flight when a connection was cut: a step sends one per expert) and change nothing:
+    counting each as a new failure banned a volunteer behind a relay for 5 minutes the
+    first time a relay ended its circuit (8 calls failed at once: 5 x 2^7 s)."""
+    if skip is None:
+        return Skip(now + base, base)
+    if skip.until > now:
+        return skip
+    backoff = min(skip.backoff * 2, LONGEST_SKIP)
+    return Skip(now + backoff, backoff)
+
+
 # ---------------------------------------------------------------- DHT-backed finder
 
 
@@ -73,33 +104,35 @@ class ExpertFinder:
     project: str
     grid: Grid
     cache_ttl: float = 5.0
-    #: A server that failed a call is skipped for this long (doubling on repeat failures).
+    #: A server that failed a call is skipped for this long (doubling on repeat failures
+    #: until it answers again: skip_after_failure).
     failure_backoff: float = 5.0
     stats: FinderStatistics = field(default_factory=FinderStatistics)
     _cache: dict[str, _Cached] = field(default_factory=dict)
-    _banned: dict[PeerID, tuple[float, float]] = field(default_factory=dict)
+    _skipped: dict[PeerID, Skip] = field(default_factory=dict)
     #: smoothed seconds per call of each server (slow links, busy GPUs)
     _latency: dict[PeerID, float] = field(default_factory=dict)
 
     def report_failure(self, server: ExpertServerRef) -> None:
         """Called when a server failed a call: skip it for a while."""
-        now = trio.current_time()
-        _, backoff = self._banned.get(server.peer_id, (0.0, self.failure_backoff / 2))
-        backoff = min(backoff * 2, 300.0)
-        self._banned[server.peer_id] = (now + backoff, backoff)
+        self._skipped[server.peer_id] = skip_after_failure(
+            self._skipped.get(server.peer_id), trio.current_time(), self.failure_backoff
+        )
 
     def report_latency(self, server: ExpertServerRef, seconds: float) -> None:
         """Called after every answered call: servers of an expert are then tried fastest
         first, so a trainer routes around slow links and busy volunteers."""
         old = self._latency.get(server.peer_id)
         self._latency[server.peer_id] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        # it answers: its next failure is a new first one
+        self._skipped.pop(server.peer_id, None)
 
     def latency(self, peer_id: PeerID) -> float | None:
         return self._latency.get(peer_id)
 
-    def _is_banned(self, peer_id: PeerID) -> bool:
-        until = self._banned.get(peer_id)
-        return until is not None and until[0] > trio.current_time()
+    def _is_skipped(self, peer_id: PeerID) -> bool:
+        skip = self._skipped.get(peer_id)
+        return skip is not None and skip.until > trio.current_time()
 
     def forget(self) -> None:
         """Drop cached lookups (e.g. after many failures)."""
@@ -136,7 +169,7 @@ class ExpertFinder:
                 ann = ExpertAnnouncement.decode(value)
             except RecordRejected:
                 continue
-            if ann.state == SERVING and ann.uid == uid and not self._is_banned(author):
+            if ann.state == SERVING and ann.uid == uid and not self._is_skipped(author):
                 out.append(ExpertServerRef(author, ann.sha256, ann.version, ann.load))
         host = getattr(self.dht, "host", None)
         relayed = {s.peer_id for s in out if host is not None and host.relayed_only(s.peer_id)}
