@@ -78,6 +78,26 @@ def demo(
             "they move to other relays.",
         ),
     ] = False,
+    in_flight: Annotated[
+        int,
+        typer.Option(min=1, max=64, help="Batches the trainer carries through the swarm at once."),
+    ] = 1,
+    wire: Annotated[
+        str,
+        typer.Option(
+            help="How activations/gradients travel: raw, f16, bf16, q8, q4, q3 "
+            "(one codec, or two as ACTIVATIONS/GRADIENTS, e.g. q4/q3)."
+        ),
+    ] = "raw",
+    relay_circuit_mib: Annotated[
+        float | None,
+        typer.Option(
+            "--relay-circuit-mib",
+            min=0.01,
+            help="With --nat: bytes a relayed connection may carry one way (MiB).",
+            hidden=True,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Train a small language model on a local swarm: a bootstrap peer, the owner
@@ -86,6 +106,7 @@ def demo(
     from core.aggregator.robust import RULES
     from core.contributing.attacks import ATTACKS
     from core.demo import DemoOptions, print_summary, run_demo
+    from core.demo.options import wire_codecs
 
     if attack not in ATTACKS:
         typer.echo(f"error: --attack must be one of {', '.join(ATTACKS)}", err=True)
@@ -96,6 +117,11 @@ def demo(
     if rule not in RULES:
         typer.echo(f"error: --rule must be one of {', '.join(RULES)}", err=True)
         raise typer.Exit(2)
+    try:
+        wire_codecs(wire)
+    except ValueError as exc:
+        typer.echo(f"error: --wire: {exc}", err=True)
+        raise typer.Exit(2) from None
     if (symmetric or kill_relay) and not nat:
         typer.echo("error: --symmetric and --kill-relay go with --nat", err=True)
         raise typer.Exit(2)
@@ -124,6 +150,9 @@ def demo(
         nat=nat,
         symmetric=symmetric,
         kill_relay=kill_relay,
+        in_flight=in_flight,
+        wire=wire,
+        relay_circuit_mib=relay_circuit_mib,
     )
     if experts is not None:
         options = replace(options, experts_per_volunteer=experts)

@@ -274,6 +274,14 @@ def owner_train(
     device: Annotated[
         str, typer.Option(help="Trainer-side layers on: auto (a GPU if any), cpu, cuda[:N].")
     ] = "auto",
+    in_flight: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Batches carried through the swarm at once (their round trips overlap).",
+        ),
+    ] = 1,
     listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
@@ -296,6 +304,7 @@ def owner_train(
         checkpoint_every=checkpoint_every,
         max_data_bytes=int(max_data_mb * 1024 * 1024),
         device=device,
+        in_flight=in_flight,
     )
     run = partial(
         run_trainer,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.experts.activations import ACTIVATION_CODECS
+
 
 @dataclass(frozen=True)
 class DemoOptions:
@@ -18,6 +20,11 @@ class DemoOptions:
     rule: str = "centered_clip"
     data: str = "stdlib"
     batch_size: int = 16
+    #: batches the trainer carries through the swarm at once
+    in_flight: int = 1
+    #: the manifest's [model.wire]: one codec for activations and gradients, or
+    #: "ACTIVATIONS/GRADIENTS"
+    wire: str = "raw"
     workdir: Path | None = None
     #: the demo model: hidden width, experts per layer as a grid, experts per volunteer
     hidden: int = 64
@@ -36,3 +43,17 @@ class DemoOptions:
     #: with ``nat``: the bootstrap peer, one of the relays the volunteers hold places
     #: on, is killed halfway (SIGKILL); a second public relay joins the swarm
     kill_relay: bool = False
+    #: the public relays' limit of bytes per circuit one way, MiB (None: theirs, 64)
+    relay_circuit_mib: float | None = None
+
+
+def wire_codecs(wire: str) -> tuple[str, str]:
+    """``"q4"`` -> (q4, q4); ``"q4/q3"`` -> (q4, q3); ValueError naming the known codecs."""
+    names = wire.split("/")
+    if len(names) == 1:
+        names *= 2
+    if len(names) != 2 or any(n not in ACTIVATION_CODECS for n in names):
+        raise ValueError(
+            f"{wire!r}: one codec or ACTIVATIONS/GRADIENTS, of {', '.join(ACTIVATION_CODECS)}"
+        )
+    return names[0], names[1]

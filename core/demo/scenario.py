@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from core.control.invite import make_invite
-from core.demo.options import DemoOptions
+from core.demo.options import DemoOptions, wire_codecs
 from core.demo.summary import demo_summary
 from core.demo.supervisor import Proc, Swarm, free_port
 from core.errors import UserFacingError
@@ -140,6 +140,7 @@ def demo_manifest(options: DemoOptions, aggregator: tuple[str, str], trainer: st
     frequent enough that the experts' versions move within a minute."""
     agg_key, agg_addr = aggregator
     grid = ", ".join(str(n) for n in options.grid)
+    activations, gradients = wire_codecs(options.wire)
     return f"""\
 [project]
 name = "demo-charlm"
@@ -158,6 +159,10 @@ k_min = 1
 kind = "ffn"
 hidden = {options.hidden}
 inner = {4 * options.hidden}
+
+[model.wire]
+activations = "{activations}"
+gradients = "{gradients}"
 
 [training]
 optimizer = "adam"
@@ -238,9 +243,14 @@ async def _run(
     )
     with starting:
         task = starting.add_task("starting the swarm", total=4 + total + options.kill_relay)
+        limits = (
+            ["--relay-circuit-mib", str(options.relay_circuit_mib)]
+            if options.relay_circuit_mib
+            else []
+        )
         boot = swarm.start(
             "bootstrap",
-            ["peer", "-l", places.listen],
+            ["peer", "-l", places.listen, *limits],
             role="bootstrap",
             prefix=places.prefix("bootstrap"),
         )
@@ -249,7 +259,7 @@ async def _run(
         if options.kill_relay:
             relay = swarm.start(
                 "relay",
-                ["peer", "-l", places.listen, "-b", bootstrap],
+                ["peer", "-l", places.listen, "-b", bootstrap, *limits],
                 role="relay",
                 prefix=places.prefix("relay"),
             )
@@ -364,6 +374,8 @@ async def _run(
                 str(options.eval_every),
                 "--log-every",
                 "5",
+                "--in-flight",
+                str(options.in_flight),
                 "-l",
                 places.trainer_listen(),
             ],

@@ -84,6 +84,12 @@ def demo_summary(
         "final_loss": trained["final_loss"],
         "evaluations": [[e["step"], e["loss"]] for e in evals],
         "failed_steps": trained["failed_steps"],
+        # batches the trainer carried at once, gradients dropped as too stale, and the
+        # applied ones by how many updates old their weights were
+        "in_flight": trained.get("in_flight", 1),
+        "stale_steps": trained.get("stale_steps", 0),
+        "staleness": trained.get("staleness", {}),
+        "wire": options.wire,
         "version_max": trained["version_max"],
         "version_min": trained["version_min"],
         "contributions_accepted": accepted,
@@ -112,6 +118,14 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         f"validation loss {loss_text(summary['initial_loss'])} -> "
         f"{loss_text(summary['final_loss'])} nats/byte"
     )
+    calls = summary.get("calls", {})
+    if "activation_bytes_per_sample" in calls:
+        console.print(
+            f"{summary['in_flight']} batch(es) in flight ({summary['stale_steps']} dropped as "
+            f"too stale); activations on the wire as {summary['wire']}: "
+            f"{calls['activation_bytes_per_sample'] / 1024:.0f} KiB per sample, "
+            f"{calls['activation_bytes_ratio']:.2f} of float32's"
+        )
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(summary["contributions_rejected"].items()))
     console.print(
         f"experts at versions {summary['version_min']}-{summary['version_max']}; contributions: "

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import trio
 
+from core.experts import activations
+from core.experts.activations import ActivationCodecError
 from core.experts.backend import CacheMiss, ExpertBackend, InvalidInput
 from core.experts.batching import STRANGER, TRAINER, Process, TaskPool
 from core.experts.records import (
@@ -23,7 +25,6 @@ from core.experts.records import (
     expert_key,
     prefix_children,
 )
-from core.experts.wire import from_wire, to_wire
 from core.protocol.contributions import MessageError, Receipt, tensor_digest
 from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE, INFO
 from net import (
@@ -297,17 +298,56 @@ class ExpertServer:
             raise BadRequest(f"expert {uid!r} is not served here")
         return backend
 
-    def _tensors(self, ctx: CallContext, count: int) -> list[torch.Tensor]:
-        if len(ctx.request.tensors) != count:
-            raise BadRequest(f"expected {count} tensor(s), got {len(ctx.request.tensors)}")
-        return [from_wire(t) for t in ctx.request.tensors]
+    def _tensors(self, ctx: CallContext, backend: ExpertBackend, count: int) -> list[torch.Tensor]:
+        """The request's ``count`` tensors, decoded with the codecs its ``codecs`` field
+        names (one per tensor; none: raw), each checked before it is decoded."""
+        codecs = ctx.request.meta.get("codecs", ["raw"] * count)
+        if not isinstance(codecs, list) or len(codecs) != count:
+            raise BadRequest(f"codecs must name {count} codec(s)")
+        try:
+            names = [activations.check_codec(c) for c in codecs]
+        except ActivationCodecError as exc:
+            raise BadRequest(str(exc)) from exc
+        sizes = [activations.parts_per_tensor(n) for n in names]
+        wires = ctx.request.tensors
+        if len(wires) != sum(sizes):
+            raise BadRequest(f"expected {sum(sizes)} tensor(s), got {len(wires)}")
+        out, at = [], 0
+        spec = backend.spec
+        for name, size in zip(names, sizes, strict=True):
+            try:
+                out.append(
+                    activations.decode(
+                        wires[at : at + size], name, width=spec.hidden, dtype=spec.torch_dtype
+                    )
+                )
+            except ActivationCodecError as exc:
+                raise BadRequest(str(exc)) from exc
+            at += size
+        return out
+
+    def _answer_codec(self, ctx: CallContext) -> str:
+        try:
+            return activations.check_codec(ctx.request.meta.get("answer", "raw"))
+        except ActivationCodecError as exc:
+            raise BadRequest(str(exc)) from exc
+
+    def _reply(
+        self, ctx: CallContext, backend: ExpertBackend, t: torch.Tensor, **meta: Any
+    ) -> Reply:
+        """``t`` in the codec the request asked its answer in."""
+        codec = self._answer_codec(ctx)
+        if codec != "raw":
+            meta["codec"] = codec
+        return Reply({**self._identity(backend), **meta}, tuple(activations.encode(t, codec)))
 
     def _identity(self, backend: ExpertBackend) -> dict[str, Any]:
         return {"version": backend.version, "sha256": backend.sha256}
 
     async def _forward(self, ctx: CallContext) -> Reply:
         backend = self._backend(ctx)
-        (x,) = self._tensors(ctx, 1)
+        (x,) = self._tensors(ctx, backend, 1)
+        self._answer_codec(ctx)  # refused before the work, not after
         try:
             backend.check_inputs(x)
         except InvalidInput as exc:
@@ -315,7 +355,7 @@ class ExpertServer:
         keep = ctx.request.meta.get("keep") is True and self._is_trainer(ctx.peer_id)
         pool = self._forward_pools[str(backend.uid)]
         y, handle = await pool.submit(x, keep=keep, owner=ctx.peer_id)
-        meta = self._identity(backend)
+        meta: dict[str, Any] = {}
         if handle is not None:
             meta["handle"] = handle
             if self.config.require_receipts:  # the receipt of the backward pass names them
@@ -323,14 +363,15 @@ class ExpertServer:
                 self._input_digests[key] = tensor_digest([x])
                 while len(self._input_digests) > 4096:
                     del self._input_digests[next(iter(self._input_digests))]
-        return Reply(meta, (to_wire(y),))
+        return self._reply(ctx, backend, y, **meta)
 
     async def _backward(self, ctx: CallContext) -> Reply:
         backend = self._backend(ctx)
         handle = ctx.request.meta.get("handle")
         if handle is not None:
             return await self._backward_kept(ctx, backend, handle)
-        x, grad = self._tensors(ctx, 2)
+        x, grad = self._tensors(ctx, backend, 2)
+        self._answer_codec(ctx)
         try:
             backend.check_grad_outputs(x, grad)
         except InvalidInput as exc:
@@ -341,7 +382,7 @@ class ExpertServer:
         grad_x, _ = await self._backward_pools[str(backend.uid)].submit(
             x, grad, owner=ctx.peer_id, extra=receipt
         )
-        return Reply(self._identity(backend), (to_wire(grad_x),))
+        return self._reply(ctx, backend, grad_x, gradient=True)
 
     def _receipt(
         self, ctx: CallContext, backend: ExpertBackend, inputs_digest: bytes, grad: torch.Tensor
@@ -380,7 +421,8 @@ class ExpertServer:
         """Backward through the graph a forward pass kept: only grad_outputs travel."""
         if not isinstance(handle, int) or isinstance(handle, bool):
             raise BadRequest("handle must be an integer")
-        (grad,) = self._tensors(ctx, 1)
+        (grad,) = self._tensors(ctx, backend, 1)
+        self._answer_codec(ctx)
         if grad.dtype != backend.spec.torch_dtype or not torch.isfinite(grad).all():
             raise BadRequest(f"grad_outputs must be finite {backend.spec.dtype}")
         receipt = None
@@ -398,7 +440,7 @@ class ExpertServer:
             raise GraphGone(f"forward graph {handle} is gone; send the inputs again") from None
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        return Reply(self._identity(backend), (to_wire(grad_x),))
+        return self._reply(ctx, backend, grad_x, gradient=True)
 
     async def _info(self, ctx: CallContext) -> Reply:
         backend = self._backend(ctx)

@@ -19,7 +19,8 @@ import trio
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from core.experts.wire import from_wire, to_wire
+from core.experts import activations
+from core.experts.activations import ActivationCodecError, WireCodecs
 from core.protocol.contributions import Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE
 from net import (
@@ -103,6 +104,14 @@ class CallStatistics:
     failovers: int = 0
     failures: int = 0
     anomalies: int = 0
+    #: activations and their gradients, both ways: bytes on the wire, and what the same
+    #: values take as float32 (their ratio is what the project's codecs save)
+    wire_bytes: int = 0
+    float32_bytes: int = 0
+
+    def count(self, parts: Sequence[Any], t: torch.Tensor) -> None:
+        self.wire_bytes += activations.wire_bytes(parts)
+        self.float32_bytes += 4 * t.numel()
 
 
 #: Errors after which another server of the same expert is worth trying.
@@ -121,6 +130,8 @@ class ExpertCaller:
     #: told (server, seconds) after every answered call: how fast each server is
     on_latency: Callable[[ExpertServerRef, float], None] | None = None
     receipts: ReceiptSigner | None = None
+    #: how activations and their gradients travel (the project's manifest says)
+    codecs: WireCodecs = field(default_factory=WireCodecs)
 
     async def forward(
         self, uid: str, servers: Sequence[ExpertServerRef], x: torch.Tensor, *, keep: bool = False
@@ -128,15 +139,21 @@ class ExpertCaller:
         """Outputs of ``uid`` for ``x`` from the first server that answers. With ``keep``
         the server keeps the autograd graph for the backward pass (see ``backward``)."""
         self.stats.forward_calls += 1
-        meta = {"uid": uid, "keep": True} if keep else {"uid": uid}
+        codec = self.codecs.activations
+        meta: dict[str, Any] = {"uid": uid, "keep": True} if keep else {"uid": uid}
+        if codec != "raw":
+            meta |= {"codecs": [codec], "answer": codec}
+        parts = activations.encode(x, codec)
+        self.stats.count(parts, x)
         server, reply = await self._try_servers(
-            uid, servers, FORWARD, meta, [to_wire(x)], self.forward_timeout
+            uid, servers, FORWARD, meta, parts, self.forward_timeout
         )
+        outputs = self._answer(uid, server, reply, x)
         handle = reply.meta.get("handle")
         version = reply.meta.get("version")
         return ForwardResult(
             server,
-            from_wire(reply.tensors[0]),
+            outputs,
             handle if isinstance(handle, int) else None,
             # the weights that answered: a receipt names them, and the volunteer's
             # contribution is tied to them
@@ -156,34 +173,70 @@ class ExpertCaller:
         there (only grad_outputs travel); otherwise recomputed by a server with the same
         weights as the one that did the forward pass."""
         self.stats.backward_calls += 1
-        grad_wire = to_wire(grad_outputs)
+        act, grad_codec = self.codecs.activations, self.codecs.gradients
+        # gradients are rounded at random: unbiased, whatever the codec drops
+        grad_parts = activations.encode(grad_outputs, grad_codec, stochastic=True)
         meta: dict[str, Any] = {"uid": uid}
         if self.receipts is not None:
+            # the receipt names what the server decodes: the inputs its forward pass saw
+            # and the gradients this request carries
             version = kept.version if kept is not None else (servers[0].version if servers else 0)
-            meta["receipt"] = self.receipts.sign(uid, version, x, grad_outputs)
+            seen_x = activations.roundtrip(x, act)
+            seen_grad = activations.decode(
+                grad_parts, grad_codec, width=grad_outputs.shape[-1], dtype=grad_outputs.dtype
+            )
+            meta["receipt"] = self.receipts.sign(uid, version, seen_x, seen_grad)
         if kept is not None and kept.handle is not None:
+            kept_meta = {**meta, "handle": kept.handle}
+            if grad_codec != "raw":
+                kept_meta |= {"codecs": [grad_codec], "answer": grad_codec}
+            self.stats.count(grad_parts, grad_outputs)
             try:
                 reply = await self.rpc.call(
                     kept.server.peer_id,
                     BACKWARD,
-                    {**meta, "handle": kept.handle},
-                    [grad_wire],
+                    kept_meta,
+                    grad_parts,
                     timeout=self.backward_timeout,
                 )
-                if len(reply.tensors) == 1:
-                    return from_wire(reply.tensors[0])
+                return self._answer(uid, kept.server, reply, x)
             except RemoteError as exc:
                 if exc.code != GRAPH_GONE:
                     raise ExpertCallError(
                         f"backward {uid} on {kept.server.peer_id}: {exc}"
                     ) from exc
                 self.stats.graph_misses += 1
-            except RpcError as exc:
+            except (RpcError, ExpertCallError) as exc:
                 log.info("kept-graph backward of %s failed (%s); recomputing elsewhere", uid, exc)
-        _, reply = await self._try_servers(
-            uid, servers, BACKWARD, meta, [to_wire(x), grad_wire], self.backward_timeout
+        if (act, grad_codec) != ("raw", "raw"):
+            meta |= {"codecs": [act, grad_codec], "answer": grad_codec}
+        x_parts = activations.encode(x, act)
+        self.stats.count(x_parts, x)
+        self.stats.count(grad_parts, grad_outputs)
+        server, reply = await self._try_servers(
+            uid, servers, BACKWARD, meta, [*x_parts, *grad_parts], self.backward_timeout
         )
-        return from_wire(reply.tensors[0])
+        return self._answer(uid, server, reply, x)
+
+    def _answer(
+        self, uid: str, server: ExpertServerRef, reply: Reply, like: torch.Tensor
+    ) -> torch.Tensor:
+        """The reply's one tensor (outputs or input gradients, shaped like ``like``),
+        decoded with the codec the reply names."""
+        codec = reply.meta.get("codec", "raw")
+        try:
+            name = activations.check_codec(codec)
+            out = activations.decode(reply.tensors, name, width=like.shape[-1], dtype=like.dtype)
+        except ActivationCodecError as exc:
+            self.stats.failures += 1
+            raise ExpertCallError(f"{uid} on {server.peer_id} answered badly: {exc}") from exc
+        if out.shape != like.shape:
+            self.stats.failures += 1
+            raise ExpertCallError(
+                f"{uid} on {server.peer_id} answered {list(out.shape)} for {list(like.shape)}"
+            )
+        self.stats.count(reply.tensors, out)
+        return out
 
     async def _try_servers(
         self,
@@ -214,7 +267,7 @@ class ExpertCaller:
                 except (RemoteError, RpcError) as exc:
                     self.stats.failures += 1
                     raise ExpertCallError(f"{method} {uid} on {server.peer_id}: {exc}") from exc
-                if len(reply.tensors) != 1:
+                if len(reply.tensors) != _parts_of(reply):
                     errors.append(f"{server.peer_id}: answered {len(reply.tensors)} tensors")
                     continue
                 if self.on_latency is not None:
@@ -224,6 +277,15 @@ class ExpertCaller:
         raise ExpertCallError(
             f"{method} {uid}: every server failed ({'; '.join(errors[:3]) or 'timed out'})"
         )
+
+
+def _parts_of(reply: Reply) -> int:
+    """How many tensors a reply of one tensor should carry, by the codec it names (0,
+    which no reply matches, for a codec we do not know)."""
+    try:
+        return activations.parts_per_tensor(activations.check_codec(reply.meta.get("codec", "raw")))
+    except ActivationCodecError:
+        return 0
 
 
 def same_weights(

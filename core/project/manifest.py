@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core.experts.activations import ActivationCodec, WireCodecs
 from core.experts.registry import ExpertSpec, SpecError
 from core.experts.uid import ExpertUID, Grid
 
@@ -53,6 +54,17 @@ class ExpertSection(_Strict):
         return ExpertSpec(self.kind, self.hidden, self.inner, self.heads, self.activation)
 
 
+class WireSection(_Strict):
+    """How expert inputs and outputs (``activations``) and their gradients travel
+    between trainers and volunteers (core/experts/activations.py)."""
+
+    activations: ActivationCodec = "raw"
+    gradients: ActivationCodec = "raw"
+
+    def codecs(self) -> WireCodecs:
+        return WireCodecs(self.activations, self.gradients)
+
+
 class ModelSection(_Strict):
     vocab_size: Annotated[int, Field(ge=2, le=1_000_000)] = 256
     hidden: Annotated[int, Field(ge=1, le=65536)]
@@ -63,6 +75,7 @@ class ModelSection(_Strict):
     k_best: Annotated[int, Field(ge=1, le=64)] = 4
     k_min: Annotated[int, Field(ge=1, le=64)] = 1
     expert: ExpertSection
+    wire: WireSection = WireSection()
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSection:
@@ -208,6 +221,13 @@ hidden = 64                        # must equal model.hidden
 inner = 256                        # feed-forward width (0: 4 x hidden)
 heads = 0                          # attention heads (transformer only)
 activation = "gelu"
+
+[model.wire]
+# How expert inputs/outputs (activations) and their gradients travel between trainers
+# and volunteers: raw (float32), f16, bf16, q8, q4, q3 (blockwise quantized, bits per
+# value). q8 costs about a quarter of raw's bytes; q4 an eighth, at some accuracy.
+activations = "q8"
+gradients = "q8"
 
 [training]
 optimizer = "adam"                 # sgd, adam or adamw, run by the aggregators

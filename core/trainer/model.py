@@ -19,10 +19,13 @@ is compared against.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
+from core.experts import activations
+from core.experts.activations import WireCodecs
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.uid import Grid
 from core.moe.finder import advance_beams
@@ -107,10 +110,20 @@ class LocalMixtureOfExperts(nn.Module):
     for the swarm. Same gating, same beam search, same softmax over the chosen experts."""
 
     def __init__(
-        self, *, in_features: int, grid: Grid, spec: ExpertSpec, k_best: int, weights_seed: int
+        self,
+        *,
+        in_features: int,
+        grid: Grid,
+        spec: ExpertSpec,
+        k_best: int,
+        weights_seed: int,
+        codecs: WireCodecs | None = None,
     ) -> None:
         super().__init__()
         self.grid = grid
+        #: with codecs, every expert's inputs, outputs and their gradients lose what the
+        #: wire would lose (the reference for a project's compression)
+        self.codecs = codecs
         self.k_best = k_best
         self.proj = nn.Linear(in_features, sum(grid.shape))
         self.uids = [str(uid) for uid in grid]
@@ -146,9 +159,33 @@ class LocalMixtureOfExperts(nn.Module):
         for e, expert in enumerate(self.experts):
             rows, slots = (chosen == e).nonzero(as_tuple=True)
             if rows.numel():
-                y = expert(x[rows])
+                y = self._through_wire(expert, x[rows])
                 out = out.index_add(0, rows, weights[rows, slots].unsqueeze(1) * y)
         return out
+
+    def _through_wire(self, expert: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.codecs is None or self.codecs == WireCodecs():
+            out: torch.Tensor = expert(x)
+            return out
+        sent = _WireBoundary.apply(x, self.codecs)  # type: ignore[no-untyped-call]
+        y = _WireBoundary.apply(expert(sent), self.codecs)  # type: ignore[no-untyped-call]
+        assert isinstance(y, torch.Tensor)
+        return y
+
+
+class _WireBoundary(torch.autograd.Function):
+    """Identity, but for what the wire loses: the forward value through the activation
+    codec, its gradient through the gradient codec (rounded at random, as on the wire)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, codecs: WireCodecs) -> torch.Tensor:
+        ctx.codecs = codecs
+        return activations.roundtrip(t, codecs.activations)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = activations.roundtrip(grad.contiguous(), ctx.codecs.gradients, stochastic=True)
+        return grad, None
 
 
 def _full_grid(grid: Grid) -> dict[str, frozenset[int]]:

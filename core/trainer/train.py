@@ -66,6 +66,8 @@ class TrainerOptions:
     patience_s: float = 600.0
     #: where the trainer-side layers run: "auto" (a GPU when torch sees one), "cpu", "cuda:0"
     device: str = "auto"
+    #: batches carried through the swarm at once (core/trainer/session.py)
+    in_flight: int = 1
 
 
 def resolve_device(name: str) -> str:
@@ -97,7 +99,10 @@ def check_trainer(signed: SignedManifest, identity: Identity) -> None:
 
 def remote_model(
     peer: Peer, signed: SignedManifest, identity: Identity, options: TrainerOptions
-) -> CharLanguageModel:
+) -> Callable[[], CharLanguageModel]:
+    """Builds the trainer's model (as often as batches in flight need copies): the same
+    trainer-side weights each time; every copy's mixture of a layer shares that layer's
+    expert finder and caller (one view of the swarm, one set of statistics)."""
     m = signed.manifest.model
     config = MoEConfig(
         k_best=m.k_best,
@@ -107,23 +112,30 @@ def remote_model(
     )
     portal = Portal.current()
     signer = ReceiptSigner(identity, signed.project_id)
+    grids = m.grids()
+    finders = [ExpertFinder(peer.dht, signed.project_id, grid) for grid in grids]
+    callers = [
+        ExpertCaller(
+            peer.rpc,
+            forward_timeout=options.forward_timeout,
+            backward_timeout=2 * options.forward_timeout,
+            receipts=signer,
+            codecs=m.wire.codecs(),
+        )
+        for _ in grids
+    ]
 
-    def mixture(_layer: int, grid: Grid) -> RemoteMixtureOfExperts:
+    def mixture(layer: int, grid: Grid) -> RemoteMixtureOfExperts:
         return RemoteMixtureOfExperts(
             in_features=m.hidden,
             grid=grid,
-            finder=ExpertFinder(peer.dht, signed.project_id, grid),
-            caller=ExpertCaller(
-                peer.rpc,
-                forward_timeout=options.forward_timeout,
-                backward_timeout=2 * options.forward_timeout,
-                receipts=signer,
-            ),
+            finder=finders[layer],
+            caller=callers[layer],
             portal=portal,
             config=config,
         )
 
-    return build_model(m, mixture, seed=signed.manifest.weights.seed)
+    return lambda: build_model(m, mixture, seed=signed.manifest.weights.seed)
 
 
 async def run_trainer(
@@ -149,8 +161,9 @@ async def run_trainer(
             raise UserFacingError(
                 f"the built-in data are bytes (256 symbols); model.vocab_size is {m.vocab_size}"
             )
+        build = remote_model(peer, signed, identity, options)
         session = TrainingSession(
-            remote_model(peer, signed, identity, options),
+            build(),
             corpus,
             SessionSettings(
                 project=signed.project_id,
@@ -159,8 +172,10 @@ async def run_trainer(
                 eval_batches=options.eval_batches,
                 seed=options.seed,
                 device=resolve_device(options.device),
+                in_flight=options.in_flight,
             ),
             options.workdir / "checkpoints",
+            replica=build,
         )
         resumed = await trio.to_thread.run_sync(session.restore)
         report(
@@ -225,6 +240,7 @@ async def _train(
     session: TrainingSession, options: TrainerOptions, stop: trio.Event, report: Report
 ) -> dict[str, Any]:
     state = session.state
+    evaluating = trio.Lock()  # one evaluation at a time (they share a replica)
     if state.initial_loss is None:
         first = await _evaluate_until_answered(session, stop, options.patience_s)
         report({"event": "eval", "step": state.step, "loss": first})
@@ -234,29 +250,20 @@ async def _train(
     answered_before = dict(session.swarm_view()["answered_by"])
     losses: list[float] = []
     last_success = time.monotonic()
-    while state.step < options.steps and not stop.is_set():
-        loss = await trio.to_thread.run_sync(session.train_step)
-        if loss is None:
-            if time.monotonic() - last_success > options.patience_s:
-                raise UserFacingError(
-                    f"no training step succeeded for {options.patience_s:.0f} s: "
-                    "no volunteer serves this project's experts"
-                )
-            report({"event": "waiting", "step": state.step, "failed_steps": state.failed_steps})
-            await trio.sleep(1.0)  # the swarm is short of experts; give it a moment
-            continue
-        last_success = time.monotonic()
-        losses.append(loss)
-        if state.step % options.log_every == 0:
+    carried = 0  # batches started and not finished: together with the steps, the limit
+
+    async def after_step(step: int) -> None:
+        nonlocal window_start, window_samples, answered_before
+        if step % options.log_every == 0:
             view = session.swarm_view()
             now = time.monotonic()
             versions = list(view["versions"].values()) or [0]
             report(
                 {
                     "event": "progress",
-                    "step": state.step,
+                    "step": step,
                     "steps": options.steps,
-                    "loss": sum(losses) / len(losses),
+                    "loss": sum(losses) / max(len(losses), 1),
                     "samples": state.samples,
                     "samples_per_s": (state.samples - window_samples)
                     / max(now - window_start, 1e-9),
@@ -268,6 +275,7 @@ async def _train(
                     "version_min": min(versions),
                     "version_max": max(versions),
                     "failed_steps": state.failed_steps,
+                    "stale_steps": state.stale_steps,
                     # expert answers so far, per volunteer (the demo compares them)
                     "answered_by": dict(view["answered_by"]),
                 }
@@ -275,10 +283,39 @@ async def _train(
             losses.clear()
             window_start, window_samples = now, state.samples
             answered_before = dict(view["answered_by"])
-        if state.step % options.eval_every == 0:
-            report({"event": "eval", "step": state.step, "loss": await _evaluate(session)})
-        if state.step % options.checkpoint_every == 0:
+        if step % options.eval_every == 0:
+            async with evaluating:
+                report({"event": "eval", "step": step, "loss": await _evaluate(session)})
+        if step % options.checkpoint_every == 0:
             await trio.to_thread.run_sync(session.save)
+
+    async def carry(worker: int) -> None:
+        """Batches one after another on ``worker``'s replica, until the steps are done."""
+        nonlocal carried, last_success
+        while state.step + carried < options.steps and not stop.is_set():
+            carried += 1
+            try:
+                result = await trio.to_thread.run_sync(session.step_on, worker)
+            finally:
+                carried -= 1
+            if result is None:
+                if time.monotonic() - last_success > options.patience_s:
+                    raise UserFacingError(
+                        f"no training step succeeded for {options.patience_s:.0f} s: "
+                        "no volunteer serves this project's experts"
+                    )
+                report({"event": "waiting", "step": state.step, "failed_steps": state.failed_steps})
+                await trio.sleep(1.0)  # the swarm is short of experts; give it a moment
+                continue
+            if not result.applied:
+                continue  # too stale: dropped, the next batch starts from newer weights
+            last_success = time.monotonic()
+            losses.append(result.loss)
+            await after_step(result.step)
+
+    async with trio.open_nursery() as nursery:
+        for worker in range(session.in_flight):
+            nursery.start_soon(carry, worker)
     elapsed = time.monotonic() - started
     final = (
         state.evaluations[-1][1]
@@ -301,6 +338,9 @@ async def _train(
         "initial_loss": state.initial_loss,
         "final_loss": final,
         "failed_steps": state.failed_steps,
+        "in_flight": session.in_flight,
+        "stale_steps": state.stale_steps,
+        "staleness": {str(k): v for k, v in sorted(state.staleness.items())},
         "stopped_early": state.step < options.steps,
         "volunteers_answered": len(view["answered_by"]),
         "answered_by": view["answered_by"],
@@ -310,6 +350,9 @@ async def _train(
             "expert_calls": sum(m.stats.expert_calls for m in session.mixtures()),
             "failed_calls": sum(m.stats.failed_calls for m in session.mixtures()),
             "late_calls": sum(m.stats.late_calls for m in session.mixtures()),
+            # activations and their gradients on the wire, per sample and over float32's
+            "activation_bytes_per_sample": session.wire_bytes()[0] / max(trained, 1),
+            "activation_bytes_ratio": session.wire_bytes()[0] / max(session.wire_bytes()[1], 1),
         },
     }
 

@@ -55,8 +55,17 @@ async def test_four_volunteers_train_the_model(tmp_path_factory):
 
 
 async def test_training_goes_on_when_a_third_of_the_volunteers_die(tmp_path):
-    s = await demo(tmp_path, volunteers=3, churn=True)
+    # the trainer as a project would run it on home links: two batches in flight,
+    # activations and gradients as 4-bit codes
+    s = await demo(tmp_path, volunteers=3, churn=True, in_flight=2, wire="q4")
     assert falls_by(s, 0.65), s["evaluations"]
+    assert s["in_flight"] == 2
+    # batches overlapped: most were applied one update after the weights they started on
+    assert sum(s["staleness"].values()) == STEPS
+    assert s["staleness"].get("1", 0) > STEPS / 2, s["staleness"]
+    assert s["wire"] == "q4"
+    # 4-bit codes and a bfloat16 scale per 64 values: (0.5 + 2/64) / 4 of float32's bytes
+    assert s["calls"]["activation_bytes_ratio"] == pytest.approx(0.1328, abs=0.002)
     killed = [v for v in s["per_volunteer"] if "killed" in v["role"]]
     joined = [v for v in s["per_volunteer"] if "joined late" in v["role"]]
     assert len(killed) == 1

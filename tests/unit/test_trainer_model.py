@@ -28,7 +28,7 @@ from core.trainer.model import (
     attention_heads,
     build_model,
 )
-from core.trainer.session import SessionSettings, TrainingSession
+from core.trainer.session import SessionSettings, StepResult, TrainingSession
 from core.trainer.train import check_trainer, resolve_device
 from net import Identity
 
@@ -249,3 +249,99 @@ def test_servers_reached_only_through_a_relay_are_tried_last():
         [relayed_slow, relayed_fast, direct_slow, direct_fast], latency, relayed={ids[1], ids[3]}
     )
     assert ranked == [direct_fast, direct_slow, relayed_fast, relayed_slow]
+
+
+def _two_batches_at_once(
+    session: TrainingSession, starts: list[list[torch.Tensor]] | None = None
+) -> list[StepResult]:
+    """Workers 0 and 1 each carry a batch; both have copied the master's weights before
+    either computes (a barrier in the model's forward pass), so one batch's gradients
+    arrive one update late. ``starts`` gets the weights each batch started from."""
+    import threading
+
+    barrier = threading.Barrier(2, timeout=30)
+
+    def meet(module: torch.nn.Module, *_: object) -> None:
+        if starts is not None:
+            starts.append([p.detach().clone() for p in module.parameters()])
+        barrier.wait()
+
+    for replica in session._replicas:
+        replica.register_forward_pre_hook(meet)
+    results: list[StepResult | None] = [None, None]
+
+    def carry(worker: int) -> None:
+        results[worker] = session.step_on(worker)
+
+    threads = [threading.Thread(target=carry, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    done = [r for r in results if r is not None]
+    assert len(done) == 2, results
+    return sorted(done, key=lambda r: r.staleness)
+
+
+@pytest.mark.parametrize(("max_staleness", "applied"), [(1, [True, True]), (0, [True, False])])
+def test_batches_in_flight_apply_gradients_up_to_the_staleness_bound(
+    corpus, max_staleness, applied
+):
+    settings = SessionSettings(
+        project="p", batch_size=4, eval_batches=1, in_flight=2, max_staleness=max_staleness
+    )
+    session = TrainingSession(local_model(manifest()), corpus, settings)
+    before = [p.detach().clone() for p in session.model.parameters()]
+    first, second = _two_batches_at_once(session)
+    assert (first.staleness, second.staleness) == (0, 1)
+    assert [first.applied, second.applied] == applied
+    assert session.state.step == sum(applied)
+    assert session.state.samples == 4 * sum(applied)
+    assert session.state.stale_steps == applied.count(False)
+    assert session.state.staleness == {0: 1, **({1: 1} if all(applied) else {})}
+    # the master moved; the replicas are copies, not the master
+    assert any(
+        not torch.equal(p, q) for p, q in zip(before, session.model.parameters(), strict=True)
+    )
+    assert all(r is not session.model for r in session._replicas)
+
+
+def test_a_batch_starts_where_the_master_is_predicted_to_be_when_its_gradients_arrive(corpus):
+    settings = SessionSettings(project="p", batch_size=4, eval_batches=1, in_flight=2)
+    session = TrainingSession(local_model(manifest()), corpus, settings)
+    first = session.step_on(0)
+    assert first is not None
+    assert first.applied  # one update to extrapolate from
+    master = [p.detach().clone() for p in session.model.parameters()]
+    update = session._last_update
+    starts: list[list[torch.Tensor]] = []
+    _two_batches_at_once(session, starts)
+    # the first to start expects no update before its own; the second, one (the first's)
+    predicted = [m + u for m, u in zip(master, update, strict=True)]
+    ahead = [all(torch.allclose(a, b) for a, b in zip(s, predicted, strict=True)) for s in starts]
+    exact = [all(torch.equal(a, b) for a, b in zip(s, master, strict=True)) for s in starts]
+    assert sorted(ahead) == [False, True]
+    assert sorted(exact) == [False, True]
+    assert ahead != exact
+
+
+def test_training_with_batches_in_flight_lowers_the_loss_like_one_at_a_time(corpus):
+    import concurrent.futures
+
+    def train(in_flight: int) -> tuple[float, float]:
+        session = TrainingSession(
+            local_model(manifest()),
+            corpus,
+            SessionSettings(project="p", batch_size=16, eval_batches=2, in_flight=in_flight),
+        )
+        before = session.evaluate()
+        with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
+            for _ in range(60 // in_flight):
+                list(pool.map(session.step_on, range(in_flight)))
+        assert session.state.step + session.state.stale_steps == 60
+        return before, session.evaluate()
+
+    before, one_at_a_time = train(1)
+    _, four = train(4)
+    assert one_at_a_time < 0.75 * before
+    assert four < 0.75 * before
