@@ -1,0 +1,158 @@
+"""What the trainer's choices cost in samples, without a swarm: the demo's model trained
+in this process (experts local, ``LocalMixtureOfExperts``) on the same batches, once as
+the reference (float32 on the wire, one batch at a time) and once per choice:
+
+- ``--codecs raw/raw f16/bf16 q8/q8 q4/q4 q4/q3``: activations and their gradients
+  through the codecs of ``[model.wire]`` (what the wire loses, gradients rounded at
+  random as on the wire);
+- ``--in-flight 1 2 3 4``: batches carried at once on replicas of the trainer-side
+  layers (threads), with the session's weight prediction and staleness-aware rate.
+
+    python benchmarks/trainer_local.py [--steps 200] [--codecs ...] [--in-flight ...]
+
+Prints one JSON line per choice: the validation loss after the same number of samples
+beside the reference's (run in the same process), their ratio, and for codecs the bytes
+per value on the wire over float32's. Differences under ~1% are within one seed's noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.demo import DemoOptions, demo_manifest
+from core.experts import activations
+from core.experts.activations import WireCodecs
+from core.project.manifest import ModelSection, load_manifest
+from core.trainer.data import Corpus, load_corpus
+from core.trainer.model import LocalMixtureOfExperts, build_model
+from core.trainer.session import SessionSettings, TrainingSession
+
+
+def demo_model() -> tuple[ModelSection, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "demo.toml"
+        path.write_text(demo_manifest(DemoOptions(), ("0" * 64, ""), "0" * 64))
+        manifest = load_manifest(path)
+    return manifest.model, manifest.weights.seed
+
+
+def train(
+    corpus: Corpus, steps: int, *, codecs: WireCodecs | None = None, in_flight: int = 1
+) -> dict[str, Any]:
+    m, seed = demo_model()
+    spec = m.expert.spec()
+    model = build_model(
+        m,
+        lambda _i, grid: LocalMixtureOfExperts(
+            in_features=m.hidden,
+            grid=grid,
+            spec=spec,
+            k_best=m.k_best,
+            weights_seed=seed,
+            codecs=codecs,
+        ),
+        seed=seed,
+    )
+    options = DemoOptions()
+    session = TrainingSession(
+        model,
+        corpus,
+        SessionSettings(
+            project="local",
+            batch_size=options.batch_size,
+            learning_rate=options.learning_rate,
+            eval_batches=8,
+            in_flight=in_flight,
+        ),
+    )
+    started = time.perf_counter()
+    free = list(range(in_flight))
+
+    def carry(worker: int) -> int:
+        session.step_on(worker)
+        return worker
+
+    with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
+        running: set[concurrent.futures.Future[int]] = set()
+        begun = 0
+        while True:
+            while free and begun < steps:
+                running.add(pool.submit(carry, free.pop()))
+                begun += 1
+            if not running:
+                break
+            done, running = concurrent.futures.wait(
+                running, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            free.extend(f.result() for f in done)
+    return {
+        "loss": session.evaluate(),
+        "steps": session.state.step,
+        "stale_dropped": session.state.stale_steps,
+        "staleness": {str(k): v for k, v in sorted(session.state.staleness.items())},
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def bytes_ratio(codecs: WireCodecs, hidden: int) -> float:
+    """Bytes per value of the four tensors of an expert call (inputs, outputs and their
+    gradients) over float32's, for a [256, hidden] batch of rows."""
+    x = torch.randn(256, hidden)
+    sent = sum(
+        activations.wire_bytes(activations.encode(x, name))
+        for name in (codecs.activations,) * 2 + (codecs.gradients,) * 2
+    )
+    return sent / (4 * 4 * x.numel())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--codecs", nargs="*", default=["f16/bf16", "q8/q8", "q4/q4", "q4/q3"])
+    parser.add_argument("--in-flight", nargs="*", type=int, default=[2, 3, 4])
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # several runs' threads share the machine's cores
+    corpus = load_corpus()
+    hidden = demo_model()[0].hidden
+    reference = train(corpus, args.steps)
+    base = {"steps": args.steps, "reference_loss": round(reference["loss"], 4)}
+    for pair in args.codecs:
+        act, grad = pair.split("/")
+        codecs = WireCodecs(act, grad)
+        run = train(corpus, args.steps, codecs=codecs)
+        line = {
+            "benchmark": "trainer_local",
+            "codecs": pair,
+            **base,
+            "loss": round(run["loss"], 4),
+            "loss_ratio": round(run["loss"] / reference["loss"], 4),
+            "bytes_ratio": round(bytes_ratio(codecs, hidden), 4),
+        }
+        print(json.dumps(line), flush=True)
+    for n in args.in_flight:
+        run = train(corpus, args.steps, in_flight=n)
+        line = {
+            "benchmark": "trainer_local",
+            "in_flight": n,
+            **base,
+            "loss": round(run["loss"], 4),
+            "loss_ratio": round(run["loss"] / reference["loss"], 4),
+            "staleness": run["staleness"],
+            "stale_dropped": run["stale_dropped"],
+        }
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
