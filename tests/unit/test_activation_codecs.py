@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from core.experts.activations import (
 )
 from net import Tensor
 
-QUANTIZED = {"q8": 8, "q4": 4, "q3": 3}
+QUANTIZED = {"q8": 8, "q4": 4, "q3": 3, "q4z": 4}
 
 
 def _x(*shape: int, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
@@ -48,6 +49,7 @@ def test_every_codec_gives_back_the_shape_and_dtype_asked_for(name, shape):
     ],
 )
 def test_what_each_codec_costs_and_keeps(name, bytes_per_value, relative_error):
+    # (q4z: below)
     x = _x(256, 64)
     parts = encode(x, name)
     assert activations.wire_bytes(parts) == pytest.approx(bytes_per_value * x.numel())
@@ -128,3 +130,34 @@ def test_gradients_rounded_at_random_are_right_on_average(name, bits):
     # mean of 4000 draws is within 0.05 step (6 standard deviations)
     assert float((draws.mean(dim=0) - g).abs().max()) < 0.05 * step
     assert float((roundtrip(g, name) - g).abs().max()) > 0.1 * step  # the contrast
+
+
+def test_q4z_is_q4_deflated_below_an_eighth_of_float32():
+    x = _x(2048, 64)
+    parts = encode(x, "q4z")
+    assert torch.equal(roundtrip(x, "q4z"), roundtrip(x, "q4"))
+    # bell-shaped blocks: the codes deflate from 4 bits to ~3.55 (scales: 0.25 bits)
+    assert activations.wire_bytes(parts) < x.numel() * 4 / 8
+    assert parts[0].shape == (2048, 1)  # scales first: the rows are read from it
+
+
+def _deflated(data: bytes) -> Tensor:
+    return Tensor("uint8", (len(data),), data)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "words"),
+    [
+        # a bomb: a megabyte of zeros where 64 bytes are due; inflating stops at 64
+        (lambda s, d: [s, _deflated(zlib.compress(bytes(1 << 20)))], "are not"),
+        (lambda s, d: [s, _deflated(bytes(d.data)[:-5])], "are not|inflate"),
+        (lambda s, d: [s, _deflated(bytes(d.data) + b"junk")], "are not"),
+        (lambda s, d: [s, _deflated(b"not deflate at all")], "do not inflate"),
+        (lambda s, d: [d, s], "bfloat16 scales"),
+        (lambda s, d: [_scales(-1.0, 1.0), d], "non-negative"),
+    ],
+)
+def test_q4z_parts_that_do_not_inflate_to_their_size_are_refused(tamper, words):
+    scales, deflated = encode(_x(2, 64), "q4z")
+    with pytest.raises(ActivationCodecError, match=words):
+        decode(tamper(scales, deflated), "q4z", width=64, dtype=torch.float32)
