@@ -85,7 +85,7 @@ def demo(
     wire: Annotated[
         str,
         typer.Option(
-            help="How activations/gradients travel: raw, f16, bf16, q8, q4, q3 "
+            help="How activations/gradients travel: raw, f16, bf16, q8, q4, q3, q4z "
             "(one codec, or two as ACTIVATIONS/GRADIENTS, e.g. q4/q3)."
         ),
     ] = "raw",

@@ -225,7 +225,8 @@ activation = "gelu"
 [model.wire]
 # How expert inputs/outputs (activations) and their gradients travel between trainers
 # and volunteers: raw (float32), f16, bf16, q8, q4, q3 (blockwise quantized, bits per
-# value). q8 costs about a quarter of raw's bytes; q4 an eighth, at some accuracy.
+# value), q4z (q4 deflated). q8 costs about a quarter of raw's bytes; q4z a tenth, at
+# some accuracy (docs/decisions/009-throughput.md).
 activations = "q8"
 gradients = "q8"
 
