@@ -126,32 +126,30 @@ def main() -> None:
     corpus = load_corpus()
     hidden = demo_model()[0].hidden
     reference = train(corpus, args.steps)
-    base = {"steps": args.steps, "reference_loss": round(reference["loss"], 4)}
-    for pair in args.codecs:
-        act, grad = pair.split("/")
-        codecs = WireCodecs(act, grad)
-        run = train(corpus, args.steps, codecs=codecs)
+
+    def report(run: dict[str, Any], **choice: Any) -> None:
         line = {
             "benchmark": "trainer_local",
-            "codecs": pair,
-            **base,
+            **choice,
+            "steps": args.steps,
+            "reference_loss": round(reference["loss"], 4),
             "loss": round(run["loss"], 4),
             "loss_ratio": round(run["loss"] / reference["loss"], 4),
-            "bytes_ratio": round(bytes_ratio(codecs, hidden), 4),
         }
         print(json.dumps(line), flush=True)
+
+    for pair in args.codecs:
+        codecs = WireCodecs(*pair.split("/"))
+        run = train(corpus, args.steps, codecs=codecs)
+        report(run, codecs=pair, bytes_ratio=round(bytes_ratio(codecs, hidden), 4))
     for n in args.in_flight:
         run = train(corpus, args.steps, in_flight=n)
-        line = {
-            "benchmark": "trainer_local",
-            "in_flight": n,
-            **base,
-            "loss": round(run["loss"], 4),
-            "loss_ratio": round(run["loss"] / reference["loss"], 4),
-            "staleness": run["staleness"],
-            "stale_dropped": run["stale_dropped"],
-        }
-        print(json.dumps(line), flush=True)
+        report(
+            run,
+            in_flight=n,
+            staleness=run["staleness"],
+            stale_dropped=run["stale_dropped"],
+        )
 
 
 if __name__ == "__main__":

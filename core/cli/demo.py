@@ -105,8 +105,7 @@ def demo(
     process on 127.0.0.1. Live progress, then a summary. Ctrl-C stops everything."""
     from core.aggregator.robust import RULES
     from core.contributing.attacks import ATTACKS
-    from core.demo import DemoOptions, print_summary, run_demo
-    from core.demo.options import wire_codecs
+    from core.demo import DemoOptions, print_summary, run_demo, wire_codecs
 
     if attack not in ATTACKS:
         typer.echo(f"error: --attack must be one of {', '.join(ATTACKS)}", err=True)

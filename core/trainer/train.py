@@ -329,6 +329,7 @@ async def _train(
     view = session.swarm_view()
     versions = list(view["versions"].values()) or [0]
     trained = state.samples - first_samples
+    wire, as_float32 = session.wire_bytes()
     return {
         "steps": state.step,
         "samples": state.samples,
@@ -351,8 +352,8 @@ async def _train(
             "failed_calls": sum(m.stats.failed_calls for m in session.mixtures()),
             "late_calls": sum(m.stats.late_calls for m in session.mixtures()),
             # activations and their gradients on the wire, per sample and over float32's
-            "activation_bytes_per_sample": session.wire_bytes()[0] / max(trained, 1),
-            "activation_bytes_ratio": session.wire_bytes()[0] / max(session.wire_bytes()[1], 1),
+            "activation_bytes_per_sample": wire / max(trained, 1),
+            "activation_bytes_ratio": wire / max(as_float32, 1),
         },
     }
 
