@@ -231,6 +231,9 @@ class RpcConfig:
     #: Server: answer every request this much later, as a slow link would (tests and the
     #: demo's slow volunteers; 0 in real use).
     reply_delay: float = 0.0
+    #: Server: answers leave one after another at this many bytes per second, as through
+    #: a home uplink (the emulated swarm; 0, no limit, in real use).
+    reply_upload_bytes_per_second: float = 0.0
 
 
 @dataclass
@@ -283,6 +286,7 @@ class RpcService:
         self._log = ThrottledLog(log)
         self._next_sweep = 0.0
         self._serving: set[trio.CancelScope] = set()
+        self._uplink = trio.Lock()  # the emulated uplink: one answer on it at a time
         self.stats = RpcStatistics()
 
     # ---- registration
@@ -754,6 +758,8 @@ class RpcService:
         try:
             with trio.move_on_after(budget) as scope:
                 reply = await handler(CallContext(peer_id, request, source))
+                if self.config.reply_upload_bytes_per_second > 0:
+                    await self._emulated_upload(sum(t.nbytes for t in reply.tensors))
                 if self.config.reply_delay > 0:
                     await trio.sleep(self.config.reply_delay)
             if scope.cancelled_caught:
@@ -777,6 +783,12 @@ class RpcService:
                 exc_info=True,
             )
             return _error(request.request_id, InternalError(f"{request.method} failed"))
+
+    async def _emulated_upload(self, nbytes: int) -> None:
+        """Holds an answer for as long as ``nbytes`` take on the emulated uplink, which
+        carries one answer at a time (answers queue behind each other, as on a real one)."""
+        async with self._uplink:
+            await trio.sleep(nbytes / self.config.reply_upload_bytes_per_second)
 
     async def _send_error_quietly(
         self, stream: Any, request_id: int, code: str, message: str

@@ -16,7 +16,7 @@ import trio
 
 from core.contributing.attacks import Attack
 from core.contributing.codecs import ErrorFeedback, codec
-from core.experts.backend import ExpertBackend
+from core.experts.backend import ExpertBackend, GradientAccumulator
 from core.experts.wire import to_wire
 from core.protocol.aggregator_methods import CONTRIBUTE, responsible_aggregator
 from core.protocol.contributions import Contribution, ParamSpec
@@ -93,36 +93,45 @@ class ContributionSender:
                 for uid, backend in self.backends.items():
                     now = trio.current_time()
                     since = self._since.get(uid, started)
-                    if contribution_due(backend.accumulator.samples, now - since, self.config):
+                    samples = sum(a.samples for _, a in backend.accumulators())
+                    if contribution_due(samples, now - since, self.config):
                         self._since[uid] = now
-                        contribution, parts = await trio.to_thread.run_sync(
-                            self._build, uid, backend
-                        )
-                        if contribution is not None:
-                            nursery.start_soon(self._deliver, uid, contribution, parts)
+                        await self._send_all(uid, backend, nursery)
                 await trio.sleep(0.5)
 
     async def flush(self, uid: str) -> None:
         """Send what ``uid`` accumulated now (before its weights change: a contribution is
         tied to the version its gradients were computed on). Delivery goes on in the
         background; this returns once the accumulator is emptied."""
-        contribution, parts = await trio.to_thread.run_sync(self._build, uid, self.backends[uid])
+        if self._nursery is None:
+            raise RuntimeError("the sender is not running")
         self._since[uid] = trio.current_time()
-        if contribution is not None:
-            if self._nursery is None:
-                raise RuntimeError("the sender is not running")
-            self._nursery.start_soon(self._deliver, uid, contribution, parts)
+        await self._send_all(uid, self.backends[uid], self._nursery)
+
+    async def _send_all(self, uid: str, backend: ExpertBackend, nursery: trio.Nursery) -> None:
+        """A contribution from each accumulator of ``uid`` that holds gradients (those of
+        the previous weights, then the current ones': one contribution per version)."""
+        for module, accumulator in backend.accumulators():
+            contribution, parts = await trio.to_thread.run_sync(
+                self._build, uid, backend, module, accumulator
+            )
+            if contribution is not None:
+                nursery.start_soon(self._deliver, uid, contribution, parts)
 
     def _build(
-        self, uid: str, backend: ExpertBackend
+        self,
+        uid: str,
+        backend: ExpertBackend,
+        module: torch.nn.Module,
+        accumulator: GradientAccumulator,
     ) -> tuple[Contribution | None, list[torch.Tensor]]:
-        sums, samples, receipts = backend.accumulator.take_with_receipts()
+        sums, samples, receipts = accumulator.take_with_receipts()
         if not receipts or not sums:
             return None, []
         if self.attack is not None:
             sums = self.attack.poison(uid, sums, samples)
         chosen = codec(self.config.codec)
-        names = [n for n, _ in backend.module.named_parameters()]
+        names = [n for n, _ in module.named_parameters()]
         parts: list[torch.Tensor] = []
         for name in names:
             parts.extend(self._feedback[uid].compress(name, sums[name], chosen))

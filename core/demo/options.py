@@ -34,6 +34,10 @@ class DemoOptions:
     #: so each aggregation round compares several volunteers' gradients
     experts_per_volunteer: int = 16
     learning_rate: float = 3e-3
+    #: the manifest's rounds: volunteers contribute every so many seconds (or 2048
+    #: samples), the aggregator steps every so many (or 6144 samples)
+    contribution_seconds: float = 4.0
+    round_seconds: float = 8.0
     eval_every: int = 100
     #: volunteers and the trainer behind NAT routers in network namespaces (net/lab.py)
     nat: bool = False

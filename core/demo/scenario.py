@@ -21,7 +21,7 @@ import math
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,10 +135,15 @@ def _places(options: DemoOptions) -> Iterator[Places]:
         yield places
 
 
-def demo_manifest(options: DemoOptions, aggregator: tuple[str, str], trainer: str) -> str:
+def demo_manifest(
+    options: DemoOptions, aggregator: tuple[str, str], trainers: str | Sequence[str]
+) -> str:
     """The demo project: a byte-level LM small enough for CPUs, contributions and rounds
-    frequent enough that the experts' versions move within a minute."""
+    frequent enough that the experts' versions move within a minute. ``trainers``: the
+    trainers' public keys (hex)."""
     agg_key, agg_addr = aggregator
+    keys = [trainers] if isinstance(trainers, str) else list(trainers)
+    trainer_tables = "\n".join(f'[[trainers]]\nkey = "{key}"\n' for key in keys)
     grid = ", ".join(str(n) for n in options.grid)
     activations, gradients = wire_codecs(options.wire)
     return f"""\
@@ -168,10 +173,10 @@ gradients = "{gradients}"
 optimizer = "adam"
 learning_rate = {options.learning_rate}
 contribution_samples = 2048
-contribution_seconds = 4.0
+contribution_seconds = {options.contribution_seconds}
 staleness_bound = 8
 round_samples = 6144
-round_seconds = 8.0
+round_seconds = {options.round_seconds}
 
 [training.aggregation]
 rule = "{options.rule}"
@@ -180,9 +185,7 @@ rule = "{options.rule}"
 key = "{agg_key}"
 addrs = ["{agg_addr}"]
 
-[[trainers]]
-key = "{trainer}"
-
+{trainer_tables}
 [weights]
 seed = 1
 """

@@ -110,6 +110,15 @@ class GraphCache:
             del self._by_owner[graph.owner]
         return graph
 
+    def continue_numbering(self, older: GraphCache) -> None:
+        """Number handles on from ``older``'s (handles stay unique across the two)."""
+        self._next = older._next
+
+    def holds(self, owner: object, handle: int) -> bool:
+        with self._lock:
+            graph = self._graphs.get(handle)
+            return graph is not None and graph.owner == owner
+
     def pop(self, owner: object, handle: int) -> _Graph:
         with self._lock:
             graph = self._graphs.get(handle)
@@ -166,6 +175,19 @@ class GradientAccumulator:
             return out
 
 
+@dataclass
+class PreviousWeights:
+    """The weights served before the last swap, kept until the next one: forward passes
+    kept on them can still be backpropagated (a trainer's batch that was in flight across
+    the swap), their gradients going to their own accumulator, contributed for their
+    version."""
+
+    version: int
+    module: nn.Module
+    graphs: GraphCache
+    accumulator: GradientAccumulator
+
+
 class ExpertBackend:
     def __init__(
         self,
@@ -189,19 +211,39 @@ class ExpertBackend:
         self.accumulator = GradientAccumulator()
         self.graphs = GraphCache(max_bytes=graph_cache_bytes)
         self.stale_dropped = 0  # backward batches whose receipts named replaced weights
+        self.previous: PreviousWeights | None = None
 
     def sha256_of(self, module: nn.Module) -> str:
         return weights_hash(module)
 
     def replace_weights(self, module: nn.Module, version: int) -> None:
         """Serve new weights from now on (the caller holds the device, so no batch runs).
-        Kept graphs belong to the old weights and are dropped."""
+        The old weights, their kept graphs and what was accumulated on them become
+        ``previous`` (what was previous before is dropped: the caller sent its gradients
+        first, see ``accumulators``)."""
+        old = self.graphs
+        self.previous = PreviousWeights(self.version, self.module, old, self.accumulator)
         self.module = module.to(self.device)
         self.module.requires_grad_(True)
         self.version = version
         self.sha256 = weights_hash(module)
-        old = self.graphs
+        self.accumulator = GradientAccumulator()
         self.graphs = GraphCache(old.max_bytes, old.max_entries, old.ttl, old.max_owner_bytes)
+        self.graphs.continue_numbering(old)  # a handle names one graph, whatever its weights
+
+    def accumulators(self) -> list[tuple[nn.Module, GradientAccumulator]]:
+        """Every accumulator with gradients to send, with the module whose parameters they
+        are: the previous weights' (late backward passes), then the current ones'."""
+        out = [(self.previous.module, self.previous.accumulator)] if self.previous else []
+        return [*out, (self.module, self.accumulator)]
+
+    def kept_version(self, owner: object, handle: int) -> int | None:
+        """The weights version of a kept graph, or None when it is gone."""
+        if self.graphs.holds(owner, handle):
+            return self.version
+        if self.previous is not None and self.previous.graphs.holds(owner, handle):
+            return self.previous.version
+        return None
 
     # ---- checks (called on the network side, before anything is queued)
 
@@ -269,28 +311,45 @@ class ExpertBackend:
         assert x.grad is not None
         return x.grad.cpu()
 
-    def _accumulate(self, samples: int, receipts: Sequence[Any]) -> None:
-        """Parameter gradients into the accumulator, unless a receipt names older weights:
-        the request waited while new weights were swapped in, and a contribution holding
-        that receipt would be refused whole by the aggregator. Such rare gradients are
-        dropped instead (the trainer still gets its input gradients)."""
-        if any(getattr(r, "version", self.version) != self.version for r in receipts):
-            self.module.zero_grad(set_to_none=True)
+    def _accumulate(
+        self,
+        samples: int,
+        receipts: Sequence[Any],
+        weights: PreviousWeights | None = None,
+    ) -> None:
+        """Parameter gradients into the accumulator of the weights that computed them
+        (``weights``: the previous ones; None: the current ones), unless a receipt names
+        other weights: the request waited while new weights were swapped in, and a
+        contribution holding that receipt would be refused whole by the aggregator. Such
+        rare gradients are dropped instead (the trainer still gets its input gradients)."""
+        module = self.module if weights is None else weights.module
+        version = self.version if weights is None else weights.version
+        accumulator = self.accumulator if weights is None else weights.accumulator
+        if any(getattr(r, "version", version) != version for r in receipts):
+            module.zero_grad(set_to_none=True)
             self.stale_dropped += 1
             return
-        self.accumulator.add(self.module, samples=samples, receipts=receipts)
+        accumulator.add(module, samples=samples, receipts=receipts)
 
     def backward_kept(
         self, owner: object, handle: int, grad_outputs: torch.Tensor, receipts: Sequence[Any] = ()
     ) -> torch.Tensor:
-        """Like backward, through the graph a forward pass kept (raises CacheMiss)."""
-        graph = self.graphs.pop(owner, handle)
+        """Like backward, through the graph a forward pass kept (raises CacheMiss); a
+        graph kept on the previous weights too (its gradients are theirs)."""
+        weights = None
+        try:
+            graph = self.graphs.pop(owner, handle)
+        except CacheMiss:
+            weights = self.previous
+            if weights is None:
+                raise
+            graph = weights.graphs.pop(owner, handle)
         if grad_outputs.shape != graph.outputs.shape or grad_outputs.dtype != graph.outputs.dtype:
             raise InvalidInput(
                 f"grad_outputs {grad_outputs.dtype}{list(grad_outputs.shape)} must match "
                 f"outputs {graph.outputs.dtype}{list(graph.outputs.shape)}"
             )
         torch.autograd.backward(graph.outputs, grad_outputs.to(self.device))
-        self._accumulate(int(graph.inputs.shape[0]), receipts)
+        self._accumulate(int(graph.inputs.shape[0]), receipts, weights)
         assert graph.inputs.grad is not None
         return graph.inputs.grad.cpu()

@@ -24,6 +24,7 @@ first served across all callers. Now:
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -150,6 +151,12 @@ class FairQueue(Generic[T]):
         return batch
 
 
+def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """``fn(*args)`` and the seconds it took (measured in the thread that ran it)."""
+    started = time.perf_counter()
+    return fn(*args), time.perf_counter() - started
+
+
 @dataclass(eq=False)
 class _Task:
     tensors: tuple[torch.Tensor, ...]
@@ -188,13 +195,19 @@ class TaskPool:
         max_queued_per_caller: int | None = None,
         max_queued_strangers: int | None = None,
         max_stranger_batch: int | None = None,
+        emulated_seconds: Callable[[int], float] | None = None,
     ) -> None:
+        """``emulated_seconds``: how long a batch of so many rows takes on the device
+        being emulated (the emulated swarm); the device is held that long, sleeping
+        whatever the real computation did not take."""
         self.name = name
         self._process = process
         #: asked before each batch: an error to fail it with instead of computing (pause)
         self._refuse = refuse
         self._priority = priority
         self._limiter = device_limiter
+        self._emulated_seconds = emulated_seconds
+        self._emulation_threads = trio.CapacityLimiter(1)
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait
         self._queue: FairQueue[_Task] = FairQueue(
@@ -271,17 +284,23 @@ class TaskPool:
             torch.cat([t.tensors[i] for t in live]) if len(live) > 1 else live[0].tensors[i]
             for i in range(len(live[0].tensors))
         ]
-        started = trio.current_time()
+        size = sum(t.size for t in live)
         try:
             keep = len(live) == 1 and live[0].keep
-            output, handle = await trio.to_thread.run_sync(
-                self._process,
-                inputs,
-                keep,
-                live[0].owner,
-                [t.extra for t in live],
-                limiter=self._limiter,
-            )
+            args = (inputs, keep, live[0].owner, [t.extra for t in live])
+            if self._emulated_seconds is None:
+                (output, handle), seconds = await trio.to_thread.run_sync(
+                    _timed, self._process, *args, limiter=self._limiter
+                )
+            else:
+                async with self._limiter:
+                    (output, handle), seconds = await trio.to_thread.run_sync(
+                        _timed, self._process, *args, limiter=self._emulation_threads
+                    )
+                    rest = self._emulated_seconds(size) - seconds
+                    if rest > 0:
+                        await trio.sleep(rest)
+                        seconds += rest
         except Exception as exc:
             log.exception("%s failed on a batch of %d", self.name, sum(t.size for t in live))
             for t in live:
@@ -289,10 +308,9 @@ class TaskPool:
                 t.done.set()
             return
         self.stats.batches += 1
-        size = sum(t.size for t in live)
         self.stats.samples += size
         self.stats.largest_batch = max(self.stats.largest_batch, size)
-        self.stats.compute_seconds += trio.current_time() - started
+        self.stats.compute_seconds += seconds  # on the device, not waiting for it
         offset = 0
         for t in live:
             t.handle = handle

@@ -4,7 +4,7 @@ batched per expert, computed off the network loop, announced in the DHT."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -80,6 +80,10 @@ class ServerConfig:
     #: batches); beyond, requests are refused RateLimited, an offence that gets a
     #: source that keeps at it banned (net/admission.py).
     stranger_rows_per_second: float | None = None
+    #: The emulated swarm only (0 in real use): a forward pass takes this many seconds
+    #: per row and a backward pass twice that, whatever this computer's speed (it sleeps
+    #: the rest), so that many slow volunteers fit on one machine.
+    emulated_seconds_per_row: float = 0.0
 
 
 class ExpertServer:
@@ -103,11 +107,11 @@ class ExpertServer:
         )
         self._device = trio.CapacityLimiter(1)  # one batch on the device at a time
         self._forward_pools = {
-            uid: self._pool(f"{uid}.forward", partial(_run_forward, b))
+            uid: self._pool(f"{uid}.forward", partial(_run_forward, b), cost=1.0)
             for uid, b in self.backends.items()
         }
         self._backward_pools = {
-            uid: self._pool(f"{uid}.backward", partial(_run_backward, b))
+            uid: self._pool(f"{uid}.backward", partial(_run_backward, b), cost=2.0)
             for uid, b in self.backends.items()
         }
         self._paused = paused
@@ -140,8 +144,10 @@ class ExpertServer:
             for method in handlers:  # another server may take over this peer's methods
                 self.peer.rpc.unregister(method)
 
-    def _pool(self, name: str, process: Process) -> TaskPool:
+    def _pool(self, name: str, process: Process, *, cost: float) -> TaskPool:
+        """``cost``: the pass's work per row, in forward passes (for the emulation)."""
         config = self.config
+        per_row = cost * config.emulated_seconds_per_row
         return TaskPool(
             name,
             process,
@@ -153,6 +159,7 @@ class ExpertServer:
             max_queued_per_caller=config.max_queued_per_caller,
             max_queued_strangers=config.max_queued_strangers or max(1, config.max_batch_size // 4),
             max_stranger_batch=self._stranger_batch,
+            emulated_seconds=(lambda rows: rows * per_row) if per_row > 0 else None,
         )
 
     @property
@@ -342,7 +349,22 @@ class ExpertServer:
         return Reply({**self._identity(backend), **meta}, tuple(activations.encode(t, codec)))
 
     def _identity(self, backend: ExpertBackend) -> dict[str, Any]:
-        return {"version": backend.version, "sha256": backend.sha256}
+        return {"version": backend.version, "sha256": backend.sha256, **self.backlog()}
+
+    def backlog(self) -> dict[str, float]:
+        """What each answer tells the caller of this server's load (core/moe/load.py):
+        ``queue``, the work waiting here, and ``rate``, the work done per second on the
+        device, in units (a forward row 1, a backward row 2)."""
+        queue = done = seconds = 0.0
+        for pools, units in ((self._forward_pools, 1.0), (self._backward_pools, 2.0)):
+            for pool in pools.values():
+                queue += pool.queued_samples * units
+                done += pool.stats.samples * units
+                seconds += pool.stats.compute_seconds
+        out = {"queue": queue}
+        if seconds > 0:
+            out["rate"] = done / seconds
+        return out
 
     async def _forward(self, ctx: CallContext) -> Reply:
         backend = self._backend(ctx)
@@ -385,9 +407,16 @@ class ExpertServer:
         return self._reply(ctx, backend, grad_x, gradient=True)
 
     def _receipt(
-        self, ctx: CallContext, backend: ExpertBackend, inputs_digest: bytes, grad: torch.Tensor
+        self,
+        ctx: CallContext,
+        backend: ExpertBackend,
+        inputs_digest: bytes,
+        grad: torch.Tensor,
+        *,
+        version: int | None = None,
     ) -> Receipt | None:
-        """The request's receipt, checked against what the request carries."""
+        """The request's receipt, checked against what the request carries and the
+        weights that will compute it (``version``; None: the current ones)."""
         raw = ctx.request.meta.get("receipt")
         if not self.config.require_receipts:
             return None
@@ -401,7 +430,7 @@ class ExpertServer:
             (not receipt.verify(), "signature"),
             (receipt.project != self.config.project, "project"),
             (receipt.uid != str(backend.uid), "uid"),
-            (receipt.version != backend.version, "version"),
+            (receipt.version != (backend.version if version is None else version), "version"),
             (receipt.samples != grad.shape[0], "samples"),
             (receipt.grads_sha256 != tensor_digest([grad]), "grad_outputs hash"),
             (receipt.inputs_sha256 != inputs_digest, "inputs hash"),
@@ -428,19 +457,35 @@ class ExpertServer:
         receipt = None
         if self.config.require_receipts:
             digest = self._input_digests.pop((ctx.peer_id, str(backend.uid), handle), None)
-            if digest is None:
+            version = backend.kept_version(ctx.peer_id, handle)
+            if digest is None or version is None:
                 raise GraphGone(f"forward graph {handle} is gone; send the inputs again")
-            receipt = self._receipt(ctx, backend, digest, grad)
+            # a graph kept across a swap of weights: the receipt names the old version
+            receipt = self._receipt(ctx, backend, digest, grad, version=version)
         try:
-            grad_x = await trio.to_thread.run_sync(
+            grad_x = await self._kept_on_device(
                 partial(backend.backward_kept, ctx.peer_id, handle, grad, receipts=[receipt]),
-                limiter=self._device,
+                rows=grad.shape[0],
             )
         except CacheMiss:
             raise GraphGone(f"forward graph {handle} is gone; send the inputs again") from None
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
         return self._reply(ctx, backend, grad_x, gradient=True)
+
+    async def _kept_on_device(self, run: Callable[[], torch.Tensor], *, rows: int) -> torch.Tensor:
+        """A backward pass through a kept graph on the device (emulated: held for as long
+        as the emulated device takes, like the pools' batches)."""
+        per_row = 2 * self.config.emulated_seconds_per_row
+        if per_row <= 0:
+            return await trio.to_thread.run_sync(run, limiter=self._device)
+        async with self._device:
+            started = trio.current_time()
+            out = await trio.to_thread.run_sync(run)
+            rest = rows * per_row - (trio.current_time() - started)
+            if rest > 0:
+                await trio.sleep(rest)
+        return out
 
     async def _info(self, ctx: CallContext) -> Reply:
         backend = self._backend(ctx)

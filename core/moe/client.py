@@ -9,6 +9,7 @@ thread (``trio.to_thread.run_sync``) and reaches the loop through a :class:`Port
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,6 +22,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from core.experts import activations
 from core.experts.activations import ActivationCodecError, WireCodecs
+from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS, ServerLoads
 from core.protocol.contributions import Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE
 from net import (
@@ -132,6 +134,9 @@ class ExpertCaller:
     receipts: ReceiptSigner | None = None
     #: how activations and their gradients travel (the project's manifest says)
     codecs: WireCodecs = field(default_factory=WireCodecs)
+    #: the trainer's view of each server's backlog: a call goes to the server of its
+    #: expert expected to finish it first (shared by every layer's caller)
+    loads: ServerLoads | None = None
 
     async def forward(
         self, uid: str, servers: Sequence[ExpertServerRef], x: torch.Tensor, *, keep: bool = False
@@ -146,7 +151,7 @@ class ExpertCaller:
         parts = activations.encode(x, codec)
         self.stats.count(parts, x)
         server, reply = await self._try_servers(
-            uid, servers, FORWARD, meta, parts, self.forward_timeout
+            uid, servers, FORWARD, meta, parts, self.forward_timeout, x.shape[0] * FORWARD_UNITS
         )
         outputs = self._answer(uid, server, reply, x)
         handle = reply.meta.get("handle")
@@ -192,12 +197,13 @@ class ExpertCaller:
                 kept_meta |= {"codecs": [grad_codec], "answer": grad_codec}
             self.stats.count(grad_parts, grad_outputs)
             try:
-                reply = await self.rpc.call(
-                    kept.server.peer_id,
+                reply = await self._call(
+                    kept.server,
                     BACKWARD,
                     kept_meta,
                     grad_parts,
-                    timeout=self.backward_timeout,
+                    self.backward_timeout,
+                    x.shape[0] * BACKWARD_UNITS,
                 )
                 return self._answer(uid, kept.server, reply, x)
             except RemoteError as exc:
@@ -214,9 +220,41 @@ class ExpertCaller:
         self.stats.count(x_parts, x)
         self.stats.count(grad_parts, grad_outputs)
         server, reply = await self._try_servers(
-            uid, servers, BACKWARD, meta, [*x_parts, *grad_parts], self.backward_timeout
+            uid,
+            servers,
+            BACKWARD,
+            meta,
+            [*x_parts, *grad_parts],
+            self.backward_timeout,
+            x.shape[0] * (FORWARD_UNITS + BACKWARD_UNITS),  # recomputed, then backward
         )
         return self._answer(uid, server, reply, x)
+
+    async def _call(
+        self,
+        server: ExpertServerRef,
+        method: str,
+        meta: dict[str, Any],
+        wires: list[Any],
+        timeout: float,
+        units: float,
+    ) -> Reply:
+        """One call, with the server's backlog kept up to date (``units``: its work)."""
+        if self.loads is None:
+            return await self.rpc.call(server.peer_id, method, meta, wires, timeout=timeout)
+        self.loads.sent(server.peer_id, units)
+        reply = None
+        try:
+            reply = await self.rpc.call(server.peer_id, method, meta, wires, timeout=timeout)
+            return reply
+        finally:
+            self.loads.ended(
+                server.peer_id,
+                units,
+                trio.current_time(),
+                queue=_backlog(reply, "queue") if reply is not None else None,
+                rate=_backlog(reply, "rate") if reply is not None else None,
+            )
 
     def _answer(
         self, uid: str, server: ExpertServerRef, reply: Reply, like: torch.Tensor
@@ -246,9 +284,12 @@ class ExpertCaller:
         meta: dict[str, Any],
         wires: list[Any],
         timeout: float,
+        units: float = 0.0,
     ) -> tuple[ExpertServerRef, Reply]:
         if not servers:
             raise ExpertCallError(f"no server of {uid} is known")
+        if self.loads is not None:
+            servers = self.loads.order(servers, units, trio.current_time(), key=lambda s: s.peer_id)
         errors: list[str] = []
         with trio.move_on_after(timeout):
             for i, server in enumerate(servers):
@@ -256,9 +297,7 @@ class ExpertCaller:
                     self.stats.failovers += 1
                 started = trio.current_time()
                 try:
-                    reply = await self.rpc.call(
-                        server.peer_id, method, meta, wires, timeout=timeout
-                    )
+                    reply = await self._call(server, method, meta, wires, timeout, units)
                 except _RETRYABLE as exc:
                     errors.append(f"{server.peer_id}: {exc}")
                     if self.on_failure is not None:
@@ -277,6 +316,13 @@ class ExpertCaller:
         raise ExpertCallError(
             f"{method} {uid}: every server failed ({'; '.join(errors[:3]) or 'timed out'})"
         )
+
+
+def _backlog(reply: Reply, name: str) -> float | None:
+    value = reply.meta.get(name)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _parts_of(reply: Reply) -> int:

@@ -79,25 +79,42 @@ async def run_aggregator(
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
         signed = await find_manifest(peer, project_id, PinStore(data_dir / "pinned-owners.json"))
-        uids = my_uids(signed, identity.public_key)
-        store = ChunkStore(workdir / "chunks")
-        files = await WeightsFetcher(peer, store).fetch(signed, uids)
-        initial = {
-            uid: b.module
-            for uid, b in (
-                await trio.to_thread.run_sync(backends_from_files, signed.manifest, files)
-            ).items()
-        }
-        core = await trio.to_thread.run_sync(
-            AggregatorCore, settings_from(signed, uids), workdir / "state", initial
-        )
-        try:
-            WeightsService.of(peer, store)
-            await nursery.start(AggregatorService(peer, core, store=store).run)
-            print_addresses(peer)
+        await nursery.start(aggregate, peer, signed, workdir)
+        print_addresses(peer)
+        await trio.sleep_forever()
+
+
+async def aggregate(
+    peer: Peer,
+    signed: SignedManifest,
+    workdir: Path,
+    *,
+    task_status: trio.TaskStatus[AggregatorService] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Aggregate, on a running ``peer``, the experts of ``signed``'s project that are its
+    responsibility, with the state in ``workdir``; until cancelled."""
+    uids = my_uids(signed, peer.identity.public_key)
+    store = ChunkStore(workdir / "chunks")
+    files = await WeightsFetcher(peer, store).fetch(signed, uids)
+    initial = {
+        uid: b.module
+        for uid, b in (
+            await trio.to_thread.run_sync(backends_from_files, signed.manifest, files)
+        ).items()
+    }
+    core = await trio.to_thread.run_sync(
+        AggregatorCore, settings_from(signed, uids), workdir / "state", initial
+    )
+    try:
+        WeightsService.of(peer, store)
+        async with trio.open_nursery() as nursery:
+            service = await nursery.start(AggregatorService(peer, core, store=store).run)
             log.info(
-                "aggregating %d experts of %s at versions %s", len(uids), project_id, core.versions
+                "aggregating %d experts of %s at versions %s",
+                len(uids),
+                signed.project_id,
+                core.versions,
             )
-            await trio.sleep_forever()
-        finally:
-            core.close()
+            task_status.started(service)
+    finally:
+        core.close()

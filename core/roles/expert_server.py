@@ -59,28 +59,29 @@ async def serve_experts(
             backends = make_backends(uids, spec, seed)
             await nursery.start(ExpertServer(peer, backends, server_config).run)
         else:
-            await _serve_project_experts(nursery, peer, project, uids, data_dir, server_config)
+            await serve_project_experts(nursery, peer, project, uids, data_dir, server_config)
         print_addresses(peer)
         log.info("serving %s", ", ".join(uids))
         await trio.sleep_forever()
 
 
-async def _serve_project_experts(
+async def serve_project_experts(
     nursery: trio.Nursery,
     peer: Peer,
     project: str,
     uids: Sequence[str],
     data_dir: Path,
     server_config: ServerConfig,
-) -> None:
+) -> ExpertServer:
     """Join the project, serve its experts with receipts required, send contributions to
     its aggregators and pull the new versions they publish."""
     signed, backends = await join_project(peer, project, uids, data_dir=data_dir)
     log.info("joined %s (%s)", signed.manifest.project.name, project)
     trainers = frozenset(bytes.fromhex(t.key) for t in signed.manifest.trainers)
-    server = await nursery.start(
+    server: ExpertServer = await nursery.start(
         ExpertServer(
             peer, backends, replace(server_config, require_receipts=True, trainers=trainers)
         ).run
     )
     await start_contributing(nursery, peer, project, signed.manifest, backends, server, data_dir)
+    return server

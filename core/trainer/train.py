@@ -27,13 +27,14 @@ from core.errors import UserFacingError
 from core.experts.uid import Grid
 from core.moe.client import ExpertCaller, Portal, ReceiptSigner
 from core.moe.finder import ExpertFinder
+from core.moe.load import ServerLoads
 from core.moe.mixture import MoEConfig, RemoteMixtureOfExperts
 from core.namespaces import moehome_validator
 from core.project.distribution import ProjectNotFound, find_manifest
 from core.project.owner import aggregator_statistics
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
-from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, load_corpus
+from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus, load_corpus
 from core.trainer.model import CharLanguageModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
 from net import Identity, Peer, network_config
@@ -114,6 +115,7 @@ def remote_model(
     signer = ReceiptSigner(identity, signed.project_id)
     grids = m.grids()
     finders = [ExpertFinder(peer.dht, signed.project_id, grid) for grid in grids]
+    loads = ServerLoads()  # one volunteer's device serves every layer's calls
     callers = [
         ExpertCaller(
             peer.rpc,
@@ -121,6 +123,7 @@ def remote_model(
             backward_timeout=2 * options.forward_timeout,
             receipts=signer,
             codecs=m.wire.codecs(),
+            loads=loads,
         )
         for _ in grids
     ]
@@ -151,54 +154,72 @@ async def run_trainer(
     config = network_config(listen or DEFAULT_LISTEN, bootstrap)
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
-        signed = await _find_manifest(peer, options.project, data_dir)
-        check_trainer(signed, identity)
+        stop = trio.Event()
+        nursery.start_soon(_stop_on_signals, stop)
+        summary = await train_on(peer, options, data_dir=data_dir, report=report, stop=stop)
+        nursery.cancel_scope.cancel()
+    return summary
+
+
+async def train_on(
+    peer: Peer,
+    options: TrainerOptions,
+    *,
+    data_dir: Path,
+    report: Report,
+    stop: trio.Event,
+    corpus: Corpus | None = None,
+) -> dict[str, Any]:
+    """The trainer on a running ``peer`` (whose identity must be a trainer of the
+    project), until ``options.steps`` or ``stop``; the summary (also reported).
+    ``corpus``: the data, when already loaded (else ``options.data`` is)."""
+    identity = peer.identity
+    signed = await _find_manifest(peer, options.project, data_dir)
+    check_trainer(signed, identity)
+    if corpus is None:
         corpus = await trio.to_thread.run_sync(
             partial(load_corpus, options.data, max_bytes=options.max_data_bytes)
         )
-        m = signed.manifest.model
-        if m.vocab_size < 256:
-            raise UserFacingError(
-                f"the built-in data are bytes (256 symbols); model.vocab_size is {m.vocab_size}"
-            )
-        build = remote_model(peer, signed, identity, options)
-        session = TrainingSession(
-            build(),
-            corpus,
-            SessionSettings(
-                project=signed.project_id,
-                batch_size=options.batch_size,
-                learning_rate=options.learning_rate,
-                eval_batches=options.eval_batches,
-                seed=options.seed,
-                device=resolve_device(options.device),
-                in_flight=options.in_flight,
-            ),
-            options.workdir / "checkpoints",
-            replica=build,
+    m = signed.manifest.model
+    if m.vocab_size < 256:
+        raise UserFacingError(
+            f"the built-in data are bytes (256 symbols); model.vocab_size is {m.vocab_size}"
         )
-        resumed = await trio.to_thread.run_sync(session.restore)
-        report(
-            {
-                "event": "start",
-                "project": signed.project_id,
-                "name": signed.manifest.project.name,
-                "data": corpus.source,
-                "data_bytes": corpus.total_bytes,
-                "files": corpus.files,
-                "resumed_at_step": session.state.step if resumed else None,
-                "steps": options.steps,
-                "peer": str(peer.peer_id),
-                "device": str(session.device),
-            }
-        )
-        stop = trio.Event()
-        nursery.start_soon(_stop_on_signals, stop)
-        summary = await _train(session, options, stop, report)
-        summary["aggregators"] = await aggregator_statistics(peer, signed.manifest)
-        summary["reached"] = {p: how_reached(peer, p) for p in summary["answered_by"]}
-        report({"event": "summary", **summary})
-        nursery.cancel_scope.cancel()
+    build = remote_model(peer, signed, identity, options)
+    session = TrainingSession(
+        build(),
+        corpus,
+        SessionSettings(
+            project=signed.project_id,
+            batch_size=options.batch_size,
+            learning_rate=options.learning_rate,
+            eval_batches=options.eval_batches,
+            seed=options.seed,
+            device=resolve_device(options.device),
+            in_flight=options.in_flight,
+        ),
+        options.workdir / "checkpoints",
+        replica=build,
+    )
+    resumed = await trio.to_thread.run_sync(session.restore)
+    report(
+        {
+            "event": "start",
+            "project": signed.project_id,
+            "name": signed.manifest.project.name,
+            "data": corpus.source,
+            "data_bytes": corpus.total_bytes,
+            "files": corpus.files,
+            "resumed_at_step": session.state.step if resumed else None,
+            "steps": options.steps,
+            "peer": str(peer.peer_id),
+            "device": str(session.device),
+        }
+    )
+    summary = await _train(session, options, stop, report)
+    summary["aggregators"] = await aggregator_statistics(peer, signed.manifest)
+    summary["reached"] = {p: how_reached(peer, p) for p in summary["answered_by"]}
+    report({"event": "summary", **summary})
     return summary
 
 

@@ -197,6 +197,65 @@ def test_backend_backward_matches_kept_graph_backward():
     assert samples == 5
 
 
+def test_a_graph_kept_across_a_swap_of_weights_backpropagates_on_the_old_weights():
+    """A trainer's batch in flight while new weights come in: its backward pass still
+    gets input gradients, and the parameter gradients go to the old version's
+    accumulator (contributed for that version), not the new one's."""
+    spec = ExpertSpec("ffn", 8, 16)
+    old, new = build_expert(spec, seed=3), build_expert(spec, seed=4)
+    reference = ExpertBackend(ExpertUID.parse("ffn.0.0"), spec, build_expert(spec, seed=3))
+    backend = ExpertBackend(ExpertUID.parse("ffn.0.0"), spec, old, version=7)
+    x, g = torch.randn(5, 8), torch.randn(5, 8)
+    _, before = backend.forward(x, keep=True, owner="me")
+    backend.replace_weights(new, 8)
+    _, after = backend.forward(x, keep=True, owner="me")
+    assert before is not None
+    assert after is not None
+    assert before != after
+    assert backend.kept_version("me", before) == 7
+    assert backend.kept_version("me", after) == 8
+    assert backend.kept_version("someone else", before) is None
+    receipt = type("Receipt", (), {"version": 7})()
+    gx = backend.backward_kept("me", before, g, receipts=[receipt])
+    torch.testing.assert_close(gx, reference.backward(x, g))
+    (old_module, old_acc), (new_module, new_acc) = backend.accumulators()
+    assert old_module is old
+    assert new_module is backend.module
+    assert old_acc.samples == 5
+    assert old_acc.receipts == [receipt]
+    assert new_acc.samples == 0
+    ref_sums, _ = reference.accumulator.take()
+    for name, total in old_acc.take()[0].items():
+        torch.testing.assert_close(total, ref_sums[name])
+    # a second swap drops the oldest weights (their gradients were sent before it)
+    backend.replace_weights(build_expert(spec, seed=5), 9)
+    assert backend.kept_version("me", before) is None
+    with pytest.raises(CacheMiss):
+        backend.backward_kept("me", before, g)
+    assert backend.kept_version("me", after) == 8
+
+
+async def test_an_emulated_device_takes_its_time_per_row_and_reports_it():
+    pool = TaskPool(
+        "t",
+        lambda inputs, keep, owner, extras: (inputs[0], None),
+        trio.CapacityLimiter(1),
+        max_batch_size=64,
+        emulated_seconds=lambda rows: 0.02 * rows,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        started = trio.current_time()
+        async with trio.open_nursery() as inner:
+            for _ in range(2):
+                inner.start_soon(partial(pool.submit, torch.zeros(5, 1)))
+        elapsed = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    assert elapsed >= 0.2  # ten rows, one batch or two: the device is held 0.02 s a row
+    assert pool.stats.compute_seconds >= 0.2
+    assert pool.stats.samples == 10
+
+
 # ---------------------------------------------------------------- fairness (issue 14)
 
 

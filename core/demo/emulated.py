@@ -1,0 +1,210 @@
+"""A swarm emulated at scale in one process: many slow volunteers behind slow links and
+several trainers, on a machine with two cores.
+
+Every part is the real one (libp2p peers on loopback, the DHT, expert servers with
+receipts required, contributions, the aggregator's rounds, versions pulled, trainers
+with batches in flight); only the volunteers' hardware is emulated:
+
+* compute: a volunteer of speed ``v`` samples/s spends ``1 / (v * rows * 3)`` seconds
+  per expert row forward and twice that backward (``rows``: expert rows per sample, a
+  sample's tokens x k_best x mixture layers), sleeping whatever its real (tiny) expert
+  did not take (``ServerConfig.emulated_seconds_per_row``);
+* link: every answer leaves through an emulated uplink (``upload_mbit``, one answer at
+  a time) and ``delay_ms`` later (``RpcConfig.reply_upload_bytes_per_second`` and
+  ``reply_delay``): a call's round trip grows by the delay.
+
+So the swarm's capacity, the sum of its volunteers' speeds, is known, and is low enough
+that this machine's CPU does not decide the result: what is measured is how much of the
+capacity the trainers' scheduling turns into trained samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from core.demo.options import DemoOptions
+from core.demo.scenario import demo_manifest
+from core.experts.server import ServerConfig
+from core.namespaces import moehome_validator
+from core.project.keys import OwnerKey
+from core.project.publish import prepare, serve_project
+from core.roles.aggregator import aggregate
+from core.roles.expert_server import serve_project_experts
+from core.trainer.data import STDLIB, load_corpus
+from core.trainer.train import TrainerOptions, train_on
+from net import Identity, Peer, network_config
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+@dataclass(frozen=True)
+class EmulationOptions:
+    volunteers: int = 4
+    trainers: int = 1
+    #: batches each trainer carries at once
+    in_flight: int = 2
+    #: the emulated volunteers: speed, and their links' delay and upload rate
+    samples_per_s: float = 0.5
+    delay_ms: float = 0.0
+    upload_mbit: float = 20.0
+    #: sequences to train on, all trainers together
+    samples: int = 640
+    batch_size: int = 16
+    #: the manifest's [model.wire]
+    wire: str = "raw"
+    #: once every token has its k_min answers, how long to wait for the other experts
+    timeout_after_k_min: float = 5.0
+    seed: int = 0
+    demo: DemoOptions = field(default_factory=DemoOptions)
+
+    def rows_per_sample(self) -> int:
+        d = self.demo
+        return 64 * 4 * d.mixture_layers  # context x k_best x layers (demo_manifest's)
+
+    def seconds_per_row(self) -> float:
+        """Forward seconds per expert row of one volunteer (backward: twice)."""
+        return 1.0 / (self.samples_per_s * self.rows_per_sample() * 3)
+
+
+Report = Callable[[dict[str, Any]], None]
+
+
+async def run_emulated(
+    options: EmulationOptions, workdir: Path, report: Report | None = None
+) -> dict[str, Any]:
+    """Run the emulated swarm until the trainers trained ``options.samples`` sequences;
+    the figures (throughput over the measured window, the trainers' summaries)."""
+    started = time.monotonic()
+    progress: list[tuple[float, int]] = []  # (time, samples so far, all trainers)
+    trained = [0] * options.trainers
+    summaries: list[dict[str, Any]] = []
+    # rounds as often, in steps, as the demo's own on its real hardware: a trainer's batch
+    # then sees at most one swap of weights between its forward and backward passes
+    slower = 8.0 / options.samples_per_s
+    demo = replace(
+        options.demo,
+        wire=options.wire,
+        batch_size=options.batch_size,
+        contribution_seconds=options.demo.contribution_seconds * slower / 4,
+        round_seconds=options.demo.round_seconds * slower / 4,
+    )
+    corpus = await trio.to_thread.run_sync(load_corpus, STDLIB)
+    async with trio.open_nursery() as nursery:
+        boot = await _start_peer(nursery, [])
+        bootstrap = boot.addrs()[:1]
+        aggregator = await _start_peer(nursery, bootstrap)
+        trainers = [await _start_peer(nursery, bootstrap) for _ in range(options.trainers)]
+        manifest = workdir / "owner" / "emulated.toml"
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        manifest.write_text(
+            demo_manifest(
+                demo,
+                (aggregator.identity.public_key.hex(), aggregator.addrs()[0]),
+                [t.identity.public_key.hex() for t in trainers],
+            )
+        )
+        prepared = await trio.to_thread.run_sync(
+            prepare, manifest, OwnerKey.generate(), (), workdir / "owner"
+        )
+        owner = await _start_peer(nursery, bootstrap)
+        await nursery.start(serve_project, owner, prepared)
+        project = prepared.signed.project_id
+        await nursery.start(aggregate, aggregator, prepared.signed, workdir / "aggregator")
+        uids = list(prepared.signed.manifest.model.expert_uids())
+        per = min(demo.experts_per_volunteer, len(uids))
+        server_config = ServerConfig(
+            project=project, emulated_seconds_per_row=options.seconds_per_row()
+        )
+        link = (options.delay_ms / 1000, options.upload_mbit * 1e6 / 8)
+        for i in range(options.volunteers):
+            volunteer = await _start_peer(nursery, bootstrap, rpc=link)
+            mine = [uids[(i * per + j) % len(uids)] for j in range(per)]
+            await serve_project_experts(
+                nursery, volunteer, project, mine, workdir / f"volunteer{i}", server_config
+            )
+        if report is not None:
+            report({"event": "swarm", "volunteers": options.volunteers, "project": project})
+        steps = max(1, options.samples // (options.batch_size * options.trainers))
+
+        def on_report(i: int) -> Report:
+            def seen(event: dict[str, Any]) -> None:
+                if event.get("event") == "progress":
+                    trained[i] = int(event["samples"])
+                    progress.append((time.monotonic(), sum(trained)))
+                if report is not None:
+                    report({"trainer": i, **event})
+
+            return seen
+
+        async def trainer(i: int) -> None:
+            stop = trio.Event()
+            summary = await train_on(
+                trainers[i],
+                TrainerOptions(
+                    project=project,
+                    workdir=workdir / f"trainer{i}",
+                    steps=steps,
+                    batch_size=options.batch_size,
+                    log_every=1,
+                    eval_every=10**9,
+                    checkpoint_every=10**9,
+                    seed=options.seed + i,
+                    forward_timeout=60.0,
+                    timeout_after_k_min=options.timeout_after_k_min,
+                    device="cpu",
+                    in_flight=options.in_flight,
+                ),
+                data_dir=workdir / f"trainer{i}",
+                report=on_report(i),
+                stop=stop,
+                corpus=corpus,
+            )
+            summaries.append(summary)
+
+        async with trio.open_nursery() as trainers_nursery:
+            for i in range(options.trainers):
+                trainers_nursery.start_soon(trainer, i)
+        nursery.cancel_scope.cancel()
+    return {
+        "samples": sum(s["samples"] for s in summaries),
+        "samples_per_s": steady_rate(progress),
+        "seconds": time.monotonic() - started,
+        "trainers": summaries,
+    }
+
+
+def steady_rate(progress: list[tuple[float, int]], skip: float = 0.2) -> float:
+    """Samples per second after the first ``skip`` of the samples (the swarm warming
+    up: first lookups, first connections)."""
+    if len(progress) < 2:
+        return 0.0
+    total = progress[-1][1]
+    start = next((p for p in progress if p[1] >= skip * total), progress[0])
+    end = progress[-1]
+    return (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
+
+
+async def _start_peer(
+    nursery: trio.Nursery, bootstrap: list[str], *, rpc: tuple[float, float] | None = None
+) -> Peer:
+    """A peer on loopback; ``rpc``: its emulated link (delay s, upload bytes/s)."""
+    config = network_config([LOOPBACK], bootstrap)
+    if rpc is not None:
+        delay, upload = rpc
+        config = replace(
+            config,
+            rpc=replace(config.rpc, reply_delay=delay, reply_upload_bytes_per_second=upload),
+        )
+    peer: Peer = await nursery.start(
+        Peer(Identity.generate(), config, validator=moehome_validator()).run
+    )
+    return peer

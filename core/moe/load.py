@@ -1,0 +1,97 @@
+"""Which server of an expert to call: the one expected to answer first.
+
+An expert is served by several volunteers, and one volunteer serves several experts (of
+both mixture layers): work sent to a busy volunteer waits behind its queue while another
+sits idle. Choosing at random (or by past latency, which lags) leaves a swarm of slow
+volunteers half idle: measured in the emulated swarm (core/demo/emulated.py), 4
+volunteers, 4 batches in flight: 0.71 of their capacity used.
+
+So the trainer keeps, per server, what it knows of its backlog: the work it sent there
+and has no answer for yet, the queue the server reported with its last answer (decayed
+since, at the server's own rate), and that rate (work units per second, as the server
+measured it). A call goes to the server whose backlog, plus the call itself, is done
+first. Work is counted in *units*: one row of a forward pass is 1, of a backward pass 2.
+
+Pure bookkeeping, no I/O: the caller tells it what it sent and what came back.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+#: Units of work per row: a backward pass costs about twice a forward pass.
+FORWARD_UNITS = 1.0
+BACKWARD_UNITS = 2.0
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass
+class _Server:
+    outstanding: float = 0.0
+    #: queue at the server when it last answered, and when (caller's clock)
+    reported_queue: float = 0.0
+    reported_at: float = 0.0
+    rate: float | None = None
+
+
+@dataclass
+class ServerLoads:
+    """The trainer's view of each server's backlog (shared by all its mixture layers:
+    a volunteer's device is one, whatever layer a call is for)."""
+
+    _servers: dict[Hashable, _Server] = field(default_factory=dict)
+
+    def sent(self, server: Hashable, units: float) -> None:
+        self._servers.setdefault(server, _Server()).outstanding += units
+
+    def ended(
+        self,
+        server: Hashable,
+        units: float,
+        now: float,
+        *,
+        queue: float | None = None,
+        rate: float | None = None,
+    ) -> None:
+        """A call of ``units`` to ``server`` ended (answered or not); ``queue`` and
+        ``rate``: what the answer said of the server's backlog and speed."""
+        s = self._servers.setdefault(server, _Server())
+        s.outstanding = max(0.0, s.outstanding - units)
+        if queue is not None and queue >= 0:
+            s.reported_queue, s.reported_at = queue, now
+        if rate is not None and rate > 0:
+            s.rate = rate if s.rate is None else 0.7 * s.rate + 0.3 * rate
+
+    def finish_time(self, server: Hashable, units: float, now: float) -> float:
+        """Seconds until ``server`` would be done with a call of ``units`` sent now."""
+        s = self._servers.get(server) or _Server()
+        rate = s.rate or self._typical_rate()
+        if rate is None:
+            return s.outstanding + units  # nothing measured yet: spread by work alone
+        queue = max(0.0, s.reported_queue - (now - s.reported_at) * rate)
+        return (max(queue, s.outstanding) + units) / rate
+
+    def order(
+        self,
+        servers: Sequence[K],
+        units: float,
+        now: float,
+        key: Callable[[K], Hashable] | None = None,
+    ) -> list[K]:
+        """``servers`` by when each would finish a call of ``units`` (their given order
+        among equals: the finder's ranking). ``key`` maps a server to its identity here
+        (default: the server itself)."""
+        ident: Callable[[K], Hashable] = key if key is not None else (lambda s: s)
+        ranked = sorted(
+            enumerate(servers),
+            key=lambda item: (round(self.finish_time(ident(item[1]), units, now), 3), item[0]),
+        )
+        return [s for _, s in ranked]
+
+    def _typical_rate(self) -> float | None:
+        rates = [s.rate for s in self._servers.values() if s.rate is not None]
+        return statistics.median(rates) if rates else None

@@ -1,0 +1,87 @@
+"""The emulated swarm's parts on real peers: an uplink that sends one answer at a time at
+its rate, and a trainer that sends each call to the server expected to finish it first
+(core/moe/load.py) from the backlog and speed that servers report with their answers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import trio
+
+from core.experts.backend import ExpertBackend
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.server import ExpertServer, ServerConfig
+from core.experts.uid import ExpertUID
+from core.moe.client import ExpertCaller, ExpertServerRef
+from core.moe.load import ServerLoads
+from core.namespaces import moehome_validator
+from net import PeerConfig, Reply, Tensor
+from net.testing import open_swarm
+
+SPEC = ExpertSpec("ffn", hidden=8, inner=16)
+UID = "ffn0.0.0"
+
+
+async def test_an_emulated_uplink_sends_one_answer_at_a_time_at_its_rate():
+    rate = 1_000_000.0  # bytes per second
+    answer = bytes(100_000)  # 0.1 s each on that uplink
+
+    def config(i: int) -> PeerConfig:
+        base = PeerConfig()
+        if i == 1:
+            return replace(base, rpc=replace(base.rpc, reply_upload_bytes_per_second=rate))
+        return base
+
+    async with open_swarm(2, config) as swarm:
+        caller, server = swarm.peers
+
+        async def big(ctx):
+            return Reply({}, (Tensor("uint8", (len(answer),), answer),))
+
+        server.rpc.register("big", big)
+        await caller.rpc.call(server.peer_id, "big", timeout=30)  # connected
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(lambda: caller.rpc.call(server.peer_id, "big", timeout=30))
+        assert trio.current_time() - started >= 3 * len(answer) / rate
+
+
+async def test_calls_go_to_the_server_expected_to_finish_first():
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, slow_peer, fast_peer = swarm.peers
+        servers = {}
+        for peer, per_row in ((slow_peer, 0.01), (fast_peer, 0.0)):
+            backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+            servers[peer.peer_id] = await nursery.start(
+                ExpertServer(
+                    peer, {UID: backend}, ServerConfig(emulated_seconds_per_row=per_row)
+                ).run
+            )
+        slow = ExpertServerRef(slow_peer.peer_id, "")
+        fast = ExpertServerRef(fast_peer.peer_id, "")
+        loads = ServerLoads()
+        caller = ExpertCaller(trainer.rpc, loads=loads)
+        x = torch.randn(10, 8)
+        for ref in (slow, fast):  # one answer from each: their speeds are known
+            await caller.forward(UID, [ref], x)
+        slow_rate = loads._servers[slow.peer_id].rate
+        assert slow_rate is not None
+        assert 50 <= slow_rate <= 100
+        answered: list[ExpertServerRef] = []
+
+        async def one() -> None:
+            answered.append((await caller.forward(UID, [slow, fast], x)).server)
+
+        async with trio.open_nursery() as calls:
+            for _ in range(6):
+                calls.start_soon(one)
+        # the slow server is listed first each time; the fast one finishes every call
+        # (and its backlog of 60 rows) long before the slow one would finish one
+        assert answered == [fast] * 6
+        assert servers[slow_peer.peer_id].backlog()["queue"] == 0
+        nursery.cancel_scope.cancel()
