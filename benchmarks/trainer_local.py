@@ -48,7 +48,12 @@ def demo_model() -> tuple[ModelSection, int]:
 
 
 def train(
-    corpus: Corpus, steps: int, *, codecs: WireCodecs | None = None, in_flight: int = 1
+    corpus: Corpus,
+    steps: int,
+    *,
+    codecs: WireCodecs | None = None,
+    in_flight: int = 1,
+    eval_batches: int = 8,
 ) -> dict[str, Any]:
     m, seed = demo_model()
     spec = m.expert.spec()
@@ -72,7 +77,7 @@ def train(
             project="local",
             batch_size=options.batch_size,
             learning_rate=options.learning_rate,
-            eval_batches=8,
+            eval_batches=eval_batches,
             in_flight=in_flight,
         ),
     )
