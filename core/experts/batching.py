@@ -157,6 +157,25 @@ def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
     return fn(*args), time.perf_counter() - started
 
 
+async def on_device(
+    device: trio.CapacityLimiter,
+    fn: Callable[..., T],
+    *args: Any,
+    emulated_seconds: float | None = None,
+) -> tuple[T, float]:
+    """``fn(*args)`` in a worker thread holding ``device``, and the seconds the device was
+    busy with it. With ``emulated_seconds`` (the emulated swarm), the device is held that
+    long from when it is acquired, sleeping whatever ``fn`` did not take."""
+    if emulated_seconds is None:
+        return await trio.to_thread.run_sync(_timed, fn, *args, limiter=device)
+    async with device:
+        result, seconds = await trio.to_thread.run_sync(_timed, fn, *args)
+        if emulated_seconds > seconds:
+            await trio.sleep(emulated_seconds - seconds)
+            seconds = emulated_seconds
+    return result, seconds
+
+
 @dataclass(eq=False)
 class _Task:
     tensors: tuple[torch.Tensor, ...]
@@ -207,7 +226,6 @@ class TaskPool:
         self._priority = priority
         self._limiter = device_limiter
         self._emulated_seconds = emulated_seconds
-        self._emulation_threads = trio.CapacityLimiter(1)
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait
         self._queue: FairQueue[_Task] = FairQueue(
@@ -288,19 +306,10 @@ class TaskPool:
         try:
             keep = len(live) == 1 and live[0].keep
             args = (inputs, keep, live[0].owner, [t.extra for t in live])
-            if self._emulated_seconds is None:
-                (output, handle), seconds = await trio.to_thread.run_sync(
-                    _timed, self._process, *args, limiter=self._limiter
-                )
-            else:
-                async with self._limiter:
-                    (output, handle), seconds = await trio.to_thread.run_sync(
-                        _timed, self._process, *args, limiter=self._emulation_threads
-                    )
-                    rest = self._emulated_seconds(size) - seconds
-                    if rest > 0:
-                        await trio.sleep(rest)
-                        seconds += rest
+            emulated = None if self._emulated_seconds is None else self._emulated_seconds(size)
+            (output, handle), seconds = await on_device(
+                self._limiter, self._process, *args, emulated_seconds=emulated
+            )
         except Exception as exc:
             log.exception("%s failed on a batch of %d", self.name, sum(t.size for t in live))
             for t in live:

@@ -15,7 +15,7 @@ import trio
 from core.experts import activations
 from core.experts.activations import ActivationCodecError
 from core.experts.backend import CacheMiss, ExpertBackend, InvalidInput
-from core.experts.batching import STRANGER, TRAINER, Process, TaskPool
+from core.experts.batching import STRANGER, TRAINER, Process, TaskPool, on_device
 from core.experts.records import (
     SERVING,
     WITHDRAWN,
@@ -474,17 +474,12 @@ class ExpertServer:
         return self._reply(ctx, backend, grad_x, gradient=True)
 
     async def _kept_on_device(self, run: Callable[[], torch.Tensor], *, rows: int) -> torch.Tensor:
-        """A backward pass through a kept graph on the device (emulated: held for as long
-        as the emulated device takes, like the pools' batches)."""
+        """A backward pass through a kept graph on the device (emulated like the pools'
+        backward batches)."""
         per_row = 2 * self.config.emulated_seconds_per_row
-        if per_row <= 0:
-            return await trio.to_thread.run_sync(run, limiter=self._device)
-        async with self._device:
-            started = trio.current_time()
-            out = await trio.to_thread.run_sync(run)
-            rest = rows * per_row - (trio.current_time() - started)
-            if rest > 0:
-                await trio.sleep(rest)
+        out, _ = await on_device(
+            self._device, run, emulated_seconds=rows * per_row if per_row > 0 else None
+        )
         return out
 
     async def _info(self, ctx: CallContext) -> Reply:
