@@ -170,6 +170,9 @@ class CallContext:
     request: Request
     #: the caller's address as limits count it (net.admission.source_of)
     source: str = "?"
+    #: when the handler was handed the request (trio's clock): an answer can say how
+    #: long it took here, so that the caller can tell that from the link's share
+    arrived: float = field(default_factory=trio.current_time)
 
 
 Handler = Callable[[CallContext], Awaitable[Reply]]

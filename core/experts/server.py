@@ -346,6 +346,7 @@ class ExpertServer:
         codec = self._answer_codec(ctx)
         if codec != "raw":
             meta["codec"] = codec
+        meta["seconds"] = round(trio.current_time() - ctx.arrived, 4)
         return Reply({**self._identity(backend), **meta}, tuple(activations.encode(t, codec)))
 
     def _identity(self, backend: ExpertBackend) -> dict[str, Any]:

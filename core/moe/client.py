@@ -244,6 +244,7 @@ class ExpertCaller:
             return await self.rpc.call(server.peer_id, method, meta, wires, timeout=timeout)
         self.loads.sent(server.peer_id, units)
         reply = None
+        started = trio.current_time()
         try:
             reply = await self.rpc.call(server.peer_id, method, meta, wires, timeout=timeout)
             return reply
@@ -254,6 +255,8 @@ class ExpertCaller:
                 trio.current_time(),
                 queue=_backlog(reply, "queue") if reply is not None else None,
                 rate=_backlog(reply, "rate") if reply is not None else None,
+                elapsed=trio.current_time() - started,
+                seconds=_backlog(reply, "seconds") if reply is not None else None,
             )
 
     def _answer(

@@ -12,6 +12,13 @@ since, at the server's own rate), and that rate (work units per second, as the s
 measured it). A call goes to the server whose backlog, plus the call itself, is done
 first. Work is counted in *units*: one row of a forward pass is 1, of a backward pass 2.
 
+The link counts too: a volunteer 250 ms away answers 250 ms later whatever its queue
+(ranking by backlog alone sent such volunteers as much work as near ones: a red CI,
+tests/processes/test_swarm_training.py::test_slow_links_are_routed_around). Each answer
+says how long the call spent at the server (``seconds``: waiting and computing); the
+rest of the call's time, as the caller measured it, is the link's *overhead*, smoothed
+per server and added to its finish time.
+
 Pure bookkeeping, no I/O: the caller tells it what it sent and what came back.
 """
 
@@ -36,6 +43,8 @@ class _Server:
     reported_queue: float = 0.0
     reported_at: float = 0.0
     rate: float | None = None
+    #: seconds a call spends outside the server (links, transfers), smoothed
+    overhead: float | None = None
 
 
 @dataclass
@@ -56,15 +65,22 @@ class ServerLoads:
         *,
         queue: float | None = None,
         rate: float | None = None,
+        elapsed: float | None = None,
+        seconds: float | None = None,
     ) -> None:
-        """A call of ``units`` to ``server`` ended (answered or not); ``queue`` and
-        ``rate``: what the answer said of the server's backlog and speed."""
+        """A call of ``units`` to ``server`` ended (answered or not); ``queue``,
+        ``rate`` and ``seconds``: what the answer said of the server's backlog, speed
+        and time spent on this call; ``elapsed``: the call's time as the caller saw it."""
         s = self._servers.setdefault(server, _Server())
         s.outstanding = max(0.0, s.outstanding - units)
         if queue is not None and queue >= 0:
             s.reported_queue, s.reported_at = queue, now
         if rate is not None and rate > 0:
             s.rate = rate if s.rate is None else 0.7 * s.rate + 0.3 * rate
+        if elapsed is not None and seconds is not None and elapsed >= 0 and seconds >= 0:
+            # a server that claims more time than the call took gets no overhead, not less
+            sample = max(0.0, elapsed - seconds)
+            s.overhead = sample if s.overhead is None else 0.7 * s.overhead + 0.3 * sample
 
     def finish_time(self, server: Hashable, units: float, now: float) -> float:
         """Seconds until ``server`` would be done with a call of ``units`` sent now."""
@@ -73,7 +89,11 @@ class ServerLoads:
         if rate is None:
             return s.outstanding + units  # nothing measured yet: spread by work alone
         queue = max(0.0, s.reported_queue - (now - s.reported_at) * rate)
-        return (max(queue, s.outstanding) + units) / rate
+        # a server never answered counts as near (as the finder counts it fast), so that
+        # each gets tried: a newcomer ranked by the typical link lost every call to the
+        # near half of the swarm and never served (the churn test's late joiner)
+        overhead = s.overhead if s.overhead is not None else 0.0
+        return (max(queue, s.outstanding) + units) / rate + overhead
 
     def order(
         self,

@@ -1,6 +1,7 @@
 """The emulated swarm's parts on real peers: an uplink that sends one answer at a time at
 its rate, and a trainer that sends each call to the server expected to finish it first
-(core/moe/load.py) from the backlog and speed that servers report with their answers."""
+(core/moe/load.py) from the backlog, speed and time per call that servers report with
+their answers, and the time its link adds."""
 
 from __future__ import annotations
 
@@ -84,4 +85,48 @@ async def test_calls_go_to_the_server_expected_to_finish_first():
         # (and its backlog of 60 rows) long before the slow one would finish one
         assert answered == [fast] * 6
         assert servers[slow_peer.peer_id].backlog()["queue"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_of_two_equal_servers_the_one_behind_a_slow_link_gets_fewer_calls():
+    delay = 0.25  # seconds the far server's link adds to each answer
+
+    def config(i: int) -> PeerConfig:
+        base = PeerConfig()
+        if i == 1:
+            return replace(base, rpc=replace(base.rpc, reply_delay=delay))
+        return base
+
+    async with (
+        open_swarm(3, config, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, far_peer, near_peer = swarm.peers
+        for peer in (far_peer, near_peer):
+            backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+            await nursery.start(
+                ExpertServer(peer, {UID: backend}, ServerConfig(emulated_seconds_per_row=0.002)).run
+            )
+        far = ExpertServerRef(far_peer.peer_id, "")
+        near = ExpertServerRef(near_peer.peer_id, "")
+        loads = ServerLoads()
+        caller = ExpertCaller(trainer.rpc, loads=loads)
+        x = torch.randn(10, 8)  # 20 ms of device time per call on either server
+        for ref in (far, near):
+            await caller.forward(UID, [ref], x)
+        overhead = loads._servers[far.peer_id].overhead
+        assert overhead is not None
+        assert overhead >= delay  # the server's own time is not taken for the link's
+        answered: list[ExpertServerRef] = []
+
+        async def one() -> None:
+            answered.append((await caller.forward(UID, [far, near], x)).server)
+
+        async with trio.open_nursery() as calls:
+            for _ in range(8):
+                calls.start_soon(one)
+        # the far server is listed first each time. Ranked by backlog alone the two
+        # would share the calls; with its link counted, the near server takes calls
+        # until its queue outweighs the far link (250 ms: 12 calls of 20 ms)
+        assert answered.count(near) == 8, answered
         nursery.cancel_scope.cancel()

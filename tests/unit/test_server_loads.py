@@ -77,3 +77,36 @@ def test_nonsense_reports_are_ignored():
     loads.ended("a", 0, 0.0, rate=-3.0, queue=-1.0)
     loads.ended("a", 0, 0.0, rate=0.0)
     assert loads.finish_time("a", 10, 0.0) == 10  # still unmeasured
+
+
+@pytest.mark.parametrize(
+    ("answers", "given", "expected", "why"),
+    [
+        # a: 0.25 s of every call outside the server; b: none. Equal backlogs: b first
+        ([("a", 0.30, 0.05), ("b", 0.05, 0.05)], "ab", "ba", "the far link costs time"),
+        # a far server still wins when the near one's queue takes longer than the link
+        (
+            [("a", 0.30, 0.05), ("b", 0.05, 0.05), ("sent", "b", 40)],
+            "ab",
+            "ab",
+            "b's backlog (40 units at 100/s = 0.4 s) outweighs a's 0.25 s link",
+        ),
+        # a server that claims more time than the call took gets no overhead, not less
+        # (b is listed first: a lie that bought priority would put a before it)
+        ([("a", 0.10, 9.0), ("b", 0.10, 0.10)], "ba", "ba", "a lie does not buy priority"),
+        # a server never answered counts as near, so that it gets tried
+        ([("a", 0.30, 0.05), ("b", 0.30, 0.05)], "abc", "cab", "c: not answered yet"),
+        ([("a", 0.30, 0.05), ("b", 0.05, 0.05)], "acb", "cba", "c: as near as b, given first"),
+    ],
+)
+def test_the_links_share_of_a_calls_time_counts(answers, given, expected, why):
+    loads = ServerLoads()
+    for server in "abc":  # every server measured at the same speed
+        loads.ended(server, 0, 0.0, rate=100.0)
+    for step in answers:
+        if step[0] == "sent":
+            loads.sent(step[1], step[2])
+            continue
+        server, elapsed, seconds = step
+        loads.ended(server, 0, 0.0, elapsed=elapsed, seconds=seconds)
+    assert loads.order(list(given), 10, 0.0) == list(expected), why
