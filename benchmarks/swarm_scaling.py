@@ -81,6 +81,12 @@ def main() -> None:
     parser.add_argument("--speed", type=float, default=0.5, help="samples/s per volunteer")
     parser.add_argument("--upload-mbit", type=float, default=20.0)
     parser.add_argument("--wire", default="raw")
+    parser.add_argument(
+        "--announce-seconds",
+        type=float,
+        default=180.0,
+        help="how often volunteers declare their experts (all of them share this CPU)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     base = EmulationOptions(
@@ -90,6 +96,7 @@ def main() -> None:
         samples_per_s=args.speed,
         upload_mbit=args.upload_mbit,
         wire=args.wire,
+        announce_seconds=args.announce_seconds,
     )
     for volunteers in args.volunteers:
         for delay in args.delay_ms:

@@ -31,6 +31,7 @@ import trio
 
 from core.demo.options import DemoOptions
 from core.demo.scenario import demo_manifest
+from core.experts import records as expert_records
 from core.experts.server import ServerConfig
 from core.namespaces import moehome_validator
 from core.project.keys import OwnerKey
@@ -63,6 +64,12 @@ class EmulationOptions:
     wire: str = "raw"
     #: once every token has its k_min answers, how long to wait for the other experts
     timeout_after_k_min: float = 5.0
+    #: how often each volunteer declares its experts in the DHT (their records live 3x
+    #: that, at most as long as the namespace allows): one process runs every
+    #: volunteer's DHT work, which real volunteers each run on their own machine. With
+    #: 16 volunteers at the nodes' 30 s, the event loop lagged 2 s and more and the
+    #: declarations timed out; at 180 s it lags 0.3-0.7 s
+    announce_seconds: float = 30.0
     seed: int = 0
     demo: DemoOptions = field(default_factory=DemoOptions)
 
@@ -122,7 +129,10 @@ async def run_emulated(
         uids = list(prepared.signed.manifest.model.expert_uids())
         per = min(demo.experts_per_volunteer, len(uids))
         server_config = ServerConfig(
-            project=project, emulated_seconds_per_row=options.seconds_per_row()
+            project=project,
+            emulated_seconds_per_row=options.seconds_per_row(),
+            announce_interval=options.announce_seconds,
+            announce_ttl=min(3 * options.announce_seconds, expert_records.RULE.max_ttl_s),
         )
         link = (options.delay_ms / 1000, options.upload_mbit * 1e6 / 8)
         for i in range(options.volunteers):
