@@ -87,6 +87,12 @@ def main() -> None:
         default=180.0,
         help="how often volunteers declare their experts (all of them share this CPU)",
     )
+    parser.add_argument(
+        "--volunteer-processes",
+        type=int,
+        default=2,
+        help="processes hosting the volunteers (0: the benchmark's own)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     base = EmulationOptions(
@@ -97,6 +103,7 @@ def main() -> None:
         upload_mbit=args.upload_mbit,
         wire=args.wire,
         announce_seconds=args.announce_seconds,
+        volunteer_processes=args.volunteer_processes,
     )
     for volunteers in args.volunteers:
         for delay in args.delay_ms:

@@ -29,22 +29,17 @@ from typing import Any
 
 import trio
 
+from core.demo.emulated_host import HostSpec, serve_volunteers, start_host, start_peer
 from core.demo.options import DemoOptions
 from core.demo.scenario import demo_manifest
 from core.experts import records as expert_records
-from core.experts.server import ServerConfig
-from core.namespaces import moehome_validator
 from core.project.keys import OwnerKey
 from core.project.publish import prepare, serve_project
 from core.roles.aggregator import aggregate
-from core.roles.expert_server import serve_project_experts
 from core.trainer.data import STDLIB, load_corpus
 from core.trainer.train import TrainerOptions, train_on
-from net import Identity, Peer, network_config
 
 log = logging.getLogger(__name__)
-
-LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
 @dataclass(frozen=True)
@@ -70,6 +65,8 @@ class EmulationOptions:
     #: 16 volunteers at the nodes' 30 s, the event loop lagged 2 s and more and the
     #: declarations timed out; at 180 s it lags 0.3-0.7 s
     announce_seconds: float = 30.0
+    #: processes hosting the volunteers (core/demo/emulated_host.py); 0: this one
+    volunteer_processes: int = 0
     seed: int = 0
     demo: DemoOptions = field(default_factory=DemoOptions)
 
@@ -106,10 +103,10 @@ async def run_emulated(
     )
     corpus = await trio.to_thread.run_sync(load_corpus, STDLIB)
     async with trio.open_nursery() as nursery:
-        boot = await _start_peer(nursery, [])
+        boot = await start_peer(nursery, [])
         bootstrap = boot.addrs()[:1]
-        aggregator = await _start_peer(nursery, bootstrap)
-        trainers = [await _start_peer(nursery, bootstrap) for _ in range(options.trainers)]
+        aggregator = await start_peer(nursery, bootstrap)
+        trainers = [await start_peer(nursery, bootstrap) for _ in range(options.trainers)]
         manifest = workdir / "owner" / "emulated.toml"
         manifest.parent.mkdir(parents=True, exist_ok=True)
         manifest.write_text(
@@ -122,25 +119,37 @@ async def run_emulated(
         prepared = await trio.to_thread.run_sync(
             prepare, manifest, OwnerKey.generate(), (), workdir / "owner"
         )
-        owner = await _start_peer(nursery, bootstrap)
+        owner = await start_peer(nursery, bootstrap)
         await nursery.start(serve_project, owner, prepared)
         project = prepared.signed.project_id
         await nursery.start(aggregate, aggregator, prepared.signed, workdir / "aggregator")
         uids = list(prepared.signed.manifest.model.expert_uids())
         per = min(demo.experts_per_volunteer, len(uids))
-        server_config = ServerConfig(
-            project=project,
-            emulated_seconds_per_row=options.seconds_per_row(),
-            announce_interval=options.announce_seconds,
-            announce_ttl=min(3 * options.announce_seconds, expert_records.RULE.max_ttl_s),
-        )
-        link = (options.delay_ms / 1000, options.upload_mbit * 1e6 / 8)
-        for i in range(options.volunteers):
-            volunteer = await _start_peer(nursery, bootstrap, rpc=link)
-            mine = [uids[(i * per + j) % len(uids)] for j in range(per)]
-            await serve_project_experts(
-                nursery, volunteer, project, mine, workdir / f"volunteer{i}", server_config
+        experts = [
+            [uids[(i * per + j) % len(uids)] for j in range(per)] for i in range(options.volunteers)
+        ]
+        hosts = max(1, options.volunteer_processes)
+        specs = [
+            HostSpec(
+                bootstrap=bootstrap,
+                project=project,
+                experts=experts[h::hosts],
+                host=h,
+                workdir=str(workdir),
+                seconds_per_row=options.seconds_per_row(),
+                delay=options.delay_ms / 1000,
+                upload=options.upload_mbit * 1e6 / 8,
+                announce_seconds=options.announce_seconds,
+                announce_ttl=min(3 * options.announce_seconds, expert_records.RULE.max_ttl_s),
             )
+            for h in range(hosts)
+        ]
+        if options.volunteer_processes > 0:
+            async with trio.open_nursery() as starting:  # they join the project at once
+                for spec in specs:
+                    starting.start_soon(start_host, nursery, spec)
+        else:
+            await serve_volunteers(nursery, specs[0])
         if report is not None:
             report({"event": "swarm", "volunteers": options.volunteers, "project": project})
         steps = max(1, options.samples // (options.batch_size * options.trainers))
@@ -201,20 +210,3 @@ def steady_rate(progress: list[tuple[float, int]], skip: float = 0.2) -> float:
     start = next((p for p in progress if p[1] >= skip * total), progress[0])
     end = progress[-1]
     return (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
-
-
-async def _start_peer(
-    nursery: trio.Nursery, bootstrap: list[str], *, rpc: tuple[float, float] | None = None
-) -> Peer:
-    """A peer on loopback; ``rpc``: its emulated link (delay s, upload bytes/s)."""
-    config = network_config([LOOPBACK], bootstrap)
-    if rpc is not None:
-        delay, upload = rpc
-        config = replace(
-            config,
-            rpc=replace(config.rpc, reply_delay=delay, reply_upload_bytes_per_second=upload),
-        )
-    peer: Peer = await nursery.start(
-        Peer(Identity.generate(), config, validator=moehome_validator()).run
-    )
-    return peer

@@ -1,0 +1,120 @@
+"""A process hosting some of the emulated swarm's volunteers (core/demo/emulated.py).
+
+Every volunteer runs its DHT work, its RPCs and its contributions in Python; in one
+process they share one event loop, which at 16 volunteers lagged 0.3-0.7 s and made the
+CPU, not the scheduling, decide the measured throughput. Spread over a few processes
+they use every core. Started as ``python -m core.demo.emulated_host SPEC`` (SPEC: a
+:class:`HostSpec` in JSON); it prints ``ready`` once every volunteer serves, then runs
+until it is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from core.experts.server import ServerConfig
+from core.namespaces import moehome_validator
+from core.roles.expert_server import serve_project_experts
+from net import Identity, Peer, network_config
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+READY = b"ready\n"
+#: a spec longer than this is not one we wrote
+_MAX_SPEC = 1 << 20
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    bootstrap: list[str]
+    project: str
+    #: the experts of each volunteer hosted here
+    experts: list[list[str]]
+    #: this host's number (names its volunteers' data directories)
+    host: int
+    workdir: str
+    seconds_per_row: float
+    #: the volunteers' link: seconds added to each answer, and upload bytes per second
+    delay: float
+    upload: float
+    announce_seconds: float
+    announce_ttl: float
+
+    def server_config(self) -> ServerConfig:
+        return ServerConfig(
+            project=self.project,
+            emulated_seconds_per_row=self.seconds_per_row,
+            announce_interval=self.announce_seconds,
+            announce_ttl=self.announce_ttl,
+        )
+
+
+async def start_peer(
+    nursery: trio.Nursery, bootstrap: list[str], *, link: tuple[float, float] | None = None
+) -> Peer:
+    """A peer on loopback; ``link``: its emulated link (delay s, upload bytes/s)."""
+    config = network_config([LOOPBACK], bootstrap)
+    if link is not None:
+        delay, upload = link
+        config = replace(
+            config,
+            rpc=replace(config.rpc, reply_delay=delay, reply_upload_bytes_per_second=upload),
+        )
+    peer: Peer = await nursery.start(
+        Peer(Identity.generate(), config, validator=moehome_validator()).run
+    )
+    return peer
+
+
+async def serve_volunteers(nursery: trio.Nursery, spec: HostSpec) -> None:
+    """Start the spec's volunteers in ``nursery``; returns once each serves."""
+    config = spec.server_config()
+    for i, mine in enumerate(spec.experts):
+        volunteer = await start_peer(nursery, spec.bootstrap, link=(spec.delay, spec.upload))
+        data_dir = Path(spec.workdir) / f"host{spec.host}" / f"volunteer{i}"
+        await serve_project_experts(nursery, volunteer, spec.project, mine, data_dir, config)
+
+
+async def start_host(nursery: trio.Nursery, spec: HostSpec) -> None:
+    """Start a host process for ``spec``'s volunteers; returns once they all serve. The
+    process is killed when ``nursery`` is cancelled."""
+    command = [sys.executable, "-m", "core.demo.emulated_host", json.dumps(asdict(spec))]
+    process: trio.Process = await nursery.start(
+        partial(trio.run_process, command, stdout=subprocess.PIPE, check=False)
+    )
+    assert process.stdout is not None
+    seen = b""
+    while READY not in seen:
+        chunk = await process.stdout.receive_some(4096)
+        if not chunk:
+            raise RuntimeError(f"volunteer host {spec.host} exited before serving")
+        seen += chunk
+
+
+async def _host(spec: HostSpec) -> None:
+    async with trio.open_nursery() as nursery:
+        await serve_volunteers(nursery, spec)
+        sys.stdout.buffer.write(READY)
+        sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or len(args[0]) > _MAX_SPEC:
+        raise SystemExit("usage: python -m core.demo.emulated_host SPEC_JSON")
+    spec = HostSpec(**json.loads(args[0]))
+    logging.basicConfig(level=logging.WARNING, format=f"host{spec.host} %(name)s: %(message)s")
+    trio.run(_host, spec)
+
+
+if __name__ == "__main__":
+    main()
