@@ -253,10 +253,10 @@ class ExpertCaller:
                 server.peer_id,
                 units,
                 trio.current_time(),
-                queue=_backlog(reply, "queue") if reply is not None else None,
-                rate=_backlog(reply, "rate") if reply is not None else None,
+                queue=_reported(reply, "queue"),
+                rate=_reported(reply, "rate"),
                 elapsed=trio.current_time() - started,
-                seconds=_backlog(reply, "seconds") if reply is not None else None,
+                seconds=_reported(reply, "seconds"),
             )
 
     def _answer(
@@ -321,8 +321,10 @@ class ExpertCaller:
         )
 
 
-def _backlog(reply: Reply, name: str) -> float | None:
-    value = reply.meta.get(name)
+def _reported(reply: Reply | None, name: str) -> float | None:
+    """A finite number the server reported in its answer's ``name`` (None: no answer,
+    or no such number)."""
+    value = None if reply is None else reply.meta.get(name)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
