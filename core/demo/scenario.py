@@ -7,8 +7,9 @@
     moehome node  (x N)               volunteers serving the experts
     moehome owner train --json        the trainer; its JSON lines drive the display here
 
-Options add churn (a third of the volunteers killed with SIGKILL mid-run, as many new
-ones started), attackers (extra volunteers that poison their gradients) and slow links
+Options add churn (a third of the volunteers killed with SIGKILL mid-run, after as many
+new ones joined: nodes that were running, as a volunteer's app is, and join the project
+then), attackers (extra volunteers that poison their gradients) and slow links
 (volunteers whose every answer is late). Ctrl-C asks the trainer to stop (it evaluates,
 checkpoints and reports), then stops everything else; a second Ctrl-C stops at once.
 """
@@ -31,7 +32,9 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from core.control.client import JOIN_TIMEOUT_S, ControlError, find_node
 from core.control.invite import make_invite
+from core.control.models import ExpertsEvent
 from core.demo.options import DemoOptions, wire_codecs
 from core.demo.summary import demo_summary
 from core.demo.supervisor import Proc, Swarm, free_port
@@ -318,7 +321,9 @@ async def _run(
         volunteers: list[Proc] = []
         counter = 0
 
-        async def start_volunteer(role: str) -> Proc:
+        def launch_volunteer(role: str, *, join: bool = True) -> Proc:
+            """A volunteer node serving the project, or (``join=False``) one that runs
+            and will join it later."""
             nonlocal counter
             counter += 1
             name = f"volunteer-{counter}"
@@ -328,7 +333,8 @@ async def _run(
             # temperature limits still apply)
             (folder / "config" / "preferences.json").write_text(json.dumps({"idle_only": False}))
             where = places.next_volunteer() if places.lab else ""
-            args = ["node", "--project", project, "-b", bootstrap, "--no-benchmark"]
+            args = ["node", "-b", bootstrap, "--no-benchmark"]
+            args += ["--project", project] if join else []
             args += ["-l", places.volunteer_listen()]
             args += ["--experts", str(options.experts_per_volunteer)]
             if role.startswith("attacker"):
@@ -338,6 +344,10 @@ async def _run(
             proc = swarm.start(name, args, role=role, prefix=places.prefix(where) if where else [])
             proc.where = where
             proc.public_key = key
+            return proc
+
+        async def start_volunteer(role: str) -> Proc:
+            proc = launch_volunteer(role)
             await swarm.first_line(proc)
             volunteers.append(proc)
             return proc
@@ -356,6 +366,12 @@ async def _run(
         else:  # one after another: each sees what the earlier ones serve, takes the rest
             for role in roles:
                 await start_and_count(role)
+        # churn's newcomers run from the start, as a volunteer's app does, and join the
+        # project mid-run: then joining takes a second or two, not a process's start (6 s
+        # and more on two loaded cores, a race with the end of a short run)
+        standby = math.ceil(options.volunteers / 3) if options.churn else 0
+        newcomers = [launch_volunteer("honest (joined late)", join=False) for _ in range(standby)]
+        volunteers += newcomers
 
         trainer = swarm.start(
             "trainer",
@@ -389,7 +405,7 @@ async def _run(
         starting.advance(task)
 
     return await _follow_trainer(
-        options, swarm, trainer, volunteers, start_volunteer, console, handle_signals, boot
+        options, swarm, trainer, volunteers, newcomers, project, console, handle_signals, boot
     )
 
 
@@ -398,7 +414,8 @@ async def _follow_trainer(
     swarm: Swarm,
     trainer: Proc,
     volunteers: list[Proc],
-    start_volunteer: Any,
+    newcomers: list[Proc],
+    project: str,
     console: Console,
     handle_signals: bool,
     bootstrap: Proc,
@@ -436,7 +453,7 @@ async def _follow_trainer(
                     and event["step"] >= options.steps // 3
                 ):
                     churned = True
-                    nursery.start_soon(_churn, swarm, volunteers, start_volunteer, console)
+                    nursery.start_soon(_churn, swarm, volunteers, newcomers, project, console)
                 if (
                     kind == "progress"
                     and options.kill_relay
@@ -460,17 +477,40 @@ async def _follow_trainer(
 
 
 async def _churn(
-    swarm: Swarm, volunteers: list[Proc], start_volunteer: Any, console: Console
+    swarm: Swarm, volunteers: list[Proc], newcomers: list[Proc], project: str, console: Console
 ) -> None:
+    """Newcomers join the project; once they serve, a third of the volunteers die."""
+    for proc in newcomers:
+        await swarm.first_line(proc)  # up (it was started with the swarm)
+        await _join(swarm, proc, project)
+        console.print(f"churn: {proc.name} joined")
     honest = [v for v in volunteers if v.role in ("honest", "slow") and v.popen.poll() is None]
-    victims = honest[: max(1, math.ceil(len(honest) / 3))]
+    victims = honest[: len(newcomers)]
     for v in victims:
         swarm.kill(v)
         v.role += ", killed"
     console.print(f"churn: killed {', '.join(v.name for v in victims)} (SIGKILL)")
-    for _ in victims:
-        proc = await start_volunteer("honest (joined late)")
-        console.print(f"churn: {proc.name} joined")
+
+
+async def _join(swarm: Swarm, proc: Proc, project: str) -> None:
+    """``proc``, a running node, joins ``project`` through its control API, as the tray
+    does from an invite; returns once it serves (its experts declared in the DHT)."""
+    client = await trio.to_thread.run_sync(find_node, swarm.root / proc.name / "data")
+    try:
+        await trio.to_thread.run_sync(client.join, project)
+        with trio.fail_after(JOIN_TIMEOUT_S):
+            since = 0
+            while True:  # the node's event log, long-polled: "experts" once it serves
+                events = await trio.to_thread.run_sync(client.events, since, 5.0)
+                if any(isinstance(e, ExpertsEvent) and e.experts for e in events):
+                    break
+                since = max([since, *(e.id for e in events)])
+    except (ControlError, trio.TooSlowError) as exc:
+        raise UserFacingError(
+            f"{proc.name} could not join the project ({exc}); see {swarm.root / proc.name}/log.txt"
+        ) from exc
+    finally:
+        client.close()
 
 
 async def _forward_ctrl_c(trainer: Proc, console: Console) -> None:

@@ -114,10 +114,19 @@ class ExpertFinder:
     _latency: dict[PeerID, float] = field(default_factory=dict)
 
     def report_failure(self, server: ExpertServerRef) -> None:
-        """Called when a server failed a call: skip it for a while."""
-        self._skipped[server.peer_id] = skip_after_failure(
-            self._skipped.get(server.peer_id), trio.current_time(), self.failure_backoff
-        )
+        """Called when a server failed a call: skip it for a while, and look again at
+        once for whoever else serves what it declared (a volunteer that died is often
+        replaced by one that joined since the lookups were cached)."""
+        before = self._skipped.get(server.peer_id)
+        after = skip_after_failure(before, trio.current_time(), self.failure_backoff)
+        self._skipped[server.peer_id] = after
+        if after is not before:  # a new incident, not the rest of the calls it cut
+            self._forget_author(server.peer_id)
+
+    def _forget_author(self, peer_id: PeerID) -> None:
+        stale = [n for n, c in self._cache.items() if any(a == peer_id for _, a in c.value)]
+        for name in stale:
+            del self._cache[name]
 
     def report_latency(self, server: ExpertServerRef, seconds: float) -> None:
         """Called after every answered call: servers of an expert are then tried fastest
