@@ -39,7 +39,7 @@ from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
 from core.experts.wire import NAME_BY_TORCH, from_wire
-from core.protocol.contributions import Contribution
+from core.protocol.contributions import TRUNK_UID, Contribution
 from net import Tensor
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,17 @@ log = logging.getLogger(__name__)
 #: identities whose strikes and bans are remembered (the oldest are forgotten).
 MAX_CONTRIBUTORS = 1024
 MAX_TRACKED = 10_000
+
+
+@dataclass(frozen=True)
+class TrunkSettings:
+    """The trainers' shared layers (core/trainer/trunk.py): an outer SGD with Nesterov
+    momentum on the mean change, once every trainer sent one or ``round_seconds`` after
+    the first."""
+
+    outer_learning_rate: float = 0.7
+    outer_momentum: float = 0.9
+    round_seconds: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,9 @@ class AggregatorSettings:
     ban_window: float = 300.0
     ban_seconds: float = 600.0
     seed: int = 0
+    #: set when this aggregator holds the trunk (TRUNK_UID among ``uids``; its initial
+    #: weights come in ``initial``)
+    trunk: TrunkSettings | None = None
 
 
 @dataclass
@@ -140,11 +154,23 @@ class AggregatorCore:
         self._checkpoints = CheckpointStore(folder / "checkpoints")
         self._checkpoint_number = 0
         for uid in settings.uids:
-            module = (initial or {}).get(uid) or build_expert(settings.spec, seed=settings.seed)
-            self.modules[uid] = module
-            self.optimizers[uid] = make_optimizer(
-                settings.optimizer, module, settings.learning_rate
-            )
+            if uid == TRUNK_UID:
+                if settings.trunk is None or initial is None or uid not in initial:
+                    raise ValueError("the trunk needs its settings and initial weights")
+                module = self.modules[uid] = initial[uid]
+                momentum = settings.trunk.outer_momentum
+                self.optimizers[uid] = torch.optim.SGD(
+                    module.parameters(),
+                    lr=settings.trunk.outer_learning_rate,
+                    momentum=momentum,
+                    nesterov=momentum > 0,
+                )
+            else:
+                module = (initial or {}).get(uid) or build_expert(settings.spec, seed=settings.seed)
+                self.modules[uid] = module
+                self.optimizers[uid] = make_optimizer(
+                    settings.optimizer, module, settings.learning_rate
+                )
             self.versions[uid] = 0
             self.robust[uid] = ExpertRoundState()
         self._params = {
@@ -295,12 +321,17 @@ class AggregatorCore:
     def due(self, uid: str) -> bool:
         if not self.pending[uid]:
             return False
+        waited = time.monotonic() - self.round_started.get(uid, time.monotonic())
+        if uid == TRUNK_UID:
+            assert self.settings.trunk is not None
+            senders = {p.contributor for p in self.pending[uid]}
+            return (
+                len(senders) >= len(self.settings.trainers)
+                or waited >= self.settings.trunk.round_seconds
+            )
         if self.pending_samples(uid) >= self.settings.round_samples:
             return True
-        return (
-            time.monotonic() - self.round_started.get(uid, time.monotonic())
-            >= self.settings.round_seconds
-        )
+        return waited >= self.settings.round_seconds
 
     def _sibling_scale(self) -> float | None:
         """The scale of this aggregator's other experts (all of one spec): what a lone
@@ -321,16 +352,25 @@ class AggregatorCore:
             total, samples = per_contributor.get(p.contributor, (torch.zeros_like(flat), 0))
             per_contributor[p.contributor] = (total + flat, samples + p.samples)
         means = {who: total / samples for who, (total, samples) in per_contributor.items()}
-        generator = torch.Generator().manual_seed(self.versions[uid])
-        aggregate = robust_round(
-            self.robust[uid], means, self.settings.robust, generator, self._sibling_scale()
-        )
-        momenta = self.robust[uid].momenta or {}
-        kept = influence(
-            {who: momenta.get(who, g) for who, g in means.items()},
-            aggregate,
-            self.settings.robust,
-        )
+        if uid == TRUNK_UID:
+            # the trainers the manifest lists are trusted (they sign every receipt): the
+            # sample-weighted mean of their changes, as DiLoCo averages its workers'
+            aggregate = sum(t for t, _ in per_contributor.values()) / sum(
+                n for _, n in per_contributor.values()
+            )
+            assert isinstance(aggregate, torch.Tensor)
+            kept = dict.fromkeys(means, 1.0)
+        else:
+            generator = torch.Generator().manual_seed(self.versions[uid])
+            aggregate = robust_round(
+                self.robust[uid], means, self.settings.robust, generator, self._sibling_scale()
+            )
+            momenta = self.robust[uid].momenta or {}
+            kept = influence(
+                {who: momenta.get(who, g) for who, g in means.items()},
+                aggregate,
+                self.settings.robust,
+            )
         for who, share in kept.items():
             self.stats.contributors[who].rounds += 1
             if len(kept) > 1:  # alone in a round, there is nothing to compare it with

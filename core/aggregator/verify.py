@@ -10,7 +10,7 @@ from typing import Final
 import torch
 
 from core.contributing.codecs import CodecError, codec
-from core.protocol.contributions import Contribution, tensor_digest
+from core.protocol.contributions import TRUNK_UID, Contribution, tensor_digest
 
 #: how far a contribution's clock may be from ours
 CLOCK_SKEW_S: Final = 600
@@ -54,6 +54,10 @@ def check_claims(c: Contribution, ctx: VerifyContext, payload_bytes: int | None 
     expected = ctx.params.get(c.uid)
     if expected is None:
         raise Rejected("unknown_expert", c.uid)
+    if c.uid == TRUNK_UID and (
+        c.contributor not in ctx.trainers or any(r.trainer != c.contributor for r in c.receipts)
+    ):
+        raise Rejected("not_a_trainer", "only the project's trainers change the trunk")
     if c.nonce in ctx.seen_nonces:
         raise Rejected("replay", "this contribution was received before")
     if abs(c.timestamp - ctx.now) > CLOCK_SKEW_S:

@@ -20,6 +20,9 @@ _CONTRIBUTION_DOMAIN: Final = "moehome-contribution/1"
 MAX_RECEIPTS: Final = 4096
 MAX_PARAMS: Final = 256
 MAX_HEADER_BYTES: Final = 4 * 1024 * 1024
+#: The uid under which trainers contribute changes of the trainer-side layers (no
+#: expert's uid can be it: those are a grid's prefix and coordinates, "ffn0.1.2")
+TRUNK_UID: Final = "trunk"
 
 
 class MessageError(ValueError):
