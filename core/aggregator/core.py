@@ -53,12 +53,12 @@ MAX_TRACKED = 10_000
 @dataclass(frozen=True)
 class TrunkSettings:
     """The trainers' shared layers (core/trainer/trunk.py): an outer SGD with Nesterov
-    momentum on the mean change, once every trainer sent one or ``round_seconds`` after
-    the first."""
+    momentum on the sum of the trainers' changes, once every trainer sent one or
+    ``round_seconds`` after the first."""
 
-    outer_learning_rate: float = 0.7
-    outer_momentum: float = 0.9
-    round_seconds: float = 120.0
+    outer_learning_rate: float = 1.0
+    outer_momentum: float = 0.5
+    round_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -354,11 +354,10 @@ class AggregatorCore:
         means = {who: total / samples for who, (total, samples) in per_contributor.items()}
         if uid == TRUNK_UID:
             # the trainers the manifest lists are trusted (they sign every receipt): the
-            # sample-weighted mean of their changes, as DiLoCo averages its workers'
-            aggregate = sum(t for t, _ in per_contributor.values()) / sum(
-                n for _, n in per_contributor.values()
-            )
-            assert isinstance(aggregate, torch.Tensor)
+            # sum of their changes, each whole, as steps of one run are. DiLoCo averages
+            # its workers' changes, after hundreds of steps each; after a few, averaging
+            # keeps one trainer's progress of several (measured: core/trainer/trunk.py)
+            aggregate = torch.stack(list(means.values())).sum(dim=0)
             kept = dict.fromkeys(means, 1.0)
         else:
             generator = torch.Generator().manual_seed(self.versions[uid])

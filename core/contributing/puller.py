@@ -48,6 +48,34 @@ def parse_version(value: bytes, author: PeerID) -> VersionRecord | None:
         return None
 
 
+async def newest_version(
+    peer: Peer, project: str, uid: str, allowed: Collection[str]
+) -> VersionRecord | None:
+    """The newest version of ``uid`` that one of the project's aggregators (``allowed``:
+    their peer ids) declares in the DHT; None when there is none yet."""
+    best = None
+    for author, record in (await peer.dht.announcers(version_key(project, uid))).items():
+        if str(author) not in allowed:
+            continue  # only the project's aggregators say what is current
+        parsed = parse_version(record.value, author)
+        if (
+            parsed is not None
+            and parsed.uid == uid
+            and (best is None or parsed.version > best.version)
+        ):
+            best = parsed
+    return best
+
+
+async def fetch_version(fetcher: WeightsFetcher, record: VersionRecord) -> bytes:
+    """The weights file of ``record``, from its aggregator, checked against the record."""
+    parts = [await fetcher.fetch_chunk(c, [record.author]) for c in record.chunks]
+    blob = b"".join(parts)
+    if len(blob) != record.size or sha256_hex(blob) != record.file_sha256:
+        raise FetchError(f"version {record.version} of {record.uid} does not match its record")
+    return blob
+
+
 class WeightsPuller:
     def __init__(
         self,
@@ -88,20 +116,7 @@ class WeightsPuller:
             await trio.sleep(self.interval)
 
     async def newest(self, uid: str) -> VersionRecord | None:
-        best = None
-        for author, record in (
-            await self.peer.dht.announcers(version_key(self.project, uid))
-        ).items():
-            if str(author) not in self.allowed:
-                continue  # only the project's aggregators say what is current
-            parsed = parse_version(record.value, author)
-            if (
-                parsed is not None
-                and parsed.uid == uid
-                and (best is None or parsed.version > best.version)
-            ):
-                best = parsed
-        return best
+        return await newest_version(self.peer, self.project, uid, self.allowed)
 
     async def check(self, uid: str) -> bool:
         """Pull and swap in a newer version of ``uid`` if there is one. True if it did."""
@@ -109,10 +124,7 @@ class WeightsPuller:
         record = await self.newest(uid)
         if record is None or record.version <= backend.version:
             return False
-        parts = [await self.fetcher.fetch_chunk(c, [record.author]) for c in record.chunks]
-        blob = b"".join(parts)
-        if len(blob) != record.size or sha256_hex(blob) != record.file_sha256:
-            raise FetchError(f"version {record.version} of {uid} does not match its record")
+        blob = await fetch_version(self.fetcher, record)
         module = await trio.to_thread.run_sync(_load, backend, blob)
         if backend.sha256_of(module) != record.sha256:
             raise FetchError(f"version {record.version} of {uid} has other weights than announced")

@@ -39,6 +39,12 @@ class DemoOptions:
     contribution_seconds: float = 4.0
     round_seconds: float = 8.0
     eval_every: int = 100
+    #: with several trainers: steps between a trainer's changes of the shared trunk
+    #: (core/trainer/trunk.py), and how long a round of them waits for every trainer
+    trunk_sync_every: int = 2
+    trunk_round_seconds: float = 5.0
+    trunk_outer_learning_rate: float = 1.0
+    trunk_outer_momentum: float = 0.5
     #: volunteers and the trainer behind NAT routers in network namespaces (net/lab.py)
     nat: bool = False
     #: with ``nat``: the volunteers' second home has a symmetric NAT, where hole punching

@@ -184,6 +184,12 @@ round_seconds = {options.round_seconds}
 [training.aggregation]
 rule = "{options.rule}"
 
+[training.trunk]
+sync_every = {options.trunk_sync_every}
+round_seconds = {options.trunk_round_seconds}
+outer_learning_rate = {options.trunk_outer_learning_rate}
+outer_momentum = {options.trunk_outer_momentum}
+
 [[aggregators]]
 key = "{agg_key}"
 addrs = ["{agg_addr}"]

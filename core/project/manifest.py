@@ -113,16 +113,17 @@ class AggregationSection(_Strict):
 
 class TrunkSection(_Strict):
     """How a project's trainers share the trainer-side layers (the *trunk*: embeddings,
-    attention, gating, head) when the manifest lists two or more trainers: DiLoCo-style,
-    each trains its copy for ``sync_every`` steps, sends the change as a contribution,
-    and the aggregator applies the trainers' mean change with an outer SGD (Nesterov
-    momentum), as a new version every trainer rebases onto."""
+    attention, gating, head) when the manifest lists two or more trainers (the method is
+    DiLoCo's, core/trainer/trunk.py): each trains its copy for ``sync_every`` steps,
+    sends the change as a contribution, and the aggregator applies the sum of the
+    trainers' changes with an outer SGD with momentum, as a new version every trainer
+    rebases onto."""
 
-    sync_every: Annotated[int, Field(ge=1, le=100_000)] = 50
-    outer_learning_rate: Annotated[float, Field(gt=0, le=10)] = 0.7
-    outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    sync_every: Annotated[int, Field(ge=1, le=100_000)] = 2
+    outer_learning_rate: Annotated[float, Field(gt=0, le=10)] = 1.0
+    outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.5
     #: a round waits this long for every listed trainer's change, then applies those in
-    round_seconds: Annotated[float, Field(gt=0)] = 120.0
+    round_seconds: Annotated[float, Field(gt=0)] = 5.0
 
 
 class TrainingSection(_Strict):

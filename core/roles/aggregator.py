@@ -7,9 +7,10 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 import trio
 
-from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.core import AggregatorCore, AggregatorSettings, TrunkSettings
 from core.aggregator.robust import RobustSettings
 from core.aggregator.service import AggregatorService
 from core.errors import UserFacingError
@@ -20,7 +21,9 @@ from core.project.joining import backends_from_files
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
 from core.protocol.aggregator_methods import responsible_aggregator
+from core.protocol.contributions import TRUNK_UID
 from core.roles.peer import print_addresses
+from core.trainer.trunk import build_trunk, shares_trunk
 from net import Identity, Peer, network_config
 from net.host import DEFAULT_LISTEN
 from net.identity import peer_id_from_public_key
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 def settings_from(signed: SignedManifest, uids: Sequence[str]) -> AggregatorSettings:
     m = signed.manifest
     agg = m.training.aggregation
+    trunk = m.training.trunk
     return AggregatorSettings(
         project=signed.project_id,
         spec=m.model.expert.spec(),
@@ -49,6 +53,11 @@ def settings_from(signed: SignedManifest, uids: Sequence[str]) -> AggregatorSett
             trim_fraction=agg.trim_fraction,
         ),
         seed=m.weights.seed,
+        trunk=(
+            TrunkSettings(trunk.outer_learning_rate, trunk.outer_momentum, trunk.round_seconds)
+            if TRUNK_UID in uids
+            else None
+        ),
     )
 
 
@@ -61,9 +70,11 @@ def my_uids(signed: SignedManifest, me: bytes) -> list[str]:
         )
     peers = [peer_id_from_public_key(k) for k in keys]
     mine = peer_id_from_public_key(me)
-    return [
-        u for u in signed.manifest.model.expert_uids() if responsible_aggregator(u, peers) == mine
+    uids = [
+        *signed.manifest.model.expert_uids(),
+        *([TRUNK_UID] if shares_trunk(signed.manifest) else []),
     ]
+    return [u for u in uids if responsible_aggregator(u, peers) == mine]
 
 
 async def run_aggregator(
@@ -94,14 +105,17 @@ async def aggregate(
     """Aggregate, on a running ``peer``, the experts of ``signed``'s project that are its
     responsibility, with the state in ``workdir``; until cancelled."""
     uids = my_uids(signed, peer.identity.public_key)
+    experts = [u for u in uids if u != TRUNK_UID]
     store = ChunkStore(workdir / "chunks")
-    files = await WeightsFetcher(peer, store).fetch(signed, uids)
-    initial = {
+    files = await WeightsFetcher(peer, store).fetch(signed, experts)
+    initial: dict[str, torch.nn.Module] = {
         uid: b.module
         for uid, b in (
             await trio.to_thread.run_sync(backends_from_files, signed.manifest, files)
         ).items()
     }
+    if TRUNK_UID in uids:  # as every trainer starts it: from the manifest's seed
+        initial[TRUNK_UID] = build_trunk(signed.manifest.model, seed=signed.manifest.weights.seed)
     core = await trio.to_thread.run_sync(
         AggregatorCore, settings_from(signed, uids), workdir / "state", initial
     )

@@ -47,6 +47,7 @@ from core.moe.client import ExpertCallError
 from core.moe.mixture import MoEError, RemoteMixtureOfExperts
 from core.trainer.data import Corpus, sample_batch, validation_batches
 from core.trainer.model import CharLanguageModel, language_model_loss
+from core.trainer.trunk import rebase
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,10 @@ class TrainingSession:
         #: batches on replicas now, and the master's last update (for the prediction)
         self._carried = 0
         self._last_update: list[torch.Tensor] = []
+        #: a batch or an evaluation computes on the master itself now (one at a time)
+        self._master_busy = False
+        #: rebases of the shared trunk waiting for the master (rebase_trunk)
+        self._rebases: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
 
     @property
     def in_flight(self) -> int:
@@ -176,6 +181,18 @@ class TrainingSession:
                 self._carried -= 1
 
     def _step(self, model: CharLanguageModel, based_on: int) -> StepResult | None:
+        if model is not self.model:
+            return self._step_inner(model, based_on)
+        with self._lock:
+            self._master_busy = True
+        try:
+            return self._step_inner(model, based_on)
+        finally:
+            with self._lock:
+                self._master_busy = False
+                self._apply_rebases()
+
+    def _step_inner(self, model: CharLanguageModel, based_on: int) -> StepResult | None:
         with self._lock:
             x, y = sample_batch(
                 self.corpus.train, self.settings.batch_size, self.context, self.generator
@@ -227,6 +244,8 @@ class TrainingSession:
             step = self.state.step
             if model is not self.model:
                 _copy_weights(self.model, model)
+            else:  # a rebase waits: the evaluation is of one set of weights
+                self._master_busy = True
         model.eval()
         total = 0.0
         try:
@@ -237,12 +256,46 @@ class TrainingSession:
         except (MoEError, ExpertCallError) as exc:
             log.warning("evaluation failed: %s", exc)
             return math.nan
+        finally:
+            if model is self.model:
+                with self._lock:
+                    self._master_busy = False
+                    self._apply_rebases()
         loss = total / len(self._eval)
         with self._lock:
             if self.state.initial_loss is None:
                 self.state.initial_loss = loss
             self.state.evaluations.append((step, loss))
         return loss
+
+    def trunk_weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the master's trainer-side weights (float32, CPU)."""
+        with self._lock:
+            return {n: p.detach().float().cpu().clone() for n, p in self.model.named_parameters()}
+
+    def rebase_trunk(self, base: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> None:
+        """Move the master's trainer-side weights onto ``new``, a version of the shared
+        trunk, keeping what they learned since ``base`` (core/trainer/trunk.py). While a
+        batch computes on the master itself (one batch at a time), after its update: its
+        autograd graph holds the weights, and changing them in place would break it. The
+        optimizer's moments stay: they are this trainer's, as DiLoCo's inner ones."""
+        with self._lock:
+            self._rebases.append((base, new))
+            if not self._master_busy:
+                self._apply_rebases()
+
+    def _apply_rebases(self) -> None:
+        """(Holding the lock.)"""
+        if not self._rebases:
+            return
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                value = p.detach().float().cpu()
+                for base, new in self._rebases:
+                    value = rebase({name: value}, {name: base[name]}, {name: new[name]})[name]
+                p.copy_(value.to(p.dtype))
+        self._rebases.clear()
+        self._last_update = []  # the prediction of the next update would be off
 
     def mixtures(self) -> list[RemoteMixtureOfExperts]:
         """The remote mixtures of the master and of every replica."""

@@ -37,6 +37,8 @@ from core.project.signed import SignedManifest
 from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus, load_corpus
 from core.trainer.model import CharLanguageModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
+from core.trainer.sharing import TrunkSharing
+from core.trainer.trunk import shares_trunk
 from net import Identity, Peer, network_config
 from net._libp2p import PeerID
 from net.host import DEFAULT_LISTEN
@@ -216,7 +218,23 @@ async def train_on(
             "device": str(session.device),
         }
     )
-    summary = await _train(session, options, stop, report)
+    sharing = (
+        TrunkSharing(peer, signed, session, options.workdir / "trunk-chunks")
+        if shares_trunk(signed.manifest)
+        else None
+    )
+    async with trio.open_nursery() as nursery:
+        if sharing is not None:
+            nursery.start_soon(sharing.run)
+        summary = await _train(session, options, stop, report, sharing)
+        nursery.cancel_scope.cancel()
+    if sharing is not None:
+        summary["trunk"] = {
+            "version": sharing.sync.version,
+            "changes_sent": sharing.sent,
+            "changes_accepted": sharing.accepted,
+            "rebased": sharing.rebased,
+        }
     summary["aggregators"] = await aggregator_statistics(peer, signed.manifest)
     summary["reached"] = {p: how_reached(peer, p) for p in summary["answered_by"]}
     report({"event": "summary", **summary})
@@ -258,7 +276,11 @@ async def _stop_on_signals(stop: trio.Event) -> None:
 
 
 async def _train(
-    session: TrainingSession, options: TrainerOptions, stop: trio.Event, report: Report
+    session: TrainingSession,
+    options: TrainerOptions,
+    stop: trio.Event,
+    report: Report,
+    sharing: TrunkSharing | None = None,
 ) -> dict[str, Any]:
     state = session.state
     evaluating = trio.Lock()  # one evaluation at a time (they share a replica)
@@ -332,6 +354,8 @@ async def _train(
                 continue  # too stale: dropped, the next batch starts from newer weights
             last_success = time.monotonic()
             losses.append(result.loss)
+            if sharing is not None:
+                sharing.stepped(options.batch_size)
             await after_step(result.step)
 
     async with trio.open_nursery() as nursery:

@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 from core.demo.emulated import EmulationOptions, run_emulated
+from core.demo.options import DemoOptions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -31,3 +32,25 @@ async def test_volunteers_in_two_host_processes_serve_a_trainer_and_stop_with_it
     assert summary["volunteers_answered"] == 4, summary["answered_by"]
     # the host processes went with the swarm
     assert psutil.Process().children(recursive=True) == []
+
+
+async def test_two_trainers_share_the_trunk_through_the_aggregator(tmp_path):
+    options = EmulationOptions(
+        volunteers=2,
+        trainers=2,
+        samples=192,  # 6 steps of 16 each
+        batch_size=16,
+        in_flight=1,
+        samples_per_s=4.0,
+        demo=DemoOptions(trunk_sync_every=2),
+    )
+    out = await run_emulated(options, tmp_path)
+    assert out["samples"] == 192
+    for summary in out["trainers"]:
+        assert summary["failed_steps"] == 0
+        assert summary["final_loss"] < summary["initial_loss"], summary
+        trunk = summary["trunk"]
+        # each sent its change every 2 steps, and took versions that held them
+        assert trunk["changes_accepted"] >= 2, trunk
+        assert trunk["rebased"] >= 2, trunk
+        assert trunk["version"] >= 2, trunk

@@ -101,11 +101,13 @@ def test_a_trainer_sends_every_sync_every_steps_and_a_refusal_goes_with_the_next
     assert sync.due()
     assert sync.take(_w(-2.0))[2] == 96  # the refused samples count again
     sync.accepted(0)
-    copy = sync.rebase(_w(-2.5), _w(5.0), 1)
-    assert torch.equal(copy["w"], torch.tensor([4.5]))
+    rebase_from = sync.took(_w(5.0), 1)
+    assert torch.equal(rebase_from["w"], torch.tensor([-2.0]))  # the copy as sent
+    assert torch.equal(rebase(_w(-2.5), rebase_from, _w(5.0))["w"], torch.tensor([4.5]))
     assert (sync.version, torch.equal(sync.anchor["w"], torch.tensor([5.0]))) == (1, True)
     with pytest.raises(ValueError, match="cannot be rebased"):
-        sync.rebase(copy, _w(6.0), 1)
+        sync.took(_w(6.0), 1)
+    assert torch.equal(sync.took(_w(7.0), 2)["w"], torch.tensor([5.0]))  # nothing sent
 
 
 # ---------------------------------------------------------------- the aggregator's side
@@ -143,7 +145,7 @@ def _trunk_change(
     return msg, parts
 
 
-def test_the_aggregator_applies_the_trainers_mean_change_once_each_sent_one(tmp_path):
+def test_the_aggregator_applies_the_sum_of_the_trainers_changes_once_each_sent_one(tmp_path):
     core = _core(tmp_path)
     before = snapshot(core.modules[TRUNK_UID])
     core.submit(*_trunk_change(core, TRAINERS[0], delta=1.0, samples=100))
@@ -152,9 +154,10 @@ def test_the_aggregator_applies_the_trainers_mean_change_once_each_sent_one(tmp_
     assert core.due(TRUNK_UID)
     assert core.run_round(TRUNK_UID) == 1
     after = snapshot(core.modules[TRUNK_UID])
-    # sample-weighted mean change 3.25, times the outer rate 0.5
+    # each trainer's change whole (per-sample sums over its samples), summed: 5, times
+    # the outer rate 0.5
     for name in before:
-        assert torch.allclose(before[name] - after[name], torch.full_like(before[name], 1.625))
+        assert torch.allclose(before[name] - after[name], torch.full_like(before[name], 2.5))
     core.close()
 
 
@@ -187,3 +190,44 @@ def test_the_trunk_and_its_outer_momentum_survive_a_restart(tmp_path):
     assert momentum
     assert all("momentum_buffer" in s for s in momentum.values())
     again.close()
+
+
+# ---------------------------------------------------------------- the trainer's side
+
+
+def test_a_rebase_that_comes_mid_step_waits_for_the_steps_update():
+    """One batch at a time computes on the master itself: a new version arriving while
+    its autograd graph holds the weights is applied after the batch's update (changing
+    them in place at once failed the backward pass: a two-trainer test's first run)."""
+    from core.trainer.data import load_corpus
+    from core.trainer.session import SessionSettings, TrainingSession
+
+    corpus = load_corpus(max_bytes=50_000)
+    new = {n: torch.full_like(p, 0.5) for n, p in snapshot(build_trunk(MODEL, seed=0)).items()}
+
+    def session_of(rebase_mid_step: bool) -> tuple[TrainingSession, dict[str, torch.Tensor]]:
+        holder: list[TrainingSession] = []
+        base: dict[str, torch.Tensor] = {}
+
+        class Mixture(torch.nn.Module):  # the sharing task's rebase lands mid-forward
+            def __init__(self, grid: Grid) -> None:
+                super().__init__()
+                self.proj = torch.nn.Linear(MODEL.hidden, sum(grid.shape))
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                if rebase_mid_step and holder and not base:
+                    base.update(holder[0].trunk_weights())
+                    holder[0].rebase_trunk(base, new)
+                return x + self.proj(x).sum(dim=-1, keepdim=True)
+
+        model = build_model(MODEL, lambda _i, grid: Mixture(grid), seed=0)
+        settings = SessionSettings(project="p", batch_size=2)
+        holder.append(TrainingSession(model, corpus, settings))
+        assert holder[0].train_step() is not None  # the backward pass went through
+        return holder[0], base
+
+    alone, _ = session_of(rebase_mid_step=False)
+    rebased, base = session_of(rebase_mid_step=True)
+    stepped, weights = alone.trunk_weights(), rebased.trunk_weights()
+    for name in weights:  # the step's update first, then the rebase onto ``new``
+        assert torch.allclose(weights[name], new[name] + stepped[name] - base[name], atol=1e-6)
