@@ -262,6 +262,15 @@ momentum = 0.9                     # per-volunteer momentum kept by the aggregat
 buckets = 2                        # contributions are averaged in random groups of this size
 trim_fraction = 0.2                # for trimmed_mean
 
+[training.trunk]
+# With two or more [[trainers]], their trainer-side layers (embeddings, attention, gating,
+# head) meet through the aggregators: each trainer sends its change every sync_every
+# steps; the sum of the trainers' changes makes a new version they all rebase onto.
+sync_every = 2
+outer_learning_rate = 1.0
+outer_momentum = 0.5               # Nesterov momentum over the versions
+round_seconds = 5.0                # a version waits this long for every trainer's change
+
 # One block per aggregator: its public key (hex, `moehome aggregator key`) and where to
 # reach it.
 # [[aggregators]]
