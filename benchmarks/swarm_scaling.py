@@ -9,8 +9,9 @@ first fifth of the samples), ``capacity_samples_per_s`` (the sum of the emulated
 volunteers' speeds), ``utilization`` (their ratio), the calls that failed or came too
 late, and the loss after the run beside the one-process reference trained on as many
 samples (``loss``, ``reference_loss``, ``loss_ratio``; same initial weights, float32,
-experts updated every step). Work in progress (issue 18): the summary line of the
-issue's goals comes with many trainers per project.
+experts updated every step). With ``--trainers`` 2 or more, the trainers share their
+trainer-side layers through the aggregator (core/trainer/trunk.py), and the loss is their
+mean. Work in progress (issue 18): the summary line of the issue's goals is still to come.
 """
 
 from __future__ import annotations
