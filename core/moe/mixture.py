@@ -32,6 +32,7 @@ from core.moe.client import (
     same_weights,
 )
 from core.moe.finder import ExpertFinder
+from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,10 @@ class MoEStatistics:
     versions: dict[str, int] = field(default_factory=dict)
 
 
+#: one call of a forward pass: the expert's uid and which part of its rows
+Call = tuple[str, int]
+
+
 @dataclass
 class _Plan:
     """One forward pass's routing, kept for its backward pass."""
@@ -81,8 +86,9 @@ class _Plan:
     uids: list[list[str]]  # per sample, the chosen experts (at most k)
     servers: dict[str, list[ExpertServerRef]]
     keep: bool = False  # ask servers to keep forward graphs (a backward pass follows)
-    # filled by the forward calls: uid -> (the answer, sample rows)
-    answered: dict[str, tuple[ForwardResult, list[int]]] = field(default_factory=dict)
+    # filled by the forward calls: (uid, part) -> (the answer, sample rows); an expert's
+    # rows may go to several of its servers in parts (ServerLoads.parts)
+    answered: dict[Call, tuple[ForwardResult, list[int]]] = field(default_factory=dict)
 
 
 class RemoteMixtureOfExperts(nn.Module):
@@ -143,16 +149,31 @@ class RemoteMixtureOfExperts(nn.Module):
 
     # ---- the calls (trio side)
 
-    async def _forward_calls(self, plan: _Plan, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        cfg = self.config
+    def _calls(self, plan: _Plan) -> dict[Call, list[int]]:
+        """Each chosen expert's sample rows, split over its servers when its work is long
+        enough (core/moe/load.py ``split_parts``)."""
         rows_of: dict[str, list[int]] = defaultdict(list)
         for b, uids in enumerate(plan.uids):
             for uid in uids:
                 if plan.servers.get(uid):
                     rows_of[uid].append(b)
-        answers: dict[str, torch.Tensor] = {}
+        loads = self.caller.loads
+        units = FORWARD_UNITS + (BACKWARD_UNITS if plan.keep else 0.0)
+        calls: dict[Call, list[int]] = {}
+        for uid, rows in rows_of.items():
+            n = 1
+            if loads is not None:
+                n = loads.parts([s.peer_id for s in plan.servers[uid]], len(rows), units)
+            for part in range(n):
+                calls[(uid, part)] = rows[part * len(rows) // n : (part + 1) * len(rows) // n]
+        return calls
+
+    async def _forward_calls(self, plan: _Plan, x: torch.Tensor) -> dict[Call, torch.Tensor]:
+        cfg = self.config
+        calls = self._calls(plan)
+        answers: dict[Call, torch.Tensor] = {}
         counts = [0] * x.shape[0]
-        pending = len(rows_of)
+        pending = len(calls)
         enough = trio.Event()
         finished = trio.Event()
 
@@ -163,8 +184,9 @@ class RemoteMixtureOfExperts(nn.Module):
             elif min(counts) >= cfg.k_min:
                 enough.set()
 
-        async def call(uid: str, rows: list[int]) -> None:
+        async def call(key: Call, rows: list[int]) -> None:
             nonlocal pending
+            uid = key[0]
             try:
                 result = await self.caller.forward(uid, plan.servers[uid], x[rows], keep=plan.keep)
                 y = result.outputs
@@ -173,8 +195,8 @@ class RemoteMixtureOfExperts(nn.Module):
                     self.finder.report_failure(result.server)
                     log.warning("%s answered NaN or infinity; masked out", uid)
                 else:
-                    answers[uid] = y
-                    plan.answered[uid] = (result, rows)
+                    answers[key] = y
+                    plan.answered[key] = (result, rows)
                     self.stats.answered_by[str(result.server.peer_id)] += 1
                     old = self.stats.versions.get(uid, 0)
                     self.stats.versions[uid] = max(old, result.server.version)
@@ -188,14 +210,15 @@ class RemoteMixtureOfExperts(nn.Module):
                 check()
 
         self.stats.batches += 1
-        self.stats.expert_calls += len(rows_of)
-        for uid in rows_of:
-            self.stats.called[uid] += 1
+        self.stats.expert_calls += len(calls)
+        for uid, part in calls:
+            if part == 0:
+                self.stats.called[uid] += 1
         check()
         with trio.move_on_after(cfg.forward_timeout):
             async with trio.open_nursery() as nursery:
-                for uid, rows in rows_of.items():
-                    nursery.start_soon(call, uid, rows)
+                for key, rows in calls.items():
+                    nursery.start_soon(call, key, rows)
                 await enough.wait()
                 with trio.move_on_after(cfg.timeout_after_k_min):
                     await finished.wait()
@@ -209,29 +232,30 @@ class RemoteMixtureOfExperts(nn.Module):
         return answers
 
     async def _backward_calls(
-        self, plan: _Plan, x: torch.Tensor, grads: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
+        self, plan: _Plan, x: torch.Tensor, grads: dict[Call, torch.Tensor]
+    ) -> dict[Call, torch.Tensor]:
         cfg = self.config
-        out: dict[str, torch.Tensor] = {}
+        out: dict[Call, torch.Tensor] = {}
 
-        async def call(uid: str) -> None:
-            result, rows = plan.answered[uid]
+        async def call(key: Call) -> None:
+            uid = key[0]
+            result, rows = plan.answered[key]
             same = same_weights(result.server, plan.servers[uid])
             try:
-                out[uid] = await self.caller.backward(uid, same, x[rows], grads[uid], kept=result)
+                out[key] = await self.caller.backward(uid, same, x[rows], grads[key], kept=result)
             except ExpertCallError as exc:
                 self.stats.failed_calls += 1
                 log.info("backward of %s failed: %s", uid, exc)
 
         with trio.move_on_after(cfg.backward_timeout):
             async with trio.open_nursery() as nursery:
-                for uid in grads:
-                    nursery.start_soon(call, uid)
+                for key in grads:
+                    nursery.start_soon(call, key)
         counts = [0] * x.shape[0]
-        for uid in out:
-            for b in plan.answered[uid][1]:
+        for key in out:
+            for b in plan.answered[key][1]:
                 counts[b] += 1
-        needed = [b for uid in grads for b in plan.answered[uid][1]]
+        needed = [b for key in grads for b in plan.answered[key][1]]
         if (
             needed
             and min(counts[b] for b in needed) < cfg.backward_k_min
@@ -257,9 +281,9 @@ class _RemoteCallMany(torch.autograd.Function):
         answers = layer.portal.run(layer._forward_calls, plan, x_cpu)
         outputs = torch.zeros(x.shape[0], k, *x.shape[1:], dtype=x.dtype)
         alive = torch.zeros(x.shape[0], k)
-        for uid, y in answers.items():
-            rows = plan.answered[uid][1]
-            slots = [plan.uids[b].index(uid) for b in rows]
+        for key, y in answers.items():
+            rows = plan.answered[key][1]
+            slots = [plan.uids[b].index(key[0]) for b in rows]
             outputs[rows, slots] = y.to(x.dtype)
             alive[rows, slots] = 1.0
         ctx.layer = layer  # type: ignore[attr-defined]
@@ -278,15 +302,15 @@ class _RemoteCallMany(torch.autograd.Function):
         layer: RemoteMixtureOfExperts = ctx.layer
         plan: _Plan = ctx.plan
         grad_outputs = grad_outputs.cpu()
-        grads: dict[str, torch.Tensor] = {}
-        for uid, (_, rows) in plan.answered.items():
-            slots = [plan.uids[b].index(uid) for b in rows]
+        grads: dict[Call, torch.Tensor] = {}
+        for key, (_, rows) in plan.answered.items():
+            slots = [plan.uids[b].index(key[0]) for b in rows]
             g = grad_outputs[rows, slots].contiguous()
             if g.any():  # experts whose outputs did not matter need no call
-                grads[uid] = g
+                grads[key] = g
         answers = layer.portal.run(layer._backward_calls, plan, x, grads)
         grad_x = torch.zeros_like(x)
-        for uid, gx in answers.items():
-            rows = plan.answered[uid][1]
+        for key, gx in answers.items():
+            rows = plan.answered[key][1]
             grad_x.index_add_(0, torch.tensor(rows), gx.to(grad_x.dtype))
         return None, None, None, grad_x.to(ctx.device)

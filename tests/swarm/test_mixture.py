@@ -16,6 +16,7 @@ from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID, Grid
 from core.moe.client import ExpertCaller, Portal
 from core.moe.finder import ExpertFinder, advance_beams
+from core.moe.load import ServerLoads
 from core.moe.mixture import MoEConfig, MoEError, RemoteMixtureOfExperts
 from core.namespaces import moehome_validator
 from core.protocol.expert_methods import FORWARD
@@ -251,3 +252,62 @@ async def test_withdrawn_experts_are_not_chosen():
         assert h.layer.stats.called["ffn.1.0"] == 0
         assert h.layer.stats.called["ffn.1.1"] == 0
         assert h.layer.stats.called["ffn.0.0"] >= 1
+
+
+async def test_a_long_call_is_split_over_an_experts_servers_and_put_back_together():
+    """With the servers' speed and links known, an expert's rows go in parts to several of
+    its servers (core/moe/load.py split_parts); outputs and input gradients are those of
+    one call per expert."""
+    uids = [str(u) for u in GRID]
+    slow = ServerConfig(announce_interval=1.0, announce_ttl=3.0, emulated_seconds_per_row=0.005)
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        for i in (0, 1):  # the same weights on both
+            await nursery.start(make_server(swarm.node(i), uids, config=slow).run)
+        trainer = swarm.node(2)
+        loads = ServerLoads()
+        layer = RemoteMixtureOfExperts(
+            in_features=HIDDEN,
+            grid=GRID,
+            finder=ExpertFinder(trainer.dht, "demo", GRID, cache_ttl=0.2),
+            caller=ExpertCaller(trainer.rpc, forward_timeout=30.0, backward_timeout=30.0),
+            portal=Portal.current(),
+            config=MoEConfig(k_best=2, k_min=2, forward_timeout=60.0, timeout_after_k_min=30.0),
+        )
+        # equal gating scores: every sample takes the same two experts (ties go by name),
+        # 256 rows each, ~3.8 s of work (random gating left some expert too few rows to
+        # split, now and then)
+        with torch.no_grad():
+            layer.proj.weight.zero_()
+            layer.proj.bias.zero_()
+        x = torch.randn(256, HIDDEN)
+
+        def run() -> tuple[torch.Tensor, torch.Tensor]:
+            leaf = x.clone().requires_grad_(True)
+            out = layer(leaf)
+            out.square().sum().backward()
+            assert leaf.grad is not None
+            return out.detach(), leaf.grad
+
+        await eventually(lambda: _all_found(layer, uids))
+        whole, whole_grad = await trio.to_thread.run_sync(run)  # no loads: one call each
+        assert layer.stats.expert_calls == 2
+        layer.caller.loads = loads
+        await trio.to_thread.run_sync(run)  # the servers' speeds and links become known
+        peers = [swarm.node(i).peer_id for i in (0, 1)]
+        assert loads.parts(peers, 256, 3.0) == 2
+        before = layer.stats.expert_calls
+        split, split_grad = await trio.to_thread.run_sync(run)
+        assert layer.stats.expert_calls - before == 2 * 2
+        assert torch.allclose(split, whole, atol=1e-5)
+        assert torch.allclose(split_grad, whole_grad, atol=1e-5)
+        answered = layer.stats.answered_by
+        assert all(answered[str(p)] > 0 for p in peers)
+        nursery.cancel_scope.cancel()
+
+
+async def _all_found(layer: RemoteMixtureOfExperts, uids: list[str]) -> bool:
+    found = [len(await layer.finder.servers(u)) for u in uids]
+    return found == [2] * len(uids)

@@ -110,3 +110,45 @@ def test_the_links_share_of_a_calls_time_counts(answers, given, expected, why):
         server, elapsed, seconds = step
         loads.ended(server, 0, 0.0, elapsed=elapsed, seconds=seconds)
     assert loads.order(list(given), 10, 0.0) == list(expected), why
+
+
+@pytest.mark.parametrize(
+    ("rows", "servers", "units_per_row", "rate", "overhead", "parts"),
+    [
+        # one server, or nothing known of speed or links: one call
+        (512, 1, 3.0, 192.0, 0.2, 1),
+        (512, 16, 3.0, None, 0.2, 1),
+        (512, 16, 3.0, 192.0, None, 1),
+        # the emulated 0.125 samples/s volunteer: 8 s of work on one server; parts of at
+        # least 4 x 0.2 s of compute: 10, but no more than 512 // 32 = 16 rows-wise
+        (512, 16, 3.0, 192.0, 0.2, 10),
+        # ...and never more than there are servers
+        (512, 4, 3.0, 192.0, 0.2, 4),
+        # a fast server (the demo's CPU volunteers): 0.08 s of work is not worth a split,
+        # however near the link (MIN_PART_SECONDS)
+        (512, 16, 3.0, 20_000.0, 0.001, 1),
+        # a few rows are never split below MIN_PART_ROWS
+        (40, 16, 3.0, 1.0, 0.2, 1),
+        (64, 16, 3.0, 1.0, 0.2, 2),
+        # a far link makes each part longer
+        (512, 16, 3.0, 192.0, 1.0, 2),
+    ],
+)
+def test_an_experts_rows_are_split_over_its_servers_when_the_work_is_long(
+    rows, servers, units_per_row, rate, overhead, parts
+):
+    from core.moe.load import split_parts
+
+    assert split_parts(rows, servers, units_per_row, rate, overhead) == parts
+
+
+def test_the_split_uses_what_is_known_of_the_experts_servers():
+    loads = ServerLoads()
+    assert loads.parts(["a", "b"], 512, 3.0) == 1  # nothing known yet
+    loads.sent("a", 10)
+    loads.ended("a", 10, 1.0, rate=192.0, elapsed=1.0, seconds=0.8)  # 0.2 s of link
+    loads.sent("b", 10)
+    loads.ended("b", 10, 1.0, rate=192.0, elapsed=1.0, seconds=0.8)
+    assert loads.parts(["a", "b"], 512, 3.0) == 2
+    # a server not measured yet is taken to be typical
+    assert loads.parts(["a", "b", "c", "d"], 512, 3.0) == 4
