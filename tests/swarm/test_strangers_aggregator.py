@@ -17,7 +17,14 @@ from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity, Peer, PeerConfig, RemoteError, RpcService, SwarmHost
 from net.rpc import RpcError
 from tests.strangers import dial_from
-from tests.unit.test_aggregator_core import TRAINER, UID, contribution, make_core, settings
+from tests.unit.test_aggregator_core import (  # _close_cores: autouse, closes make_core's
+    TRAINER,
+    UID,
+    _close_cores,  # noqa: F401
+    contribution,
+    make_core,
+    settings,
+)
 
 MiB = 1024 * 1024
 
