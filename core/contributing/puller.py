@@ -5,17 +5,15 @@ are fetched from it, checked against the record, and swapped in between batches.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import trio
 
 from core.experts.backend import ExpertBackend
 from core.experts.registry import build_expert
-from core.experts.weights import load_weights
+from core.experts.weights import load_weights_bytes
 from core.project.chunks import ChunkStore, sha256_hex
 from core.project.distribution import FetchError, WeightsFetcher
 from core.protocol.versions import version_key
@@ -143,8 +141,5 @@ class WeightsPuller:
 
 def _load(backend: ExpertBackend, blob: bytes) -> Any:
     module = build_expert(backend.spec)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "w.safetensors"
-        path.write_bytes(blob)
-        load_weights(module, path)
+    load_weights_bytes(module, blob)
     return module

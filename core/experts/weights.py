@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,3 +83,13 @@ def load_weights(
     except ValueError as exc:
         raise WeightsError(f"{path}: version metadata is not an integer") from exc
     return WeightsInfo(version, sha)
+
+
+def load_weights_bytes(
+    module: nn.Module, blob: bytes, *, expected_sha256: str | None = None
+) -> WeightsInfo:
+    """:func:`load_weights` of a file's bytes (as fetched from a peer)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "weights.safetensors"
+        path.write_bytes(blob)
+        return load_weights(module, path, expected_sha256=expected_sha256)

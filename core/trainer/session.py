@@ -47,7 +47,7 @@ from core.moe.client import ExpertCallError
 from core.moe.mixture import MoEError, RemoteMixtureOfExperts
 from core.trainer.data import Corpus, sample_batch, validation_batches
 from core.trainer.model import CharLanguageModel, language_model_loss
-from core.trainer.trunk import rebase
+from core.trainer.trunk import Params, rebase, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class TrainingSession:
         #: a batch or an evaluation computes on the master itself now (one at a time)
         self._master_busy = False
         #: rebases of the shared trunk waiting for the master (rebase_trunk)
-        self._rebases: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+        self._rebases: list[tuple[Params, Params]] = []
 
     @property
     def in_flight(self) -> int:
@@ -268,12 +268,12 @@ class TrainingSession:
             self.state.evaluations.append((step, loss))
         return loss
 
-    def trunk_weights(self) -> dict[str, torch.Tensor]:
+    def trunk_weights(self) -> Params:
         """A copy of the master's trainer-side weights (float32, CPU)."""
         with self._lock:
-            return {n: p.detach().float().cpu().clone() for n, p in self.model.named_parameters()}
+            return snapshot(self.model)
 
-    def rebase_trunk(self, base: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> None:
+    def rebase_trunk(self, base: Params, new: Params) -> None:
         """Move the master's trainer-side weights onto ``new``, a version of the shared
         trunk, keeping what they learned since ``base`` (core/trainer/trunk.py). While a
         batch computes on the master itself (one batch at a time), after its update: its
@@ -288,12 +288,12 @@ class TrainingSession:
         """(Holding the lock.)"""
         if not self._rebases:
             return
+        weights = snapshot(self.model)
+        for base, new in self._rebases:
+            weights = rebase(weights, base, new)
         with torch.no_grad():
             for name, p in self.model.named_parameters():
-                value = p.detach().float().cpu()
-                for base, new in self._rebases:
-                    value = rebase({name: value}, {name: base[name]}, {name: new[name]})[name]
-                p.copy_(value.to(p.dtype))
+                p.copy_(weights[name].to(p.dtype))
         self._rebases.clear()
         self._last_update = []  # the prediction of the next update would be off
 

@@ -6,7 +6,6 @@ never blocking them: the training goes on while a change travels."""
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 
 import torch
@@ -14,7 +13,7 @@ import trio
 
 from core.contributing.codecs import codec
 from core.contributing.puller import VersionRecord, fetch_version, newest_version
-from core.experts.weights import WeightsError, load_weights
+from core.experts.weights import WeightsError, load_weights_bytes
 from core.experts.wire import to_wire
 from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
@@ -130,8 +129,5 @@ class TrunkSharing:
     def _load(self, blob: bytes, record: VersionRecord) -> Params:
         m = self.signed.manifest
         module = build_trunk(m.model, seed=m.weights.seed)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "trunk.safetensors"
-            path.write_bytes(blob)
-            load_weights(module, path, expected_sha256=record.sha256)
+        load_weights_bytes(module, blob, expected_sha256=record.sha256)
         return snapshot(module)

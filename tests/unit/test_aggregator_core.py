@@ -50,13 +50,22 @@ def settings(**changes: object) -> AggregatorSettings:
 
 
 def contribution(
-    core: AggregatorCore, who: Identity, scale: float = 1.0, version: int = 0, uid: str = UID
+    core: AggregatorCore,
+    who: Identity,
+    scale: float = 1.0,
+    version: int = 0,
+    uid: str = UID,
+    *,
+    samples: int = 4,
+    signer: Identity = TRAINER,
 ):
+    """``who``'s gradient sums, every value ``scale``, behind one receipt of ``signer``
+    for ``samples``."""
     module = core.modules[uid]
     c = codec("fp32")
     grads = {n: torch.full((p.numel(),), scale) for n, p in module.named_parameters()}
     parts = [part for n in grads for part in c.encode(grads[n])]
-    receipts = [Receipt.sign(TRAINER, "p1", uid, version, [], [], 4)]
+    receipts = [Receipt.sign(signer, "p1", uid, version, [], [], samples)]
     msg = Contribution.create(
         who,
         project="p1",

@@ -8,14 +8,14 @@ import torch
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings, TrunkSettings
 from core.aggregator.verify import Rejected
-from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec
 from core.experts.uid import Grid
 from core.project.manifest import ExpertSection, ModelSection
-from core.protocol.contributions import TRUNK_UID, Contribution, ParamSpec, Receipt
+from core.protocol.contributions import TRUNK_UID
 from core.trainer.model import build_model
 from core.trainer.trunk import TrunkSync, build_trunk, change, rebase, snapshot
 from net import Identity
+from tests.unit.test_aggregator_core import contribution
 
 MODEL = ModelSection(
     hidden=16,
@@ -127,22 +127,11 @@ def _core(tmp_path, momentum: float = 0.0) -> AggregatorCore:
 def _trunk_change(
     core: AggregatorCore, who: Identity, delta: float, samples: int, signer: Identity | None = None
 ):
-    module = core.modules[TRUNK_UID]
-    c = codec("fp32")
-    sums = {n: torch.full((p.numel(),), delta * samples) for n, p in module.named_parameters()}
-    parts = [part for n in sums for part in c.encode(sums[n])]
-    receipt = Receipt.sign(signer or who, "p1", TRUNK_UID, 0, [], [], samples)
-    msg = Contribution.create(
-        who,
-        project="p1",
-        uid=TRUNK_UID,
-        base_version=0,
-        codec="fp32",
-        params=[ParamSpec(n, p.numel()) for n, p in module.named_parameters()],
-        receipts=[receipt],
-        parts=parts,
+    """A trainer's change ``delta`` per value, as sums over ``samples``, with a receipt of
+    its own (or ``signer``'s)."""
+    return contribution(
+        core, who, delta * samples, uid=TRUNK_UID, samples=samples, signer=signer or who
     )
-    return msg, parts
 
 
 def test_the_aggregator_applies_the_sum_of_the_trainers_changes_once_each_sent_one(tmp_path):
