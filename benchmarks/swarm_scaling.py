@@ -1,17 +1,32 @@
 """Throughput of an emulated swarm against its capacity (core/demo/emulated.py): slow
-volunteers behind slow links, all in this process, every part real but their hardware.
+volunteers behind slow links, every part real but their hardware; then the issue's
+summary with the activation codec and the demo's slow-link ratio measured beside.
 
-    python benchmarks/swarm_scaling.py [--volunteers 4 16] [--delay-ms 0 100]
-                                       [--trainers 1] [--in-flight 4] [--samples 320]
+    python benchmarks/swarm_scaling.py [--runs V:MS:T:F ...] [--grid] [--samples N]
+                                       [--speed 0.125] [--wire q4z] [--skip-local]
+                                       [--skip-demo]
 
-Prints one JSON line per configuration: ``samples_per_s`` (all trainers, after the
-first fifth of the samples), ``capacity_samples_per_s`` (the sum of the emulated
-volunteers' speeds), ``utilization`` (their ratio), the calls that failed or came too
-late, and the loss after the run beside the one-process reference trained on as many
-samples (``loss``, ``reference_loss``, ``loss_ratio``; same initial weights, float32,
-experts updated every step). With ``--trainers`` 2 or more, the trainers share their
-trainer-side layers through the aggregator (core/trainer/trunk.py), and the loss is their
-mean. Work in progress (issue 18): the summary line of the issue's goals is still to come.
+``--runs``: configurations as volunteers:delay_ms:trainers:in_flight (default: the
+goals' sizes, 4, 16 and 32 volunteers at 100 ms); ``--grid``: every volunteers (4, 8,
+16, 32) x delay (0, 100, 200) x trainers (1, 4) with ``in_flight_for``'s batches.
+
+One JSON line per configuration: ``samples_per_s`` (all trainers, after the first fifth
+of the samples), ``capacity_samples_per_s`` (the sum of the emulated volunteers'
+speeds), ``utilization`` (their ratio); how much of the experts' work each trained
+sample got (``expert_work_per_sample``: 1 when every call of its k experts in every
+layer came back in time, forward and backward) and ``utilization_full``
+(``utilization`` x that: calls answered after ``timeout_after_k_min`` are dropped with
+their backward pass never asked for, so a saturated swarm can train more samples per
+second than its capacity, each with fewer experts); ``busy`` (the volunteers' work over
+their capacity, late calls' work included); the bytes of activations on the wire over
+float32's; the loss after the run beside the one-process reference trained on as many
+samples (same initial weights, float32, experts updated every step). With 2 or more
+trainers, they share their trainer-side layers through the aggregator
+(core/trainer/trunk.py), and the loss is their mean.
+
+Then, unless skipped: ``local`` (benchmarks/trainer_local.py: the wire codec against
+float32 on the same batches, in this process) and ``demo`` (``moehome demo --steps 40``
+with every volunteer 100 ms late against no delay, alternated), and the summary line.
 """
 
 from __future__ import annotations
@@ -19,9 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +47,49 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks
 
-from trainer_local import train
+from trainer_local import bytes_ratio, demo_model, train
 
 from core.demo.emulated import EmulationOptions, run_emulated
+from core.demo.options import DemoOptions
+from core.experts.activations import WireCodecs
 from core.trainer.data import STDLIB, load_corpus
 from core.trainer.train import TrainerOptions
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def run(options: EmulationOptions) -> dict[str, Any]:
+
+@dataclass(frozen=True)
+class Run:
+    volunteers: int
+    delay_ms: float
+    trainers: int
+    in_flight: int
+
+    @classmethod
+    def parse(cls, text: str) -> Run:
+        v, ms, t, f = text.split(":")
+        return cls(int(v), float(ms), int(t), int(f))
+
+
+def in_flight_for(volunteers: int, trainers: int) -> int:
+    """Batches each trainer carries: about 3 for every 8 volunteers, all trainers
+    together (enough to keep each volunteer's queue fed at 100-200 ms), at least 2."""
+    return max(2, math.ceil(3 * volunteers / 8 / trainers))
+
+
+def samples_for(run: Run, batch_size: int, least: int = 320) -> int:
+    """Samples to train: ten times what the trainers carry at once, so that the
+    measured window (after the first fifth) starts well after the pipeline filled
+    (with 12 batches in flight and 320 samples, the completions of batches started
+    together bunched at the end and 32 volunteers seemed to train 1.26x their
+    capacity)."""
+    return max(least, 10 * run.trainers * run.in_flight * batch_size)
+
+
+GOALS = [Run(4, 100, 1, 2), Run(16, 100, 1, 3), Run(32, 100, 2, 3)]
+
+
+def measure(options: EmulationOptions) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="moehome-scaling-") as tmp:
         out = trio.run(run_emulated, options, Path(tmp))
     capacity = options.volunteers * options.samples_per_s
@@ -50,6 +102,15 @@ def run(options: EmulationOptions) -> dict[str, Any]:
         options.samples // options.batch_size,
         eval_batches=TrainerOptions(project="", workdir=Path()).eval_batches,
     )["loss"]
+    forward, late, backward = (
+        sum(c[key] for c in calls) for key in ("forward_rows", "late_rows", "backward_rows")
+    )
+    # a token's row through an expert costs 1 forward, 2 backward (the emulation's
+    # rule); every token of a sample asks k_best experts in each mixture layer
+    full = out["samples"] * options.rows_per_sample() * 3
+    utilization = out["samples_per_s"] / capacity
+    used = (forward + 2 * backward) / full
+    wire_ratio = max(c["activation_bytes_ratio"] for c in calls)
     return {
         "volunteers": options.volunteers,
         "delay_ms": options.delay_ms,
@@ -57,14 +118,20 @@ def run(options: EmulationOptions) -> dict[str, Any]:
         "trainers": options.trainers,
         "in_flight": options.in_flight,
         "wire": options.wire,
+        "rule": options.demo.rule,
         "samples": out["samples"],
         "samples_per_s": round(out["samples_per_s"], 3),
         "capacity_samples_per_s": capacity,
-        "utilization": round(out["samples_per_s"] / capacity, 3),
-        "failed_steps": sum(s["failed_steps"] for s in summaries),
-        "failed_calls": sum(c["failed_calls"] for c in calls),
+        "utilization": round(utilization, 3),
+        "expert_work_per_sample": round(used, 3),
+        "utilization_full": round(utilization * used, 3),
+        "busy": round(utilization * (forward + late + 2 * backward) / full, 3),
         "late_calls": sum(c["late_calls"] for c in calls),
         "expert_calls": sum(c["expert_calls"] for c in calls),
+        "late_row_share": round(late / max(forward + late, 1), 4),
+        "failed_calls": sum(c["failed_calls"] for c in calls),
+        "failed_steps": sum(s["failed_steps"] for s in summaries),
+        "activation_bytes_ratio": round(wire_ratio, 4),
         "loss": round(loss, 4),
         "reference_loss": round(reference, 4),
         "loss_ratio": round(loss / reference, 4),
@@ -72,16 +139,109 @@ def run(options: EmulationOptions) -> dict[str, Any]:
     }
 
 
+def local_codec(wire: str, steps: int) -> dict[str, Any]:
+    """The codec against float32 on the same batches, experts local (no swarm noise)."""
+    corpus = load_corpus(STDLIB)
+    names = wire.split("/")
+    codecs = WireCodecs(names[0], names[-1])
+    reference = train(corpus, steps)["loss"]
+    loss = train(corpus, steps, codecs=codecs)["loss"]
+    return {
+        "wire": wire,
+        "steps": steps,
+        "bytes_ratio": round(bytes_ratio(codecs, demo_model()[0].hidden), 4),
+        "loss": round(loss, 4),
+        "reference_loss": round(reference, 4),
+        "loss_ratio": round(loss / reference, 4),
+    }
+
+
+def demo_rate(slow: bool, steps: int) -> float:
+    command = [sys.executable, "-m", "core.cli", "demo", "--steps", str(steps), "--json"]
+    if slow:
+        command += ["--slow", "4", "--slow-ms", "100"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    rate: float = json.loads(done.stdout.strip().splitlines()[-1])["samples_per_s"]
+    return rate
+
+
+def demo_delay(pairs: int, steps: int) -> dict[str, Any]:
+    """``moehome demo`` (its defaults, 4 volunteers) with every volunteer 100 ms late
+    against none, alternated pair by pair on this noisy machine."""
+    fast, slow = [], []
+    for _ in range(pairs):
+        fast.append(demo_rate(False, steps))
+        slow.append(demo_rate(True, steps))
+    return {
+        "steps": steps,
+        "samples_per_s": [round(r, 2) for r in fast],
+        "samples_per_s_100ms": [round(r, 2) for r in slow],
+        "ratio": round(sum(slow) / sum(fast), 3),
+    }
+
+
+def summary(
+    lines: list[dict[str, Any]], local: dict[str, Any] | None, demo: dict[str, Any] | None
+) -> dict[str, Any]:
+    def best(volunteers: int, delay: float) -> dict[str, Any] | None:
+        runs = [x for x in lines if (x["volunteers"], x["delay_ms"]) == (volunteers, delay)]
+        return max(runs, key=lambda x: x["samples_per_s"], default=None)
+
+    out: dict[str, Any] = {"benchmark": "swarm_scaling", "summary": True}
+    at_16 = best(16, 100.0)
+    if at_16 is not None:
+        out["utilization_16v_100ms"] = at_16["utilization"]
+        out["utilization_full_16v_100ms"] = at_16["utilization_full"]
+    for delay in (100.0, 0.0, 200.0):
+        small, large = best(4, delay), best(32, delay)
+        if small is not None and large is not None:
+            out["speedup_32v_vs_4v"] = round(large["samples_per_s"] / small["samples_per_s"], 2)
+            out["speedup_delay_ms"] = delay
+            break
+    if lines:
+        out["max_loss_ratio"] = max(x["loss_ratio"] for x in lines)
+        out["swarm_activation_bytes_ratio"] = max(x["activation_bytes_ratio"] for x in lines)
+    if local is not None:
+        # bytes as the swarm sent them (deflated codes depend on the data); else the local
+        out["activation_bytes_ratio"] = out.get(
+            "swarm_activation_bytes_ratio", local["bytes_ratio"]
+        )
+        out["activation_loss_ratio"] = local["loss_ratio"]
+    if demo is not None:
+        out["demo_delay_ratio"] = demo["ratio"]
+    return out
+
+
+def summarize(paths: list[Path]) -> dict[str, Any]:
+    """The summary of lines this benchmark printed before (runs made apart: a run of
+    every size takes most of an hour on two cores)."""
+    lines, local, demo = [], None, None
+    for path in paths:
+        for text in path.read_text().splitlines():
+            if not text.startswith("{"):
+                continue
+            line = json.loads(text)
+            if line.get("benchmark") != "swarm_scaling" or line.get("summary"):
+                continue
+            if "volunteers" in line:
+                lines.append(line)
+            local = line.get("local", local)
+            demo = line.get("demo", demo)
+    return summary(lines, local, demo)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--volunteers", type=int, nargs="+", default=[4, 16])
-    parser.add_argument("--delay-ms", type=float, nargs="+", default=[0.0, 100.0])
-    parser.add_argument("--trainers", type=int, default=1)
-    parser.add_argument("--in-flight", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=320)
-    parser.add_argument("--speed", type=float, default=0.5, help="samples/s per volunteer")
+    parser.add_argument("--runs", type=Run.parse, nargs="*", default=None)
+    parser.add_argument("--grid", action="store_true")
+    parser.add_argument(
+        "--samples", type=int, default=None, help="default: samples_for each configuration"
+    )
+    parser.add_argument("--speed", type=float, default=0.125, help="samples/s per volunteer")
     parser.add_argument("--upload-mbit", type=float, default=20.0)
-    parser.add_argument("--wire", default="raw")
+    parser.add_argument("--wire", default="q4z")
+    parser.add_argument("--round-samples", type=float, default=64.0)
+    parser.add_argument("--rule", default="centered_clip", help="the aggregators' rule")
     parser.add_argument(
         "--announce-seconds",
         type=float,
@@ -94,22 +254,59 @@ def main() -> None:
         default=2,
         help="processes hosting the volunteers (0: the benchmark's own)",
     )
+    parser.add_argument("--local-steps", type=int, default=200)
+    parser.add_argument("--demo-pairs", type=int, default=2)
+    parser.add_argument("--skip-local", action="store_true")
+    parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument(
+        "--summarize",
+        type=Path,
+        nargs="+",
+        help="print the summary of these files' lines (earlier runs' output) and stop",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.summarize:
+        print(json.dumps(summarize(args.summarize)), flush=True)
+        return
+    runs = args.runs if args.runs is not None else GOALS
+    if args.grid:
+        runs = [
+            Run(v, ms, t, in_flight_for(v, t))
+            for v in (4, 8, 16, 32)
+            for ms in (0.0, 100.0, 200.0)
+            for t in (1, 4)
+        ]
     base = EmulationOptions(
-        trainers=args.trainers,
-        in_flight=args.in_flight,
-        samples=args.samples,
         samples_per_s=args.speed,
         upload_mbit=args.upload_mbit,
         wire=args.wire,
+        round_samples=args.round_samples,
         announce_seconds=args.announce_seconds,
         volunteer_processes=args.volunteer_processes,
+        demo=DemoOptions(rule=args.rule),
     )
-    for volunteers in args.volunteers:
-        for delay in args.delay_ms:
-            line = run(replace(base, volunteers=volunteers, delay_ms=delay))
-            print(json.dumps({"benchmark": "swarm_scaling", **line}), flush=True)
+    lines = []
+    for run in runs:
+        options = replace(
+            base,
+            volunteers=run.volunteers,
+            delay_ms=run.delay_ms,
+            trainers=run.trainers,
+            in_flight=run.in_flight,
+            samples=args.samples or samples_for(run, base.batch_size),
+        )
+        line = measure(options)
+        print(json.dumps({"benchmark": "swarm_scaling", **line}), flush=True)
+        lines.append(line)
+    local = demo = None
+    if not args.skip_local:
+        local = local_codec(args.wire, args.local_steps)
+        print(json.dumps({"benchmark": "swarm_scaling", "local": local}), flush=True)
+    if not args.skip_demo:
+        demo = demo_delay(args.demo_pairs, 40)
+        print(json.dumps({"benchmark": "swarm_scaling", "demo": demo}), flush=True)
+    print(json.dumps(summary(lines, local, demo)), flush=True)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,12 @@ class EmulationOptions:
     #: 16 volunteers at the nodes' 30 s, the event loop lagged 2 s and more and the
     #: declarations timed out; at 180 s it lags 0.3-0.7 s
     announce_seconds: float = 30.0
+    #: the aggregator's rounds, in samples the whole swarm trains between two (at its
+    #: capacity): the experts learn as often per sample whatever the swarm's size and
+    #: speed (the demo on its real hardware: ~10 steps of 16). Volunteers contribute
+    #: twice a round. A batch whose backward pass comes rounds after its forward pass
+    #: finds its weights kept (ExpertBackend.previous)
+    round_samples: float = 64.0
     #: processes hosting the volunteers (core/demo/emulated_host.py); 0: this one
     volunteer_processes: int = 0
     seed: int = 0
@@ -91,15 +97,13 @@ async def run_emulated(
     progress: list[tuple[float, int]] = []  # (time, samples so far, all trainers)
     trained = [0] * options.trainers
     summaries: list[dict[str, Any]] = []
-    # rounds as often, in steps, as the demo's own on its real hardware: a trainer's batch
-    # then sees at most one swap of weights between its forward and backward passes
-    slower = 8.0 / options.samples_per_s
+    round_seconds = options.round_samples / (options.volunteers * options.samples_per_s)
     demo = replace(
         options.demo,
         wire=options.wire,
         batch_size=options.batch_size,
-        contribution_seconds=options.demo.contribution_seconds * slower / 4,
-        round_seconds=options.demo.round_seconds * slower / 4,
+        contribution_seconds=round_seconds / 2,
+        round_seconds=round_seconds,
     )
     corpus = await trio.to_thread.run_sync(load_corpus, STDLIB)
     async with trio.open_nursery() as nursery:

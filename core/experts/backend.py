@@ -85,8 +85,7 @@ class GraphCache:
             return None
         with self._lock:
             now = time.monotonic()
-            for handle in [h for h, g in self._graphs.items() if g.created < now - self.ttl]:
-                self._drop(handle)
+            self._drop_expired(now)
             handle = next(self._next)
             self._graphs[handle] = _Graph(owner, inputs, outputs, nbytes, now)
             self._bytes += nbytes
@@ -135,6 +134,16 @@ class GraphCache:
     def __len__(self) -> int:
         return len(self._graphs)
 
+    def expire(self) -> int:
+        """Drop the graphs kept longer than ``ttl``; how many are left."""
+        with self._lock:
+            self._drop_expired(time.monotonic())
+            return len(self._graphs)
+
+    def _drop_expired(self, now: float) -> None:
+        for handle in [h for h, g in self._graphs.items() if g.created < now - self.ttl]:
+            self._drop(handle)
+
 
 @dataclass
 class GradientAccumulator:
@@ -175,11 +184,18 @@ class GradientAccumulator:
             return out
 
 
+#: weights versions kept after a swap, at most: aggregators refuse contributions more
+#: than the manifest's ``staleness_bound`` (4 by default) versions old, so gradients of
+#: older weights would mostly be lost anyway
+MAX_PREVIOUS_VERSIONS = 4
+
+
 @dataclass
 class PreviousWeights:
-    """The weights served before the last swap, kept until the next one: forward passes
-    kept on them can still be backpropagated (a trainer's batch that was in flight across
-    the swap), their gradients going to their own accumulator, contributed for their
+    """Weights served before a swap, kept while forward passes kept on them wait for
+    their backward pass (a trainer's batch in flight across one or more swaps: with
+    slow volunteers and frequent rounds, a batch's forward and backward passes can be
+    rounds apart), their gradients going to their own accumulator, contributed for their
     version."""
 
     version: int
@@ -199,6 +215,7 @@ class ExpertBackend:
         device: torch.device | str | None = None,
         max_batch_size: int = 4096,
         graph_cache_bytes: int = DEFAULT_GRAPH_CACHE_BYTES,
+        max_previous: int = MAX_PREVIOUS_VERSIONS,
     ) -> None:
         self.uid = uid
         self.spec = spec
@@ -211,18 +228,22 @@ class ExpertBackend:
         self.accumulator = GradientAccumulator()
         self.graphs = GraphCache(max_bytes=graph_cache_bytes)
         self.stale_dropped = 0  # backward batches whose receipts named replaced weights
-        self.previous: PreviousWeights | None = None
+        #: older weights still holding kept graphs, newest first
+        self.previous: list[PreviousWeights] = []
+        self.max_previous = max_previous
 
     def sha256_of(self, module: nn.Module) -> str:
         return weights_hash(module)
 
     def replace_weights(self, module: nn.Module, version: int) -> None:
         """Serve new weights from now on (the caller holds the device, so no batch runs).
-        The old weights, their kept graphs and what was accumulated on them become
-        ``previous`` (what was previous before is dropped: the caller sent its gradients
-        first, see ``accumulators``)."""
+        The old weights, their kept graphs and what was accumulated on them join
+        ``previous``; older weights whose kept graphs are all used or expired are dropped,
+        and beyond ``max_previous`` the oldest (the caller sent every accumulator's
+        gradients first, see ``accumulators``)."""
         old = self.graphs
-        self.previous = PreviousWeights(self.version, self.module, old, self.accumulator)
+        self.previous.insert(0, PreviousWeights(self.version, self.module, old, self.accumulator))
+        self.previous = [w for w in self.previous if w.graphs.expire()][: self.max_previous]
         self.module = module.to(self.device)
         self.module.requires_grad_(True)
         self.version = version
@@ -233,17 +254,20 @@ class ExpertBackend:
 
     def accumulators(self) -> list[tuple[nn.Module, GradientAccumulator]]:
         """Every accumulator with gradients to send, with the module whose parameters they
-        are: the previous weights' (late backward passes), then the current ones'."""
-        out = [(self.previous.module, self.previous.accumulator)] if self.previous else []
+        are: the previous weights' (late backward passes), oldest first, then the current
+        ones'."""
+        out = [(w.module, w.accumulator) for w in reversed(self.previous)]
         return [*out, (self.module, self.accumulator)]
 
     def kept_version(self, owner: object, handle: int) -> int | None:
         """The weights version of a kept graph, or None when it is gone."""
         if self.graphs.holds(owner, handle):
             return self.version
-        if self.previous is not None and self.previous.graphs.holds(owner, handle):
-            return self.previous.version
-        return None
+        weights = self._previous_holding(owner, handle)
+        return None if weights is None else weights.version
+
+    def _previous_holding(self, owner: object, handle: int) -> PreviousWeights | None:
+        return next((w for w in self.previous if w.graphs.holds(owner, handle)), None)
 
     # ---- checks (called on the network side, before anything is queued)
 
@@ -318,7 +342,7 @@ class ExpertBackend:
         weights: PreviousWeights | None = None,
     ) -> None:
         """Parameter gradients into the accumulator of the weights that computed them
-        (``weights``: the previous ones; None: the current ones), unless a receipt names
+        (``weights``: previous ones; None: the current ones), unless a receipt names
         other weights: the request waited while new weights were swapped in, and a
         contribution holding that receipt would be refused whole by the aggregator. Such
         rare gradients are dropped instead (the trainer still gets its input gradients)."""
@@ -335,12 +359,12 @@ class ExpertBackend:
         self, owner: object, handle: int, grad_outputs: torch.Tensor, receipts: Sequence[Any] = ()
     ) -> torch.Tensor:
         """Like backward, through the graph a forward pass kept (raises CacheMiss); a
-        graph kept on the previous weights too (its gradients are theirs)."""
+        graph kept on previous weights too (its gradients are theirs)."""
         weights = None
         try:
             graph = self.graphs.pop(owner, handle)
         except CacheMiss:
-            weights = self.previous
+            weights = self._previous_holding(owner, handle)
             if weights is None:
                 raise
             graph = weights.graphs.pop(owner, handle)

@@ -68,6 +68,12 @@ class MoEStatistics:
     failed_calls: int = 0
     anomalies: int = 0
     late_calls: int = 0
+    #: sample rows of training batches (a backward pass follows) each expert computed:
+    #: forward rows answered in time, forward rows of calls too late to use (computed
+    #: for nothing), backward rows answered. They weigh the volunteers' work used
+    forward_rows: int = 0
+    late_rows: int = 0
+    backward_rows: int = 0
     called: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     #: answers per serving peer (str of its PeerID)
     answered_by: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -174,6 +180,8 @@ class RemoteMixtureOfExperts(nn.Module):
         answers: dict[Call, torch.Tensor] = {}
         counts = [0] * x.shape[0]
         pending = len(calls)
+        unanswered = set(calls)
+        late: list[list[int]] = []
         enough = trio.Event()
         finished = trio.Event()
 
@@ -207,6 +215,7 @@ class RemoteMixtureOfExperts(nn.Module):
                 log.info("expert %s failed: %s", uid, exc)
             finally:
                 pending -= 1
+                unanswered.discard(key)
                 check()
 
         self.stats.batches += 1
@@ -223,7 +232,11 @@ class RemoteMixtureOfExperts(nn.Module):
                 with trio.move_on_after(cfg.timeout_after_k_min):
                     await finished.wait()
                 self.stats.late_calls += pending
+                late = [calls[key] for key in unanswered]  # cancelling empties it
                 nursery.cancel_scope.cancel()
+        if plan.keep:
+            self.stats.forward_rows += sum(len(plan.answered[key][1]) for key in answers)
+            self.stats.late_rows += sum(map(len, late))
         if min(counts, default=cfg.k_min) < cfg.k_min and not cfg.allow_zero_outputs:
             short = sum(c < cfg.k_min for c in counts)
             raise MoEError(
@@ -255,6 +268,7 @@ class RemoteMixtureOfExperts(nn.Module):
         for key in out:
             for b in plan.answered[key][1]:
                 counts[b] += 1
+        self.stats.backward_rows += sum(len(plan.answered[key][1]) for key in out)
         needed = [b for key in grads for b in plan.answered[key][1]]
         if (
             needed

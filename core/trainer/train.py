@@ -396,6 +396,9 @@ async def _train(
             "expert_calls": sum(m.stats.expert_calls for m in session.mixtures()),
             "failed_calls": sum(m.stats.failed_calls for m in session.mixtures()),
             "late_calls": sum(m.stats.late_calls for m in session.mixtures()),
+            "forward_rows": sum(m.stats.forward_rows for m in session.mixtures()),
+            "late_rows": sum(m.stats.late_rows for m in session.mixtures()),
+            "backward_rows": sum(m.stats.backward_rows for m in session.mixtures()),
             # activations and their gradients on the wire, per sample and over float32's
             "activation_bytes_per_sample": wire / max(trained, 1),
             "activation_bytes_ratio": wire / max(as_float32, 1),

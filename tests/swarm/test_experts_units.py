@@ -227,12 +227,51 @@ def test_a_graph_kept_across_a_swap_of_weights_backpropagates_on_the_old_weights
     ref_sums, _ = reference.accumulator.take()
     for name, total in old_acc.take()[0].items():
         torch.testing.assert_close(total, ref_sums[name])
-    # a second swap drops the oldest weights (their gradients were sent before it)
+    # a second swap drops version 7, whose graphs are all used (its gradients were
+    # sent before the swap), and keeps version 8, which still holds one
     backend.replace_weights(build_expert(spec, seed=5), 9)
+    assert [w.version for w in backend.previous] == [8]
     assert backend.kept_version("me", before) is None
     with pytest.raises(CacheMiss):
         backend.backward_kept("me", before, g)
     assert backend.kept_version("me", after) == 8
+
+
+def test_a_graph_kept_across_several_swaps_backpropagates_on_its_weights():
+    """Slow volunteers and frequent rounds: a batch's backward pass can come several
+    versions after its forward pass. Weights stay while a kept graph needs them, at most
+    MAX_PREVIOUS_VERSIONS (older gradients would be refused as stale), and no longer
+    than the graphs' time to live."""
+    spec = ExpertSpec("ffn", 8, 16)
+    backend = ExpertBackend(
+        ExpertUID.parse("ffn.0.0"), spec, build_expert(spec, seed=3), version=1, max_previous=2
+    )
+    reference = ExpertBackend(ExpertUID.parse("ffn.0.0"), spec, build_expert(spec, seed=3))
+    x, g = torch.randn(5, 8), torch.randn(5, 8)
+    _, first = backend.forward(x, keep=True, owner="me")
+    _, spare = backend.forward(x, keep=True, owner="me")
+    assert first is not None
+    assert spare is not None
+    backend.replace_weights(build_expert(spec, seed=4), 2)
+    _, on_2 = backend.forward(x, keep=True, owner="me")
+    backend.replace_weights(build_expert(spec, seed=5), 3)
+    assert [w.version for w in backend.previous] == [2, 1]
+    torch.testing.assert_close(backend.backward_kept("me", first, g), reference.backward(x, g))
+    oldest = backend.accumulators()[0][1]  # sent first: version 1's, where the graph was
+    assert (oldest.samples, len(backend.accumulators())) == (5, 3)
+    # a third swap: versions 3, 2 and 1 each hold a graph; 1 is beyond max_previous
+    _, on_3 = backend.forward(x, keep=True, owner="me")
+    assert on_2 is not None
+    assert on_3 is not None
+    backend.replace_weights(build_expert(spec, seed=6), 4)
+    assert [w.version for w in backend.previous] == [3, 2]
+    assert backend.kept_version("me", spare) is None
+    assert (backend.kept_version("me", on_2), backend.kept_version("me", on_3)) == (2, 3)
+    # graphs past their time to live keep no weights; weights that never kept one go
+    for w in backend.previous:
+        w.graphs.ttl = 0.0
+    backend.replace_weights(build_expert(spec, seed=7), 5)
+    assert [w.version for w in backend.previous] == []
 
 
 async def test_an_emulated_device_takes_its_time_per_row_and_reports_it():

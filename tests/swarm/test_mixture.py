@@ -233,6 +233,10 @@ async def test_a_node_that_stops_answering_costs_only_the_grace_period():
         assert trio.current_time() - t0 < 3
         assert torch.isfinite(out).all()
         assert h.layer.stats.late_calls == 2
+        # 8 samples x 4 experts: the silent node's two experts' rows computed for nothing
+        assert (h.layer.stats.forward_rows, h.layer.stats.late_rows) == (16, 16)
+        await trio.to_thread.run_sync(lambda: out.sum().backward())
+        assert h.layer.stats.backward_rows == 16  # only the answered calls' rows
 
 
 async def test_k_min_not_reached_raises_unless_zero_outputs_are_allowed():
