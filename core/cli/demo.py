@@ -81,14 +81,14 @@ def demo(
     in_flight: Annotated[
         int,
         typer.Option(min=1, max=64, help="Batches the trainer carries through the swarm at once."),
-    ] = 1,
+    ] = 2,
     wire: Annotated[
         str,
         typer.Option(
             help="How activations/gradients travel: raw, f16, bf16, q8, q4, q3, q4z "
             "(one codec, or two as ACTIVATIONS/GRADIENTS, e.g. q4/q3)."
         ),
-    ] = "raw",
+    ] = "q4z",
     relay_circuit_mib: Annotated[
         float | None,
         typer.Option(

@@ -20,11 +20,14 @@ class DemoOptions:
     rule: str = "centered_clip"
     data: str = "stdlib"
     batch_size: int = 16
-    #: batches the trainer carries through the swarm at once
-    in_flight: int = 1
+    #: batches the trainer carries through the swarm at once: with 2, every volunteer
+    #: 100 ms late keeps 0.87 of the demo's speed (0.61 with 1), for +2.5% loss at 200
+    #: steps (benchmarks/trainer_local.py; docs/decisions/009-throughput.md)
+    in_flight: int = 2
     #: the manifest's [model.wire]: one codec for activations and gradients, or
-    #: "ACTIVATIONS/GRADIENTS"
-    wire: str = "raw"
+    #: "ACTIVATIONS/GRADIENTS". q4z: 4-bit blockwise codes deflated, ~0.1 of float32's
+    #: bytes for ~1% of loss at equal samples
+    wire: str = "q4z"
     workdir: Path | None = None
     #: the demo model: hidden width, experts per layer as a grid, experts per volunteer
     hidden: int = 64

@@ -170,3 +170,18 @@ def test_demo_nat_variations_need_nat(flag):
     result = runner.invoke(app, ["demo", flag])
     assert result.exit_code == 2
     assert "go with --nat" in result.output
+
+
+def test_the_demo_commands_defaults_are_the_demo_options():
+    """`moehome demo` with no option runs DemoOptions' defaults (the two are written
+    apart: the command imports the demo only when it runs)."""
+    import inspect
+
+    from core.cli.demo import demo
+    from core.demo.options import DemoOptions
+
+    defaults = DemoOptions()
+    shared = [n for n in inspect.signature(demo).parameters if hasattr(defaults, n)]
+    assert len(shared) >= 15
+    for name in shared:
+        assert inspect.signature(demo).parameters[name].default == getattr(defaults, name), name
