@@ -28,7 +28,6 @@ class MoEModel:
     #: feed-forward blocks in one expert (1: one FFN; more: a thicker expert, as a
     #: pipeline stage of SWARM parallelism, doing more compute per byte it receives)
     depth: int
-    tokens: int  # per sample
     k: int  # experts per token and mixture layer
     layers: int  # mixture layers
     experts: int  # per mixture layer
@@ -91,8 +90,7 @@ def moe(model: MoEModel, links: Links, volunteers: int) -> dict[str, Any]:
     tokens = volunteers * per_volunteer * links.utilization / units_per_token
     contribution = served * model.expert_params() * links.gradient_bytes
     servers_per_expert = volunteers * served / (model.experts * model.layers)
-    trainer_bytes_per_token = units_per_token * model.values_per_token_expert() / 2
-    trainer_bytes_per_token *= links.wire_bytes
+    trainer_bytes_per_token = units_per_token * up_per  # what the volunteers send
     return {
         "experts_per_volunteer": served,
         "tokens_per_s": round(tokens),
@@ -129,14 +127,10 @@ def dense(links: Links, volunteers: int, sync_every: int, tokens_per_step: int) 
 
 MODELS = [
     # 32 mixture layers of one-FFN experts at hidden 4096 (275B parameters, 17B active)
-    MoEModel(
-        "ffn-4096", hidden=4096, inner=16384, depth=1, tokens=2048, k=4, layers=32, experts=64
-    ),
+    MoEModel("ffn-4096", hidden=4096, inner=16384, depth=1, k=4, layers=32, experts=64),
     # 4 mixture layers of thick experts, 8 FFN blocks each, as pipeline stages (275B
     # parameters, 8.6B active)
-    MoEModel(
-        "stage-4096x8", hidden=4096, inner=16384, depth=8, tokens=2048, k=2, layers=4, experts=64
-    ),
+    MoEModel("stage-4096x8", hidden=4096, inner=16384, depth=8, k=2, layers=4, experts=64),
 ]
 
 

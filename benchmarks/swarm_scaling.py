@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks
 from trainer_local import bytes_ratio, demo_model, train
 
 from core.demo.emulated import EmulationOptions, run_emulated
-from core.demo.options import DemoOptions
+from core.demo.options import DemoOptions, wire_codecs
 from core.experts.activations import WireCodecs
 from core.trainer.data import STDLIB, load_corpus
 from core.trainer.train import TrainerOptions
@@ -142,8 +142,7 @@ def measure(options: EmulationOptions) -> dict[str, Any]:
 def local_codec(wire: str, steps: int) -> dict[str, Any]:
     """The codec against float32 on the same batches, experts local (no swarm noise)."""
     corpus = load_corpus(STDLIB)
-    names = wire.split("/")
-    codecs = WireCodecs(names[0], names[-1])
+    codecs = WireCodecs(*wire_codecs(wire))
     reference = train(corpus, steps)["loss"]
     loss = train(corpus, steps, codecs=codecs)["loss"]
     return {

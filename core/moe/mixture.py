@@ -179,21 +179,19 @@ class RemoteMixtureOfExperts(nn.Module):
         calls = self._calls(plan)
         answers: dict[Call, torch.Tensor] = {}
         counts = [0] * x.shape[0]
-        pending = len(calls)
         unanswered = set(calls)
-        late: list[list[int]] = []
+        late_rows = 0
         enough = trio.Event()
         finished = trio.Event()
 
         def check() -> None:
-            if pending == 0:
+            if not unanswered:
                 finished.set()
                 enough.set()
             elif min(counts) >= cfg.k_min:
                 enough.set()
 
         async def call(key: Call, rows: list[int]) -> None:
-            nonlocal pending
             uid = key[0]
             try:
                 result = await self.caller.forward(uid, plan.servers[uid], x[rows], keep=plan.keep)
@@ -214,7 +212,6 @@ class RemoteMixtureOfExperts(nn.Module):
                 self.stats.failed_calls += 1
                 log.info("expert %s failed: %s", uid, exc)
             finally:
-                pending -= 1
                 unanswered.discard(key)
                 check()
 
@@ -231,12 +228,12 @@ class RemoteMixtureOfExperts(nn.Module):
                 await enough.wait()
                 with trio.move_on_after(cfg.timeout_after_k_min):
                     await finished.wait()
-                self.stats.late_calls += pending
-                late = [calls[key] for key in unanswered]  # cancelling empties it
+                self.stats.late_calls += len(unanswered)
+                late_rows = sum(len(calls[key]) for key in unanswered)  # cancelling empties it
                 nursery.cancel_scope.cancel()
         if plan.keep:
-            self.stats.forward_rows += sum(len(plan.answered[key][1]) for key in answers)
-            self.stats.late_rows += sum(map(len, late))
+            self.stats.forward_rows += sum(len(calls[key]) for key in answers)
+            self.stats.late_rows += late_rows
         if min(counts, default=cfg.k_min) < cfg.k_min and not cfg.allow_zero_outputs:
             short = sum(c < cfg.k_min for c in counts)
             raise MoEError(
