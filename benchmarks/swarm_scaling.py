@@ -119,6 +119,7 @@ def measure(options: EmulationOptions) -> dict[str, Any]:
         "in_flight": options.in_flight,
         "wire": options.wire,
         "rule": options.demo.rule,
+        "trunk_momentum": options.demo.trunk_outer_momentum,
         "samples": out["samples"],
         "samples_per_s": round(out["samples_per_s"], 3),
         "capacity_samples_per_s": capacity,
@@ -242,6 +243,12 @@ def main() -> None:
     parser.add_argument("--round-samples", type=float, default=64.0)
     parser.add_argument("--rule", default="centered_clip", help="the aggregators' rule")
     parser.add_argument(
+        "--trunk-momentum",
+        type=float,
+        default=DemoOptions.trunk_outer_momentum,
+        help="the outer momentum of the shared trunk (several trainers)",
+    )
+    parser.add_argument(
         "--announce-seconds",
         type=float,
         default=180.0,
@@ -283,7 +290,7 @@ def main() -> None:
         round_samples=args.round_samples,
         announce_seconds=args.announce_seconds,
         volunteer_processes=args.volunteer_processes,
-        demo=DemoOptions(rule=args.rule),
+        demo=DemoOptions(rule=args.rule, trunk_outer_momentum=args.trunk_momentum),
     )
     lines = []
     for run in runs:

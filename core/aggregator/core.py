@@ -57,7 +57,7 @@ class TrunkSettings:
     ``round_seconds`` after the first."""
 
     outer_learning_rate: float = 1.0
-    outer_momentum: float = 0.5
+    outer_momentum: float = 0.0
     round_seconds: float = 5.0
 
 

@@ -47,7 +47,7 @@ class DemoOptions:
     trunk_sync_every: int = 2
     trunk_round_seconds: float = 5.0
     trunk_outer_learning_rate: float = 1.0
-    trunk_outer_momentum: float = 0.5
+    trunk_outer_momentum: float = 0.0
     #: volunteers and the trainer behind NAT routers in network namespaces (net/lab.py)
     nat: bool = False
     #: with ``nat``: the volunteers' second home has a symmetric NAT, where hole punching

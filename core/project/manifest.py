@@ -121,7 +121,9 @@ class TrunkSection(_Strict):
 
     sync_every: Annotated[int, Field(ge=1, le=100_000)] = 2
     outer_learning_rate: Annotated[float, Field(gt=0, le=10)] = 1.0
-    outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    #: 0: measured better than 0.5 at every arrangement of 2-6 trainers
+    #: (benchmarks/concurrency_local.py; docs/decisions/009-throughput.md)
+    outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
     #: a round waits this long for every listed trainer's change, then applies those in
     round_seconds: Annotated[float, Field(gt=0)] = 5.0
 
@@ -268,7 +270,7 @@ trim_fraction = 0.2                # for trimmed_mean
 # steps; the sum of the trainers' changes makes a new version they all rebase onto.
 sync_every = 2
 outer_learning_rate = 1.0
-outer_momentum = 0.5               # Nesterov momentum over the versions
+outer_momentum = 0.0               # Nesterov momentum over the versions (0: measured best)
 round_seconds = 5.0                # a version waits this long for every trainer's change
 
 # One block per aggregator: its public key (hex, `moehome aggregator key`) and where to

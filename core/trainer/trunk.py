@@ -16,7 +16,11 @@ aggregator, as the volunteers' expert gradients do:
    one trainer's progress of several. Measured in the emulated swarm (4 volunteers, 2
    trainers of 160 samples each; one trainer of all 320 reaches 3.22): mean, 0.7/0.9,
    every 5 steps 3.73; sum, rate 1, no momentum, every 2 steps 3.46; the same with
-   momentum 0.5: 3.31 (the defaults).
+   momentum 0.5: 3.31. Those runs were 10 steps per trainer, where momentum's early
+   push shows; over 60 steps it costs: benchmarks/concurrency_local.py (3 seeds, every
+   arrangement of 2-6 trainers and 1-3 in flight) gives 2-6% less loss without momentum,
+   and the emulated swarm (32 volunteers, 2 trainers x 3, 960 samples) a loss ratio of
+   1.235 against 1.321. The defaults: the sum, rate 1, no momentum, every 2 steps.
 3. Each trainer takes the first version that includes its change and *rebases*: its copy
    becomes ``new + (copy - sent)``, keeping what it learned since it sent.
 

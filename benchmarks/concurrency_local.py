@@ -1,0 +1,272 @@
+"""What carrying several batches at once costs in samples, however they are arranged:
+T trainers with N batches in flight each, the demo's model trained in this process on
+the same batches as one trainer carrying one batch at a time (the reference).
+
+A swarm's throughput needs batches in the air: the volunteers idle unless about
+``capacity x step latency / batch`` samples are being carried. Whether they ride on one
+trainer (in flight: stale gradients) or on several (the shared trunk: changes that meet
+late), each batch's gradient is computed on weights that miss the others' updates. This
+emulation isolates that cost, deterministically, without threads or a swarm:
+
+- the trainers take the batches in turn; one with N in flight computes each gradient on
+  its weights moved on by N-1 times its last update (the session's weight prediction)
+  and applies it N-1 of its own steps later at ``lr / N`` (the staleness-aware rate at
+  the steady staleness N-1), clipped as the session clips;
+- with several trainers, the trunk meets as core/trainer/trunk.py says (TrunkSync and
+  rebase are the real code): a change every ``sync_every`` steps, arriving ``delay``
+  batches later; the aggregator's rule, the sum of every trainer's change with an outer
+  SGD (Nesterov momentum), published ``delay`` batches after the last change arrived;
+- the experts are shared and step after every batch (their rounds cost ~1.5% at 60
+  steps, measured apart: the swarm's figure includes them, this one does not).
+
+    python benchmarks/concurrency_local.py [--steps 60] [--seeds 1 2 3] \\
+        [--arrangements 1:2 1:3 2:1 2:3 3:2 6:1] [--outer-momentum 0.5]
+
+Prints one JSON line per arrangement: the mean validation loss over the seeds (each seed
+draws other batches) beside the reference's, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.demo import DemoOptions
+from core.trainer.data import Corpus, load_corpus, sample_batch, validation_batches
+from core.trainer.model import (
+    CharLanguageModel,
+    LocalMixtureOfExperts,
+    build_model,
+    language_model_loss,
+)
+from core.trainer.trunk import Params, TrunkSync, rebase
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trainer_local import demo_model
+
+
+@dataclass(frozen=True)
+class Arrangement:
+    trainers: int
+    in_flight: int
+
+    @classmethod
+    def parse(cls, text: str) -> Arrangement:
+        trainers, in_flight = (int(v) for v in text.split(":"))
+        if trainers < 1 or in_flight < 1:
+            raise argparse.ArgumentTypeError(f"{text}: trainers and in flight from 1")
+        return cls(trainers, in_flight)
+
+
+def _trunk(model: nn.Module) -> dict[str, nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if ".experts." not in n}
+
+
+def _snapshot(model: nn.Module) -> Params:
+    return {n: p.detach().clone() for n, p in _trunk(model).items()}
+
+
+def _share_experts(source: CharLanguageModel, target: CharLanguageModel) -> None:
+    for a, b in zip(source.mixtures, target.mixtures, strict=True):
+        assert isinstance(a, LocalMixtureOfExperts)
+        assert isinstance(b, LocalMixtureOfExperts)
+        b.experts = a.experts
+
+
+@dataclass
+class _Trainer:
+    model: CharLanguageModel
+    replica: CharLanguageModel
+    optimizer: torch.optim.Optimizer
+    sync: TrunkSync
+    waiting: deque[Params] = field(default_factory=deque)
+    last_update: Params | None = None
+
+
+def train(
+    corpus: Corpus,
+    steps: int,
+    arrangement: Arrangement,
+    *,
+    seed: int,
+    delay: int = 2,
+    outer_learning_rate: float = 1.0,
+    outer_momentum: float = 0.5,
+    sync_every: int = 2,
+) -> float:
+    """Validation loss after ``steps`` batches applied (all trainers together; the
+    batches still in flight at the end are dropped, as the swarm's run drops them)."""
+    m, weights_seed = demo_model()
+    spec = m.expert.spec()
+    options = DemoOptions()
+    lr = options.learning_rate
+    first = build_model(
+        m,
+        lambda _i, grid: LocalMixtureOfExperts(
+            in_features=m.hidden, grid=grid, spec=spec, k_best=m.k_best, weights_seed=weights_seed
+        ),
+        seed=weights_seed,
+    )
+    trainers: list[_Trainer] = []
+    for _ in range(arrangement.trainers):
+        model = first if not trainers else copy.deepcopy(first)
+        replica = copy.deepcopy(first)
+        _share_experts(first, model)
+        _share_experts(first, replica)
+        trainers.append(
+            _Trainer(
+                model,
+                replica,
+                torch.optim.Adam(list(_trunk(model).values()), lr=lr),
+                TrunkSync(sync_every=sync_every, anchor=_snapshot(model)),
+            )
+        )
+    experts = [p for n, p in first.named_parameters() if ".experts." in n]
+    expert_optimizer = torch.optim.Adam(experts, lr=lr)
+    # the aggregator's trunk and its outer optimizer
+    names = list(_trunk(first))
+    shared = [nn.Parameter(p.detach().clone()) for p in _trunk(first).values()]
+    outer = torch.optim.SGD(
+        shared, lr=outer_learning_rate, momentum=outer_momentum, nesterov=outer_momentum > 0
+    )
+    version = 0
+    arriving: list[tuple[int, int, Params]] = []  # (batch, trainer, change)
+    changes: dict[int, Params] = {}
+    published: list[tuple[int, int, Params]] = []  # (batch, version, weights)
+    generator = torch.Generator().manual_seed(seed)
+    evaluation = validation_batches(corpus.validation, options.batch_size, first.context, 8)
+    stale = arrangement.in_flight - 1
+    applied = 0
+    batch = -1
+    while applied < steps:
+        batch += 1
+        for item in [a for a in arriving if a[0] <= batch]:
+            arriving.remove(item)
+            _, who, delta = item
+            trainers[who].sync.accepted(version)
+            changes[who] = delta
+            if len(changes) == len(trainers):
+                for name, p in zip(names, shared, strict=True):
+                    p.grad = torch.stack([c[name] for c in changes.values()]).sum(dim=0)
+                outer.step()
+                outer.zero_grad(set_to_none=True)
+                version += 1
+                weights = {n: p.detach().clone() for n, p in zip(names, shared, strict=True)}
+                published.append((batch + delay, version, weights))
+                changes = {}
+        t = trainers[batch % len(trainers)]
+        ready = [v for v in published if v[0] <= batch and t.sync.may_rebase(v[1])]
+        if ready:
+            _, number, weights = ready[-1]
+            base = t.sync.took(weights, number)
+            moved = rebase(_snapshot(t.model), base, weights)
+            with torch.no_grad():
+                for name, p in _trunk(t.model).items():
+                    p.copy_(moved[name])
+            t.last_update = None
+        # the gradient of this batch, on where the weights are predicted to be
+        with torch.no_grad():
+            for (name, p), q in zip(
+                _trunk(t.model).items(), _trunk(t.replica).values(), strict=True
+            ):
+                q.copy_(p)
+                if t.last_update is not None:
+                    q.add_(t.last_update[name], alpha=stale)
+        x, y = sample_batch(corpus.train, options.batch_size, first.context, generator)
+        t.replica.train()
+        loss = language_model_loss(t.replica(x), y)
+        t.replica.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        expert_optimizer.step()
+        expert_optimizer.zero_grad(set_to_none=True)
+        t.waiting.append({n: p.grad.clone() for n, p in _trunk(t.replica).items()})  # type: ignore[union-attr]
+        if len(t.waiting) <= stale:
+            continue
+        # the gradient of the batch carried `stale` steps ago lands now
+        gradient = t.waiting.popleft()
+        params = _trunk(t.model)
+        for name, p in params.items():
+            p.grad = gradient[name]
+        nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        for group in t.optimizer.param_groups:
+            group["lr"] = lr / (1 + stale)
+        before = _snapshot(t.model)
+        t.optimizer.step()
+        t.optimizer.zero_grad(set_to_none=True)
+        t.last_update = {n: p.detach() - before[n] for n, p in params.items()}
+        applied += 1
+        if len(trainers) > 1:
+            t.sync.stepped(options.batch_size)
+            if t.sync.due():
+                delta, _, _ = t.sync.take(_snapshot(t.model))
+                arriving.append((batch + delay, batch % len(trainers), delta))
+    model = trainers[0].model
+    model.eval()
+    with torch.no_grad():
+        losses = [float(language_model_loss(model(x), y)) for x, y in evaluation]
+    return sum(losses) / len(losses)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60, help="batches, all trainers together")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[1, 2, 3])
+    parser.add_argument(
+        "--arrangements",
+        type=Arrangement.parse,
+        nargs="*",
+        default=[Arrangement.parse(a) for a in ("1:2", "1:3", "2:1", "2:3", "3:2", "6:1")],
+    )
+    parser.add_argument("--delay", type=int, default=2, help="batches a trunk change travels")
+    parser.add_argument("--outer-learning-rate", type=float, default=1.0)
+    parser.add_argument("--outer-momentum", type=float, default=DemoOptions.trunk_outer_momentum)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    corpus = load_corpus()
+
+    def mean_loss(arrangement: Arrangement) -> float:
+        losses = [
+            train(
+                corpus,
+                args.steps,
+                arrangement,
+                seed=seed,
+                delay=args.delay,
+                outer_learning_rate=args.outer_learning_rate,
+                outer_momentum=args.outer_momentum,
+            )
+            for seed in args.seeds
+        ]
+        return sum(losses) / len(losses)
+
+    reference = mean_loss(Arrangement(1, 1))
+    for arrangement in args.arrangements:
+        loss = mean_loss(arrangement)
+        line = {
+            "benchmark": "concurrency_local",
+            "trainers": arrangement.trainers,
+            "in_flight": arrangement.in_flight,
+            "concurrent": arrangement.trainers * arrangement.in_flight,
+            "steps": args.steps,
+            "seeds": args.seeds,
+            "outer_momentum": args.outer_momentum,
+            "outer_learning_rate": args.outer_learning_rate,
+            "reference_loss": round(reference, 4),
+            "loss": round(loss, 4),
+            "loss_ratio": round(loss / reference, 4),
+        }
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
