@@ -62,6 +62,14 @@ async def start_contributing(
         server.device,
         before_swap=sender.flush,
         after_swap=server.announce_now,
+        interval=pull_interval(manifest.training.round_seconds),
     )
     await nursery.start(puller.run)
     return sender
+
+
+def pull_interval(round_seconds: float) -> float:
+    """How often a volunteer looks for new versions: twice a round, so that it serves
+    and contributes on weights at most about half a round old, and never more often
+    than every second (a DHT lookup per expert) nor less often than every 10 s."""
+    return min(10.0, max(1.0, round_seconds / 2))

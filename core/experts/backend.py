@@ -202,6 +202,7 @@ class PreviousWeights:
     module: nn.Module
     graphs: GraphCache
     accumulator: GradientAccumulator
+    sha256: str = ""
 
 
 class ExpertBackend:
@@ -242,7 +243,9 @@ class ExpertBackend:
         and beyond ``max_previous`` the oldest (the caller sent every accumulator's
         gradients first, see ``accumulators``)."""
         old = self.graphs
-        self.previous.insert(0, PreviousWeights(self.version, self.module, old, self.accumulator))
+        self.previous.insert(
+            0, PreviousWeights(self.version, self.module, old, self.accumulator, self.sha256)
+        )
         self.previous = [w for w in self.previous if w.graphs.expire()][: self.max_previous]
         self.module = module.to(self.device)
         self.module.requires_grad_(True)
@@ -258,6 +261,12 @@ class ExpertBackend:
         ones'."""
         out = [(w.module, w.accumulator) for w in reversed(self.previous)]
         return [*out, (self.module, self.accumulator)]
+
+    def sha256_of_version(self, version: int) -> str:
+        """The weights hash of ``version`` if it is served or kept here, else ""."""
+        if version == self.version:
+            return self.sha256
+        return next((w.sha256 for w in self.previous if w.version == version), "")
 
     def kept_version(self, owner: object, handle: int) -> int | None:
         """The weights version of a kept graph, or None when it is gone."""

@@ -38,9 +38,12 @@ from net import Overloaded
 log = logging.getLogger(__name__)
 
 #: Runs one batch: (batched input tensors, keep, owner, extras) -> (outputs, handle of a
-#: kept autograd graph or None). ``keep`` is only ever True for a batch of a single
-#: request, whose caller is ``owner``; ``extras`` holds each request's extra (receipts).
-Process = Callable[[list[torch.Tensor], bool, object, list[Any]], tuple[torch.Tensor, int | None]]
+#: kept autograd graph or None, the version of the weights that computed them). ``keep``
+#: is only ever True for a batch of a single request, whose caller is ``owner``;
+#: ``extras`` holds each request's extra (receipts).
+Process = Callable[
+    [list[torch.Tensor], bool, object, list[Any]], tuple[torch.Tensor, int | None, int]
+]
 
 #: Priority classes: lower runs first.
 TRAINER = 0
@@ -186,6 +189,7 @@ class _Task:
     done: trio.Event = field(default_factory=trio.Event)
     result: torch.Tensor | None = None
     handle: int | None = None
+    version: int = 0
     error: BaseException | None = None
     abandoned: bool = False
 
@@ -251,10 +255,12 @@ class TaskPool:
 
     async def submit(
         self, *tensors: torch.Tensor, keep: bool = False, owner: object = None, extra: Any = None
-    ) -> tuple[torch.Tensor, int | None]:
-        """Run ``process`` on these tensors (batched with others); returns its output rows
-        and, when ``keep`` was asked and the request ran alone, the kept graph's handle.
-        Raises Overloaded when ``owner`` (or the strangers) already queued too much."""
+    ) -> tuple[torch.Tensor, int | None, int]:
+        """Run ``process`` on these tensors (batched with others); returns its output rows,
+        the kept graph's handle when ``keep`` was asked and the request ran alone, and the
+        version of the weights that computed them (new weights may be swapped in before
+        the caller answers: an answer names the weights that made it, which an audit
+        recomputes). Raises Overloaded when ``owner`` (or the strangers) already queued too much."""
         task = _Task(tensors, int(tensors[0].shape[0]), keep, owner, extra)
         try:
             self._queue.push(owner, task, task.size, self._priority(owner), solo=keep)
@@ -270,7 +276,7 @@ class TaskPool:
         if task.error is not None:
             raise task.error
         assert task.result is not None
-        return task.result, task.handle
+        return task.result, task.handle, task.version
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -307,7 +313,7 @@ class TaskPool:
             keep = len(live) == 1 and live[0].keep
             args = (inputs, keep, live[0].owner, [t.extra for t in live])
             emulated = None if self._emulated_seconds is None else self._emulated_seconds(size)
-            (output, handle), seconds = await on_device(
+            (output, handle, version), seconds = await on_device(
                 self._limiter, self._process, *args, emulated_seconds=emulated
             )
         except Exception as exc:
@@ -323,6 +329,7 @@ class TaskPool:
         offset = 0
         for t in live:
             t.handle = handle
+            t.version = version
             t.result = output[offset : offset + t.size]
             offset += t.size
             t.done.set()

@@ -340,14 +340,16 @@ class ExpertServer:
             raise BadRequest(str(exc)) from exc
 
     def _reply(
-        self, ctx: CallContext, backend: ExpertBackend, t: torch.Tensor, **meta: Any
+        self, ctx: CallContext, backend: ExpertBackend, t: torch.Tensor, version: int, **meta: Any
     ) -> Reply:
-        """``t`` in the codec the request asked its answer in."""
+        """``t`` in the codec the request asked its answer in, naming the ``version`` of
+        the weights that computed it."""
         codec = self._answer_codec(ctx)
         if codec != "raw":
             meta["codec"] = codec
         meta["seconds"] = round(trio.current_time() - ctx.arrived, 4)
-        return Reply({**self._identity(backend), **meta}, tuple(activations.encode(t, codec)))
+        identity = {"version": version, "sha256": backend.sha256_of_version(version)}
+        return Reply({**identity, **self.backlog(), **meta}, tuple(activations.encode(t, codec)))
 
     def _identity(self, backend: ExpertBackend) -> dict[str, Any]:
         return {"version": backend.version, "sha256": backend.sha256, **self.backlog()}
@@ -377,7 +379,7 @@ class ExpertServer:
             raise BadRequest(str(exc)) from exc
         keep = ctx.request.meta.get("keep") is True and self._is_trainer(ctx.peer_id)
         pool = self._forward_pools[str(backend.uid)]
-        y, handle = await pool.submit(x, keep=keep, owner=ctx.peer_id)
+        y, handle, version = await pool.submit(x, keep=keep, owner=ctx.peer_id)
         meta: dict[str, Any] = {}
         if handle is not None:
             meta["handle"] = handle
@@ -386,7 +388,7 @@ class ExpertServer:
                 self._input_digests[key] = tensor_digest([x])
                 while len(self._input_digests) > 4096:
                     del self._input_digests[next(iter(self._input_digests))]
-        return self._reply(ctx, backend, y, **meta)
+        return self._reply(ctx, backend, y, version, **meta)
 
     async def _backward(self, ctx: CallContext) -> Reply:
         backend = self._backend(ctx)
@@ -402,10 +404,10 @@ class ExpertServer:
         receipt = self._receipt(
             ctx, backend, tensor_digest([x]) if self.config.require_receipts else b"", grad
         )
-        grad_x, _ = await self._backward_pools[str(backend.uid)].submit(
+        grad_x, _, version = await self._backward_pools[str(backend.uid)].submit(
             x, grad, owner=ctx.peer_id, extra=receipt
         )
-        return self._reply(ctx, backend, grad_x, gradient=True)
+        return self._reply(ctx, backend, grad_x, version, gradient=True)
 
     def _receipt(
         self,
@@ -456,10 +458,14 @@ class ExpertServer:
         if grad.dtype != backend.spec.torch_dtype or not torch.isfinite(grad).all():
             raise BadRequest(f"grad_outputs must be finite {backend.spec.dtype}")
         receipt = None
+        # the weights that kept the graph compute its backward pass, whatever was swapped
+        # in since
+        version = backend.kept_version(ctx.peer_id, handle)
+        if version is None:
+            raise GraphGone(f"forward graph {handle} is gone; send the inputs again")
         if self.config.require_receipts:
             digest = self._input_digests.pop((ctx.peer_id, str(backend.uid), handle), None)
-            version = backend.kept_version(ctx.peer_id, handle)
-            if digest is None or version is None:
+            if digest is None:
                 raise GraphGone(f"forward graph {handle} is gone; send the inputs again")
             # a graph kept across a swap of weights: the receipt names the old version
             receipt = self._receipt(ctx, backend, digest, grad, version=version)
@@ -472,7 +478,7 @@ class ExpertServer:
             raise GraphGone(f"forward graph {handle} is gone; send the inputs again") from None
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        return self._reply(ctx, backend, grad_x, gradient=True)
+        return self._reply(ctx, backend, grad_x, version, gradient=True)
 
     async def _kept_on_device(self, run: Callable[[], torch.Tensor], *, rows: int) -> torch.Tensor:
         """A backward pass through a kept graph on the device (emulated like the pools'
@@ -503,11 +509,14 @@ class GraphGone(RemoteError):
 
 def _run_forward(
     backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object, extras: list[Any]
-) -> tuple[torch.Tensor, int | None]:
-    return backend.forward(inputs[0], keep=keep, owner=owner)
+) -> tuple[torch.Tensor, int | None, int]:
+    # the device is held: no new weights are swapped in while this runs
+    version = backend.version
+    return (*backend.forward(inputs[0], keep=keep, owner=owner), version)
 
 
 def _run_backward(
     backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object, extras: list[Any]
-) -> tuple[torch.Tensor, int | None]:
-    return backend.backward(inputs[0], inputs[1], receipts=extras), None
+) -> tuple[torch.Tensor, int | None, int]:
+    version = backend.version
+    return backend.backward(inputs[0], inputs[1], receipts=extras), None, version

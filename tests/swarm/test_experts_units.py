@@ -141,13 +141,13 @@ async def test_concurrent_requests_are_batched_and_split_back():
     def process(inputs, keep, owner, extras):
         calls.append(inputs[0].shape[0])
         time.sleep(0.05)
-        return inputs[0] * 2, None
+        return inputs[0] * 2, None, 0
 
     pool = TaskPool("t", process, trio.CapacityLimiter(1), max_batch_size=64)
     results: dict[int, torch.Tensor] = {}
 
     async def one(i):
-        results[i], _ = await pool.submit(torch.full((i + 1, 2), float(i)))
+        results[i], _, _ = await pool.submit(torch.full((i + 1, 2), float(i)))
 
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
@@ -167,7 +167,7 @@ async def test_a_batch_never_exceeds_the_limit():
 
     def process(inputs, keep, owner, extras):
         sizes.append(inputs[0].shape[0])
-        return inputs[0], None
+        return inputs[0], None, 0
 
     pool = TaskPool("t", process, trio.CapacityLimiter(1), max_batch_size=10)
     async with trio.open_nursery() as nursery:
@@ -277,7 +277,7 @@ def test_a_graph_kept_across_several_swaps_backpropagates_on_its_weights():
 async def test_an_emulated_device_takes_its_time_per_row_and_reports_it():
     pool = TaskPool(
         "t",
-        lambda inputs, keep, owner, extras: (inputs[0], None),
+        lambda inputs, keep, owner, extras: (inputs[0], None, 0),
         trio.CapacityLimiter(1),
         max_batch_size=64,
         emulated_seconds=lambda rows: 0.02 * rows,
@@ -340,7 +340,7 @@ async def test_a_trainer_arriving_behind_a_crowd_runs_in_the_next_batch():
 
     def process(inputs, keep, owner, extras):
         ran.append([str(e) for e in extras])
-        return inputs[0], None
+        return inputs[0], None, 0
 
     pool = TaskPool(
         "t",

@@ -11,6 +11,7 @@ import torch
 from core.aggregator.verify import Rejected, VerifyContext, verify
 from core.contributing.codecs import CODECS, CodecError, ErrorFeedback, codec
 from core.contributing.sender import SenderConfig, contribution_due
+from core.contributing.wiring import pull_interval
 from core.protocol.contributions import Contribution, MessageError, ParamSpec, Receipt
 from net import Identity
 
@@ -213,3 +214,17 @@ def test_an_oversized_contribution_header_is_refused_before_decoding():
 def test_when_a_contribution_is_due(samples, seconds, due):
     config = SenderConfig(project="p1", every_samples=512, every_seconds=30.0)
     assert contribution_due(samples, seconds, config) is due
+
+
+@pytest.mark.parametrize(
+    ("round_seconds", "interval"),
+    [
+        (60.0, 10.0),  # the manifest's default round: every 10 s, as before
+        (20.0, 10.0),
+        (8.0, 4.0),  # the demo's: twice a round
+        (2.0, 1.0),
+        (0.5, 1.0),  # never more often than every second
+    ],
+)
+def test_volunteers_look_for_new_versions_twice_a_round(round_seconds, interval):
+    assert pull_interval(round_seconds) == interval
