@@ -78,6 +78,11 @@ def check_codec(name: object) -> str:
     return name
 
 
+def bits_of(name: str) -> int:
+    """Bits per value of a quantized codec (KeyError for the float codecs)."""
+    return _BITS[name]
+
+
 def parts_per_tensor(name: str) -> int:
     return 2 if name in _BITS else 1
 

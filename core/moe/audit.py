@@ -1,0 +1,297 @@
+"""Answer audits: a trainer recomputes a random share of the expert answers it gets.
+
+A volunteer can return any finite tensor as an expert's outputs or input gradients; only
+recomputing tells whether the weights it names computed it. After an answer arrives (so
+the volunteer cannot know which answers are audited), the trainer draws whether to audit
+it; a drawn answer joins a short queue, and a task recomputes it from the weights of the
+version the answer names (fetched from the project's aggregators, or the owner's
+initial files, checked against their published hashes, kept within a memory budget) on
+the inputs the server decoded. The difference is checked against the bound of an honest
+answer (core/experts/tolerance.py); past it, the volunteer is excluded from this
+trainer's calls at once.
+
+The audits run beside training, one at a time, in a worker thread: a queue full of
+pending audits drops new draws (counted) rather than slow a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+import trio
+from torch import nn
+
+from core.contributing.puller import fetch_version, newest_version
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.tolerance import excess
+from core.experts.weights import WeightsError, load_weights_bytes, weights_hash
+from core.project.chunks import ChunkStore
+from core.project.distribution import FetchError, WeightsFetcher
+from core.project.signed import SignedManifest
+from net import Peer
+from net._libp2p import PeerID
+from net.identity import peer_id_from_public_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One expert answer as the trainer got it, with what the server computed it from."""
+
+    kind: Literal["forward", "backward"]
+    uid: str
+    server: PeerID
+    version: int  # the weights the answer names
+    inputs: torch.Tensor  # as the server decoded them
+    grad_outputs: torch.Tensor | None  # backward: as the server decoded them
+    claimed: torch.Tensor  # the answer, as decoded here
+    codec: str  # the codec the answer travelled in
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A failed audit: ``excess`` > 1 is how far past an honest answer's bound it was."""
+
+    answer: Answer
+    excess: float
+
+
+@dataclass
+class AuditStatistics:
+    drawn: int = 0
+    audited: int = 0
+    passed: int = 0
+    failed: int = 0
+    #: the weights of the version an answer named could not be had (an old version no
+    #: longer announced, or one never published)
+    unverifiable: int = 0
+    #: drawn while the queue was full, or from a volunteer excluded meanwhile
+    dropped: int = 0
+    #: recomputing, in the worker thread
+    seconds: float = 0.0
+    #: the largest excess of an answer that passed (honest answers: at most 1)
+    worst_passed: float = 0.0
+    excluded: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "drawn": self.drawn,
+            "audited": self.audited,
+            "passed": self.passed,
+            "failed": self.failed,
+            "unverifiable": self.unverifiable,
+            "dropped": self.dropped,
+            "seconds": round(self.seconds, 3),
+            "worst_passed": round(self.worst_passed, 4),
+            "excluded": list(self.excluded),
+        }
+
+
+class VersionWeights(Protocol):
+    """Where an auditor gets the weights of an expert's version."""
+
+    async def module(self, uid: str, version: int) -> nn.Module | None:
+        """The expert at ``version``, or None when those weights cannot be had."""
+        ...
+
+
+def recompute(module: nn.Module, answer: Answer, dtype: torch.dtype) -> torch.Tensor:
+    """What ``module`` answers for ``answer``'s inputs (and gradients): outputs, or
+    input gradients."""
+    x = answer.inputs.to(dtype)
+    if answer.kind == "forward":
+        with torch.no_grad():
+            out: torch.Tensor = module(x)
+        return out
+    assert answer.grad_outputs is not None
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        y = module(x)
+        (grad,) = torch.autograd.grad(y, x, answer.grad_outputs.to(dtype))
+    return grad
+
+
+def audit(module: nn.Module, answer: Answer, dtype: torch.dtype) -> float:
+    """How far past an honest answer's bound ``answer`` is (<= 1: it passes)."""
+    expected = recompute(module, answer, dtype)
+    return excess(answer.claimed, expected, answer.codec, dtype)
+
+
+class AnswerAuditor:
+    """Draws answers to audit at ``rate``, recomputes them, excludes who fails."""
+
+    def __init__(
+        self,
+        weights: VersionWeights,
+        dtype: torch.dtype,
+        *,
+        rate: float,
+        on_mismatch: Callable[[Finding], None],
+        queue: int = 32,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not 0 <= rate <= 1:
+            raise ValueError(f"audit rate must be in [0, 1], got {rate}")
+        self.weights = weights
+        self.dtype = dtype
+        self.rate = rate
+        self.on_mismatch = on_mismatch
+        # the volunteer must not predict the draws: the system's randomness by default
+        self._rng = rng if rng is not None else random.SystemRandom()
+        self._send, self._receive = trio.open_memory_channel[Answer](queue)
+        self.stats = AuditStatistics()
+        self.findings: list[Finding] = []
+        self._excluded: set[PeerID] = set()
+
+    def draw(self) -> bool:
+        """Whether to audit the answer that just arrived."""
+        return self.rate > 0 and self._rng.random() < self.rate
+
+    def submit(self, answer: Answer) -> None:
+        """Queue a drawn answer (dropped, counted, when the queue is full)."""
+        self.stats.drawn += 1
+        if answer.server in self._excluded:
+            self.stats.dropped += 1
+            return
+        try:
+            self._send.send_nowait(answer)
+        except trio.WouldBlock:
+            self.stats.dropped += 1
+
+    def close(self) -> None:
+        """No more answers: ``run`` returns once the queued ones are audited."""
+        self._send.close()
+
+    def is_excluded(self, peer_id: PeerID) -> bool:
+        return peer_id in self._excluded
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        async for answer in self._receive:
+            if answer.server in self._excluded:
+                self.stats.dropped += 1
+                continue
+            await self.check(answer)
+
+    async def check(self, answer: Answer) -> float | None:
+        """Audit one answer now: its excess, or None when its weights cannot be had."""
+        module = await self.weights.module(answer.uid, answer.version)
+        if module is None:
+            self.stats.unverifiable += 1
+            return None
+        started = time.perf_counter()
+        over = await trio.to_thread.run_sync(audit, module, answer, self.dtype)
+        self.stats.seconds += time.perf_counter() - started
+        self.stats.audited += 1
+        if over <= 1:
+            self.stats.passed += 1
+            self.stats.worst_passed = max(self.stats.worst_passed, over)
+            return over
+        self.stats.failed += 1
+        finding = Finding(answer, over)
+        self.findings.append(finding)
+        del self.findings[:-16]  # the latest, as evidence
+        if answer.server not in self._excluded:
+            self._excluded.add(answer.server)
+            self.stats.excluded.append(str(answer.server))
+            log.warning(
+                "%s answered %s of %s (version %d) %.3g times past an honest answer's "
+                "bound: excluded",
+                answer.server,
+                answer.kind,
+                answer.uid,
+                answer.version,
+                over if math.isfinite(over) else float("inf"),
+            )
+            self.on_mismatch(finding)
+        return over
+
+
+class PublishedWeights:
+    """The weights of experts' versions as the project published them: the owner's
+    initial files (checked against the signed manifest's index) and the versions the
+    project's aggregators announce (checked against their signed records), the most
+    recently used kept up to ``max_bytes``."""
+
+    def __init__(
+        self,
+        peer: Peer,
+        signed: SignedManifest,
+        store: ChunkStore,
+        *,
+        max_bytes: int = 256 * 2**20,
+        aggregator_keys: Collection[bytes] | None = None,
+    ) -> None:
+        self.peer = peer
+        self.signed = signed
+        self.spec: ExpertSpec = signed.manifest.model.expert.spec()
+        keys = aggregator_keys
+        if keys is None:
+            keys = [bytes.fromhex(a.key) for a in signed.manifest.aggregators]
+        self.allowed = {str(peer_id_from_public_key(k)) for k in keys}
+        self.fetcher = WeightsFetcher(peer, store)
+        self.max_bytes = max_bytes
+        self._cache: OrderedDict[tuple[str, int], tuple[nn.Module, int]] = OrderedDict()
+        self._missing: set[tuple[str, int]] = set()
+        self._lock = trio.Lock()
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(size for _, size in self._cache.values())
+
+    async def module(self, uid: str, version: int) -> nn.Module | None:
+        key = (uid, version)
+        async with self._lock:  # one fetch of a version, however many audits want it
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit[0]
+            if key in self._missing:
+                return None
+            try:
+                module, final = await self._fetch(uid, version)
+            except (FetchError, WeightsError) as exc:
+                log.info("weights of %s version %d for an audit: %s", uid, version, exc)
+                module, final = None, False
+            if module is None:
+                if final:  # an old version is not announced again: no lookup per answer
+                    self._missing.add(key)
+                return None
+            size = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+            self._cache[key] = (module, size)
+            while self.cached_bytes > self.max_bytes and len(self._cache) > 1:
+                self._cache.popitem(last=False)
+            return module
+
+    async def _fetch(self, uid: str, version: int) -> tuple[nn.Module | None, bool]:
+        """The weights of ``version``, or None and whether they will never be had here
+        (a version older than the one announced, other than the initial one)."""
+        record = await newest_version(self.peer, self.signed.project_id, uid, self.allowed)
+        if record is not None and record.version == version:
+            blob = await fetch_version(self.fetcher, record)
+            module, _ = await trio.to_thread.run_sync(self._load, blob)
+            if weights_hash(module) != record.sha256:
+                raise FetchError(f"version {version} of {uid} has other weights than announced")
+            return module, True
+        newer_announced = record is not None and record.version > version
+        files = await self.fetcher.fetch(self.signed, [uid])
+        module, initial = await trio.to_thread.run_sync(self._load, files[uid])
+        if initial == version:
+            return module, True
+        return None, newer_announced
+
+    def _load(self, blob: bytes) -> tuple[nn.Module, int]:
+        """The expert with these weights, and the version the file names."""
+        module = build_expert(self.spec)
+        info = load_weights_bytes(module, blob)
+        module.requires_grad_(False)
+        return module, info.version

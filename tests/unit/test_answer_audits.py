@@ -1,0 +1,188 @@
+"""Answer audits: the bound of an honest answer (core/experts/tolerance.py) holds for
+honest answers computed other ways and in every codec, and cheats of each kind pass it;
+the auditor draws, recomputes, excludes a cheater once and counts what it could not
+check."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from core.experts import activations
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.tolerance import excess
+from core.moe.audit import Answer, AnswerAuditor, Finding, audit, recompute
+from net import Identity
+
+SPEC = ExpertSpec("ffn", hidden=64, inner=256)
+CODECS = ["raw", "f16", "bf16", "q8", "q4", "q4z", "q3"]
+HONEST = Identity.from_seed(b"h" * 32).peer_id
+CHEATER = Identity.from_seed(b"c" * 32).peer_id
+
+
+def expert(seed: int = 1) -> nn.Module:
+    return build_expert(SPEC, seed=seed).requires_grad_(False)
+
+
+def answer(kind, claimed, x, g=None, *, codec="raw", server=HONEST, version=0) -> Answer:
+    return Answer(kind, "ffn.0.0", server, version, x, g, claimed, codec)
+
+
+def forward_row_by_row(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Another GEMM path: one row at a time (matrix-vector kernels round differently)."""
+    with torch.no_grad():
+        return torch.cat([module(x[i : i + 1]) for i in range(x.shape[0])])
+
+
+def forward_in_float64(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A volunteer computing at higher precision and rounding the result."""
+    wide = build_expert(SPEC).double()
+    wide.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
+    with torch.no_grad():
+        return wide(x.double()).float()
+
+
+HONEST_FORWARDS = {
+    "same": lambda m, x: recompute(m, answer("forward", None, x), torch.float32),
+    "row by row": forward_row_by_row,
+    "float64": forward_in_float64,
+}
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("how", sorted(HONEST_FORWARDS))
+def test_honest_forward_answers_pass_in_every_codec(codec, how):
+    torch.manual_seed(0)
+    module = expert()
+    for _ in range(20):
+        x = torch.randn(16, 64) * random.choice([0.1, 1.0, 30.0])
+        honest = HONEST_FORWARDS[how](module, x)
+        claimed = activations.roundtrip(honest, codec)
+        assert audit(module, answer("forward", claimed, x, codec=codec), torch.float32) <= 1
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_honest_backward_answers_pass_through_a_kept_graph_or_recomputed(codec):
+    torch.manual_seed(1)
+    module = expert()
+    for _ in range(20):
+        x = torch.randn(8, 64)
+        g = torch.randn(8, 64) * 1e-3
+        # a kept graph: the server's forward pass with grad, its backward later
+        xk = x.clone().requires_grad_(True)
+        with torch.enable_grad():
+            module(xk).backward(g)
+        assert xk.grad is not None
+        claimed = activations.roundtrip(xk.grad, codec)
+        assert audit(module, answer("backward", claimed, x, g, codec=codec), torch.float32) <= 1
+
+
+def older(module: nn.Module) -> nn.Module:
+    """The weights one optimizer step before: every parameter moved by ~1e-3."""
+    torch.manual_seed(5)
+    before = expert()
+    before.load_state_dict(
+        {k: v - 1e-3 * torch.randn_like(v).sign() for k, v in module.state_dict().items()}
+    )
+    return before
+
+
+CHEATS = {
+    "scaled x1.02": lambda m, x, y: y * 1.02,
+    "noised 3% of rms": lambda m, x, y: y + 0.03 * y.std() * torch.randn_like(y),
+    "older version": lambda m, x, y: recompute(older(m), answer("forward", None, x), torch.float32),
+    "lazy: inputs back": lambda m, x, y: x.clone(),
+    "lazy: half the inner units": lambda m, x, y: x + m.fc2(m.act(m.fc1(m.norm(x))) * 2 * (
+        torch.arange(256) < 128
+    )),
+    "another expert's answer": lambda m, x, y: recompute(
+        expert(seed=2), answer("forward", None, x), torch.float32
+    ),
+    "sign flip": lambda m, x, y: -y,
+}
+
+
+@pytest.mark.parametrize("codec", ["raw", "bf16", "q8", "q4z"])
+@pytest.mark.parametrize("cheat", sorted(CHEATS))
+def test_every_kind_of_cheat_fails_its_audit(codec, cheat):
+    torch.manual_seed(2)
+    module = expert()
+    for _ in range(5):
+        x = torch.randn(16, 64)
+        with torch.no_grad():
+            honest = module(x)
+            wrong = CHEATS[cheat](module, x, honest)
+        claimed = activations.roundtrip(wrong, codec)
+        assert audit(module, answer("forward", claimed, x, codec=codec), torch.float32) > 1
+
+
+@pytest.mark.parametrize(
+    ("claimed", "expected", "want"),
+    [
+        (torch.zeros(2, 3), torch.zeros(2, 3), 0.0),  # an all-zero row allows exactly zero
+        (torch.full((2, 3), 1e-9), torch.zeros(2, 3), math.inf),
+        (torch.zeros(2, 4), torch.zeros(2, 3), math.inf),  # another shape
+        (torch.tensor([[1.0, float("nan")]]), torch.ones(1, 2), math.inf),
+        (torch.empty(0, 3), torch.empty(0, 3), 0.0),
+    ],
+)
+def test_edge_cases_of_the_bound(claimed, expected, want):
+    got = excess(claimed, expected, "raw", torch.float32)
+    assert got == want or (math.isinf(want) and got > 1e6)
+
+
+class Versions:
+    """VersionWeights from a dict: (uid, version) -> module."""
+
+    def __init__(self, modules: dict[tuple[str, int], nn.Module]) -> None:
+        self.modules = modules
+
+    async def module(self, uid: str, version: int) -> nn.Module | None:
+        return self.modules.get((uid, version))
+
+
+async def test_the_auditor_excludes_a_cheater_once_and_counts_what_it_cannot_check():
+    module = expert()
+    found: list[Finding] = []
+    auditor = AnswerAuditor(
+        Versions({("ffn.0.0", 3): module}), torch.float32, rate=1.0, on_mismatch=found.append
+    )
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        y = module(x)
+    for _ in range(3):
+        assert auditor.draw()
+        auditor.submit(answer("forward", y, x, version=3))
+        auditor.submit(answer("forward", y * 1.1, x, server=CHEATER, version=3))
+        auditor.submit(answer("forward", y, x, version=2))  # weights not at hand
+    auditor.close()
+    await auditor.run()  # audits what was queued, then returns
+    s = auditor.stats
+    assert (s.drawn, s.passed, s.failed, s.unverifiable) == (9, 3, 1, 3)
+    assert s.dropped == 2  # the cheater's later answers: it is excluded already
+    assert s.excluded == [str(CHEATER)]
+    assert auditor.is_excluded(CHEATER) and not auditor.is_excluded(HONEST)
+    assert len(found) == 1 and found[0].answer.server == CHEATER and found[0].excess > 1
+    assert 0 < s.worst_passed <= 1 or s.worst_passed == 0
+
+
+def test_the_draws_follow_the_rate():
+    auditor = AnswerAuditor(
+        Versions({}), torch.float32, rate=0.05, on_mismatch=print, rng=random.Random(7)
+    )
+    draws = sum(auditor.draw() for _ in range(20000))
+    assert 800 < draws < 1200  # 1000 expected; 4.5 standard deviations either side
+    with pytest.raises(ValueError, match="audit rate"):
+        AnswerAuditor(Versions({}), torch.float32, rate=1.5, on_mismatch=print)
+
+
+async def test_a_full_queue_drops_draws_instead_of_waiting():
+    auditor = AnswerAuditor(Versions({}), torch.float32, rate=1.0, on_mismatch=print, queue=2)
+    x = torch.zeros(1, 64)
+    for _ in range(5):
+        auditor.submit(answer("forward", x, x))  # no task drains the queue
+    assert (auditor.stats.drawn, auditor.stats.dropped) == (5, 3)
