@@ -56,9 +56,7 @@ def compute_bound(expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return COMPUTE_RTOL[dtype] * (e.abs() + rms)
 
 
-def excess(
-    claimed: torch.Tensor, expected: torch.Tensor, codec: str, dtype: torch.dtype
-) -> float:
+def excess(claimed: torch.Tensor, expected: torch.Tensor, codec: str, dtype: torch.dtype) -> float:
     """The worst ratio of ``|claimed - expected|`` to what an honest answer may differ by,
     over every value (and, for quantized codecs, every block's largest magnitude):
     ``<= 1`` for an honest answer sent in ``codec`` by an expert computing in ``dtype``.
@@ -97,9 +95,7 @@ def _quantized_excess(y: torch.Tensor, e: torch.Tensor, slack: torch.Tensor, cod
     # every value: within half a step (rounding to the nearest level) plus the compute
     values = _worst(yb - eb, step.unsqueeze(-1) / 2 + sb + _BF16_ABSOLUTE)
     # every block's largest magnitude: the top level times a bfloat16 scale
-    tops = _worst(
-        yb.abs().amax(dim=-1) - top, _BF16_RELATIVE * (top + top_slack) + top_slack
-    )
+    tops = _worst(yb.abs().amax(dim=-1) - top, _BF16_RELATIVE * (top + top_slack) + top_slack)
     return max(values, tops)
 
 

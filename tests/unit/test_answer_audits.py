@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -91,17 +93,25 @@ def older(module: nn.Module) -> nn.Module:
     return before
 
 
-CHEATS = {
+def half_the_inner_units(m: Any, x: torch.Tensor) -> torch.Tensor:
+    """A cheaper model: half the feed-forward units, doubled to keep the scale."""
+    kept = (torch.arange(SPEC.inner_dim) < SPEC.inner_dim // 2).float() * 2
+    out: torch.Tensor = x + m.fc2(m.act(m.fc1(m.norm(x))) * kept)
+    return out
+
+
+def forward_of(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return recompute(module, answer("forward", None, x), torch.float32)
+
+
+Cheat = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
+CHEATS: dict[str, Cheat] = {
     "scaled x1.02": lambda m, x, y: y * 1.02,
     "noised 3% of rms": lambda m, x, y: y + 0.03 * y.std() * torch.randn_like(y),
-    "older version": lambda m, x, y: recompute(older(m), answer("forward", None, x), torch.float32),
+    "older version": lambda m, x, y: forward_of(older(m), x),
     "lazy: inputs back": lambda m, x, y: x.clone(),
-    "lazy: half the inner units": lambda m, x, y: x + m.fc2(m.act(m.fc1(m.norm(x))) * 2 * (
-        torch.arange(256) < 128
-    )),
-    "another expert's answer": lambda m, x, y: recompute(
-        expert(seed=2), answer("forward", None, x), torch.float32
-    ),
+    "lazy: half the inner units": lambda m, x, y: half_the_inner_units(m, x),
+    "another expert's answer": lambda m, x, y: forward_of(expert(seed=2), x),
     "sign flip": lambda m, x, y: -y,
 }
 
@@ -165,9 +175,11 @@ async def test_the_auditor_excludes_a_cheater_once_and_counts_what_it_cannot_che
     assert (s.drawn, s.passed, s.failed, s.unverifiable) == (9, 3, 1, 3)
     assert s.dropped == 2  # the cheater's later answers: it is excluded already
     assert s.excluded == [str(CHEATER)]
-    assert auditor.is_excluded(CHEATER) and not auditor.is_excluded(HONEST)
-    assert len(found) == 1 and found[0].answer.server == CHEATER and found[0].excess > 1
-    assert 0 < s.worst_passed <= 1 or s.worst_passed == 0
+    assert auditor.is_excluded(CHEATER)
+    assert not auditor.is_excluded(HONEST)
+    assert [f.answer.server for f in found] == [CHEATER]
+    assert found[0].excess > 1
+    assert s.worst_passed == 0  # the honest answers were computed exactly as recomputed
 
 
 def test_the_draws_follow_the_rate():
