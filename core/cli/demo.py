@@ -27,11 +27,18 @@ def demo(
         bool, typer.Option(help="Kill a third of the volunteers mid-run; as many new ones join.")
     ] = False,
     attackers: Annotated[
-        int, typer.Option(min=0, max=32, help="Extra volunteers that poison their gradients.")
+        int,
+        typer.Option(
+            min=0, max=32, help="Extra volunteers that poison their gradients or answers."
+        ),
     ] = 0,
-    attack: Annotated[str, typer.Option(help="What attackers send: sign-flip or alie.")] = (
-        "sign-flip"
-    ),
+    attack: Annotated[
+        str,
+        typer.Option(
+            help="What attackers send: poisoned gradients (sign-flip, alie) or wrong "
+            "answers (scaled-answers, noised-answers, lazy-answers)."
+        ),
+    ] = "sign-flip",
     slow: Annotated[
         int, typer.Option(min=0, max=32, help="Volunteers behind a slow link (of --volunteers).")
     ] = 0,
@@ -106,9 +113,11 @@ def demo(
     from core.aggregator.robust import RULES
     from core.contributing.attacks import ATTACKS
     from core.demo import DemoOptions, print_summary, run_demo, wire_codecs
+    from core.experts.cheats import ANSWER_CHEATS
 
-    if attack not in ATTACKS:
-        typer.echo(f"error: --attack must be one of {', '.join(ATTACKS)}", err=True)
+    if attack not in (*ATTACKS, *ANSWER_CHEATS):
+        known = ", ".join((*ATTACKS, *ANSWER_CHEATS))
+        typer.echo(f"error: --attack must be one of {known}", err=True)
         raise typer.Exit(2)
     if slow > volunteers:
         typer.echo("error: --slow cannot exceed --volunteers", err=True)

@@ -54,7 +54,11 @@ def node(
     ] = False,
     attack: Annotated[
         str | None,
-        typer.Option(hidden=True, help="Demo/tests: poison contributions (sign-flip, alie)."),
+        typer.Option(
+            hidden=True,
+            help="Demo/tests: poison contributions (sign-flip, alie) or answers "
+            "(scaled-answers, noised-answers, lazy-answers).",
+        ),
     ] = None,
     reply_delay_ms: Annotated[
         float,
@@ -71,9 +75,11 @@ def node(
 ) -> None:
     """Run the volunteer node (what the tray starts): serves experts when allowed."""
     from core.contributing.attacks import ATTACKS
+    from core.experts.cheats import ANSWER_CHEATS
 
-    if attack is not None and attack not in ATTACKS:
-        typer.echo(f"error: --attack must be one of {', '.join(ATTACKS)}", err=True)
+    known = (*ATTACKS, *ANSWER_CHEATS)
+    if attack is not None and attack not in known:
+        typer.echo(f"error: --attack must be one of {', '.join(known)}", err=True)
         raise typer.Exit(2)
     if selftest:
         _node_selftest()

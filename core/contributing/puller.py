@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -14,64 +13,12 @@ import trio
 from core.experts.backend import ExpertBackend
 from core.experts.registry import build_expert
 from core.experts.weights import load_weights_bytes
-from core.project.chunks import ChunkStore, sha256_hex
+from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
-from core.protocol.versions import version_key
+from core.project.versions import VersionRecord, fetch_version, newest_version
 from net import Peer
-from net._libp2p import PeerID
-from net.wire import unpack_bounded
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class VersionRecord:
-    uid: str
-    version: int
-    sha256: str  # weights_hash of the module
-    file_sha256: str
-    size: int
-    chunks: tuple[str, ...]
-    author: PeerID
-
-
-def parse_version(value: bytes, author: PeerID) -> VersionRecord | None:
-    try:
-        obj: Any = unpack_bounded(value, 8192)
-        sha, size, chunks = obj["file"]
-        return VersionRecord(
-            obj["uid"], int(obj["version"]), obj["sha256"], sha, int(size), tuple(chunks), author
-        )
-    except Exception:  # noqa: BLE001 - schema-checked on the way in; versions without files are skipped
-        return None
-
-
-async def newest_version(
-    peer: Peer, project: str, uid: str, allowed: Collection[str]
-) -> VersionRecord | None:
-    """The newest version of ``uid`` that one of the project's aggregators (``allowed``:
-    their peer ids) declares in the DHT; None when there is none yet."""
-    best = None
-    for author, record in (await peer.dht.announcers(version_key(project, uid))).items():
-        if str(author) not in allowed:
-            continue  # only the project's aggregators say what is current
-        parsed = parse_version(record.value, author)
-        if (
-            parsed is not None
-            and parsed.uid == uid
-            and (best is None or parsed.version > best.version)
-        ):
-            best = parsed
-    return best
-
-
-async def fetch_version(fetcher: WeightsFetcher, record: VersionRecord) -> bytes:
-    """The weights file of ``record``, from its aggregator, checked against the record."""
-    parts = [await fetcher.fetch_chunk(c, [record.author]) for c in record.chunks]
-    blob = b"".join(parts)
-    if len(blob) != record.size or sha256_hex(blob) != record.file_sha256:
-        raise FetchError(f"version {record.version} of {record.uid} does not match its record")
-    return blob
 
 
 class WeightsPuller:

@@ -18,6 +18,7 @@ from core.experts.server import ExpertServer
 from core.project.chunks import ChunkStore
 from core.project.distribution import aggregator_peers
 from core.project.manifest import Manifest
+from core.project.versions import pull_interval
 from net import Peer
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,3 @@ async def start_contributing(
     )
     await nursery.start(puller.run)
     return sender
-
-
-def pull_interval(round_seconds: float) -> float:
-    """How often a volunteer looks for new versions: twice a round, so that it serves
-    and contributes on weights at most about half a round old, and never more often
-    than every second (a DHT lookup per expert) nor less often than every 10 s."""
-    return min(10.0, max(1.0, round_seconds / 2))

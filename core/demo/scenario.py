@@ -184,6 +184,9 @@ round_seconds = {options.round_seconds}
 [training.aggregation]
 rule = "{options.rule}"
 
+[training.audit]
+answer_rate = {options.answer_audit_rate}
+
 [training.trunk]
 sync_every = {options.trunk_sync_every}
 round_seconds = {options.trunk_round_seconds}

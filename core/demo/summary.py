@@ -36,6 +36,8 @@ def demo_summary(
             rejected[reason] = rejected.get(reason, 0) + int(n)
         contributors.update(agg.get("contributors", {}))
     volunteers = []
+    audits = trained.get("audits", {})
+    excluded = set(audits.get("excluded", []))
     answered = trained.get("answered_by", {})
     reached = trained.get("reached", {})
     for p in procs:
@@ -60,6 +62,8 @@ def demo_summary(
                 "rejected": c.get("rejected", {}),
                 "rounds": c.get("rounds", 0),
                 "influence": c.get("influence"),
+                # a failed answer audit: the trainer calls it no more
+                "excluded": peer in excluded,
             }
         )
     evals = [e for e in events if e.get("event") == "eval" and not _nan(e.get("loss"))]
@@ -96,6 +100,7 @@ def demo_summary(
         "contributions_rejected": rejected,
         "per_volunteer": volunteers,
         "calls": trained.get("calls", {}),
+        "audits": audits,
     }
 
 
@@ -132,6 +137,13 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         f"{summary['contributions_accepted']} accepted, rejected: {rejected or 'none'} "
         f"(aggregation: {summary['rule']})"
     )
+    audits = summary.get("audits") or {}
+    if audits:
+        console.print(
+            f"answer audits: {audits['audited']} recomputed ({audits['seconds']:.1f} s), "
+            f"{audits['failed']} failed, {audits['unverifiable']} without their version's "
+            f"weights; {len(audits['excluded'])} volunteer(s) excluded"
+        )
     table = Table(title="volunteers")
     nat = summary.get("nat", False)
     columns = ["name", "role", "expert answers", "accepted", "rejected", "influence"]
@@ -142,7 +154,8 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     for v in summary["per_volunteer"]:
         rejected_v = ", ".join(f"{k} {n}" for k, n in sorted(v["rejected"].items())) or "-"
         influence = "-" if v["influence"] is None else f"{100 * v['influence']:.1f}%"
-        row = [v["name"], v["role"], str(v["answers"]), str(v["accepted"]), rejected_v, influence]
+        role = v["role"] + (" [bold red](excluded: failed an audit)[/]" if v["excluded"] else "")
+        row = [v["name"], role, str(v["answers"]), str(v["accepted"]), rejected_v, influence]
         if nat:
             row[2:2] = [v["where"], v["reached"]]
         table.add_row(*row)

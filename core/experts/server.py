@@ -16,6 +16,7 @@ from core.experts import activations
 from core.experts.activations import ActivationCodecError
 from core.experts.backend import CacheMiss, ExpertBackend, InvalidInput
 from core.experts.batching import STRANGER, TRAINER, Process, TaskPool, on_device
+from core.experts.cheats import Cheat
 from core.experts.records import (
     SERVING,
     WITHDRAWN,
@@ -84,6 +85,9 @@ class ServerConfig:
     #: per row and a backward pass twice that, whatever this computer's speed (it sleeps
     #: the rest), so that many slow volunteers fit on one machine.
     emulated_seconds_per_row: float = 0.0
+    #: Demo and tests only: alter every answer so (core/experts/cheats.py); None, always,
+    #: for an honest node.
+    cheat: Cheat | None = None
 
 
 class ExpertServer:
@@ -380,6 +384,8 @@ class ExpertServer:
         keep = ctx.request.meta.get("keep") is True and self._is_trainer(ctx.peer_id)
         pool = self._forward_pools[str(backend.uid)]
         y, handle, version = await pool.submit(x, keep=keep, owner=ctx.peer_id)
+        if self.config.cheat is not None:
+            y = self.config.cheat(y, x)
         meta: dict[str, Any] = {}
         if handle is not None:
             meta["handle"] = handle
@@ -407,6 +413,8 @@ class ExpertServer:
         grad_x, _, version = await self._backward_pools[str(backend.uid)].submit(
             x, grad, owner=ctx.peer_id, extra=receipt
         )
+        if self.config.cheat is not None:
+            grad_x = self.config.cheat(grad_x, grad)
         return self._reply(ctx, backend, grad_x, version, gradient=True)
 
     def _receipt(
@@ -478,6 +486,8 @@ class ExpertServer:
             raise GraphGone(f"forward graph {handle} is gone; send the inputs again") from None
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
+        if self.config.cheat is not None:
+            grad_x = self.config.cheat(grad_x, grad)
         return self._reply(ctx, backend, grad_x, version, gradient=True)
 
     async def _kept_on_device(self, run: Callable[[], torch.Tensor], *, rows: int) -> torch.Tensor:

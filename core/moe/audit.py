@@ -29,13 +29,13 @@ import torch
 import trio
 from torch import nn
 
-from core.contributing.puller import fetch_version, newest_version
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.tolerance import excess
 from core.experts.weights import WeightsError, load_weights_bytes, weights_hash
 from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
 from core.project.signed import SignedManifest
+from core.project.versions import VersionRecord, fetch_version, newest_version
 from net import Peer
 from net._libp2p import PeerID
 from net.identity import peer_id_from_public_key
@@ -135,7 +135,7 @@ class AnswerAuditor:
         dtype: torch.dtype,
         *,
         rate: float,
-        on_mismatch: Callable[[Finding], None],
+        on_mismatch: Callable[[Finding], None] | None = None,
         queue: int = 32,
         rng: random.Random | None = None,
     ) -> None:
@@ -144,7 +144,10 @@ class AnswerAuditor:
         self.weights = weights
         self.dtype = dtype
         self.rate = rate
-        self.on_mismatch = on_mismatch
+        #: told of every volunteer that fails an audit, once (e.g. to stop routing to it)
+        self.listeners: list[Callable[[Finding], None]] = []
+        if on_mismatch is not None:
+            self.listeners.append(on_mismatch)
         # the volunteer must not predict the draws: the system's randomness by default
         self._rng = rng if rng is not None else random.SystemRandom()
         self._send, self._receive = trio.open_memory_channel[Answer](queue)
@@ -212,7 +215,8 @@ class AnswerAuditor:
                 answer.version,
                 over if math.isfinite(over) else float("inf"),
             )
-            self.on_mismatch(finding)
+            for listener in self.listeners:
+                listener(finding)
         return over
 
 
@@ -220,7 +224,13 @@ class PublishedWeights:
     """The weights of experts' versions as the project published them: the owner's
     initial files (checked against the signed manifest's index) and the versions the
     project's aggregators announce (checked against their signed records), the most
-    recently used kept up to ``max_bytes``."""
+    recently used kept up to ``max_bytes``.
+
+    Answers name the version their volunteer serves, often one that is no longer the
+    newest: ``watch`` reads the announced records of the watched experts every
+    ``interval`` and remembers the last ``history`` of each, so that an older version's
+    file can still be fetched (aggregators keep the chunks) when one of its answers is
+    drawn. Only audited versions are downloaded."""
 
     def __init__(
         self,
@@ -230,6 +240,9 @@ class PublishedWeights:
         *,
         max_bytes: int = 256 * 2**20,
         aggregator_keys: Collection[bytes] | None = None,
+        interval: float = 10.0,
+        history: int = 8,
+        max_watched: int = 4096,
     ) -> None:
         self.peer = peer
         self.signed = signed
@@ -240,16 +253,53 @@ class PublishedWeights:
         self.allowed = {str(peer_id_from_public_key(k)) for k in keys}
         self.fetcher = WeightsFetcher(peer, store)
         self.max_bytes = max_bytes
+        self.interval = interval
+        self.history = history
+        self.max_watched = max_watched
         self._cache: OrderedDict[tuple[str, int], tuple[nn.Module, int]] = OrderedDict()
         self._missing: set[tuple[str, int]] = set()
+        #: per expert, the announced records seen, by version (the newest ``history``)
+        self._records: dict[str, dict[int, VersionRecord]] = {}
+        #: the experts whose records are read, most recently asked about last
+        self._watched: OrderedDict[str, None] = OrderedDict()
+        for uid in signed.manifest.model.expert_uids():
+            self._watch(uid)
         self._lock = trio.Lock()
 
     @property
     def cached_bytes(self) -> int:
         return sum(size for _, size in self._cache.values())
 
+    def announced(self, uid: str) -> list[int]:
+        """The versions of ``uid`` whose records were seen (and are remembered)."""
+        return sorted(self._records.get(uid, {}))
+
+    def _watch(self, uid: str) -> None:
+        self._watched[uid] = None
+        self._watched.move_to_end(uid)
+        while len(self._watched) > self.max_watched:
+            self._records.pop(self._watched.popitem(last=False)[0], None)
+
+    async def watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            for uid in list(self._watched):
+                await self._look(uid)
+            await trio.sleep(self.interval)
+
+    async def _look(self, uid: str) -> VersionRecord | None:
+        """The newest announced record of ``uid``, remembered with the last few."""
+        record = await newest_version(self.peer, self.signed.project_id, uid, self.allowed)
+        if record is not None:
+            seen = self._records.setdefault(uid, {})
+            seen[record.version] = record
+            for old in sorted(seen)[: -self.history]:
+                del seen[old]
+        return record
+
     async def module(self, uid: str, version: int) -> nn.Module | None:
         key = (uid, version)
+        self._watch(uid)
         async with self._lock:  # one fetch of a version, however many audits want it
             hit = self._cache.get(key)
             if hit is not None:
@@ -274,20 +324,24 @@ class PublishedWeights:
 
     async def _fetch(self, uid: str, version: int) -> tuple[nn.Module | None, bool]:
         """The weights of ``version``, or None and whether they will never be had here
-        (a version older than the one announced, other than the initial one)."""
-        record = await newest_version(self.peer, self.signed.project_id, uid, self.allowed)
-        if record is not None and record.version == version:
+        (a version older than every record seen, other than the initial one)."""
+        seen = self._records.get(uid, {})
+        record = seen.get(version)
+        if record is None and (not seen or version > max(seen)):
+            newest = await self._look(uid)
+            record = newest if newest is not None and newest.version == version else None
+        if record is not None:
             blob = await fetch_version(self.fetcher, record)
             module, _ = await trio.to_thread.run_sync(self._load, blob)
             if weights_hash(module) != record.sha256:
                 raise FetchError(f"version {version} of {uid} has other weights than announced")
             return module, True
-        newer_announced = record is not None and record.version > version
         files = await self.fetcher.fetch(self.signed, [uid])
         module, initial = await trio.to_thread.run_sync(self._load, files[uid])
         if initial == version:
             return module, True
-        return None, newer_announced
+        seen = self._records.get(uid, {})
+        return None, bool(seen) and version < max(seen)
 
     def _load(self, blob: bytes) -> tuple[nn.Module, int]:
         """The expert with these weights, and the version the file names."""

@@ -13,7 +13,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 import trio
@@ -22,6 +22,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from core.experts import activations
 from core.experts.activations import ActivationCodecError, WireCodecs
+from core.moe.audit import Answer, AnswerAuditor
 from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS, ServerLoads
 from core.protocol.contributions import Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE
@@ -137,6 +138,8 @@ class ExpertCaller:
     #: the trainer's view of each server's backlog: a call goes to the server of its
     #: expert expected to finish it first (shared by every layer's caller)
     loads: ServerLoads | None = None
+    #: recomputes a random share of the answers (core/moe/audit.py)
+    auditor: AnswerAuditor | None = None
 
     async def forward(
         self, uid: str, servers: Sequence[ExpertServerRef], x: torch.Tensor, *, keep: bool = False
@@ -155,14 +158,14 @@ class ExpertCaller:
         )
         outputs = self._answer(uid, server, reply, x)
         handle = reply.meta.get("handle")
-        version = reply.meta.get("version")
+        self._offer_audit("forward", uid, server, reply, x, None, outputs)
         return ForwardResult(
             server,
             outputs,
             handle if isinstance(handle, int) else None,
             # the weights that answered: a receipt names them, and the volunteer's
             # contribution is tied to them
-            version if isinstance(version, int) and not isinstance(version, bool) else 0,
+            _version(reply),
         )
 
     async def backward(
@@ -205,7 +208,9 @@ class ExpertCaller:
                     self.backward_timeout,
                     x.shape[0] * BACKWARD_UNITS,
                 )
-                return self._answer(uid, kept.server, reply, x)
+                grad_x = self._answer(uid, kept.server, reply, x)
+                self._offer_audit("backward", uid, kept.server, reply, x, grad_parts, grad_x)
+                return grad_x
             except RemoteError as exc:
                 if exc.code != GRAPH_GONE:
                     raise ExpertCallError(
@@ -228,7 +233,42 @@ class ExpertCaller:
             self.backward_timeout,
             x.shape[0] * (FORWARD_UNITS + BACKWARD_UNITS),  # recomputed, then backward
         )
-        return self._answer(uid, server, reply, x)
+        grad_x = self._answer(uid, server, reply, x)
+        self._offer_audit("backward", uid, server, reply, x, grad_parts, grad_x)
+        return grad_x
+
+    def _offer_audit(
+        self,
+        kind: Literal["forward", "backward"],
+        uid: str,
+        server: ExpertServerRef,
+        reply: Reply,
+        x: torch.Tensor,
+        grad_parts: list[Any] | None,
+        answer: torch.Tensor,
+    ) -> None:
+        """Hand the answer to the auditor if its draw says so (after the answer came:
+        the volunteer cannot tell which answers are checked), with the inputs (and
+        gradients) as the server decoded them."""
+        if self.auditor is None or not self.auditor.draw():
+            return
+        seen_grad = None
+        if grad_parts is not None:
+            seen_grad = activations.decode(
+                grad_parts, self.codecs.gradients, width=x.shape[-1], dtype=x.dtype
+            )
+        self.auditor.submit(
+            Answer(
+                kind,
+                uid,
+                server.peer_id,
+                _version(reply),
+                activations.roundtrip(x, self.codecs.activations),
+                seen_grad,
+                answer,
+                str(reply.meta.get("codec", "raw")),  # checked by _answer
+            )
+        )
 
     async def _call(
         self,
@@ -319,6 +359,12 @@ class ExpertCaller:
         raise ExpertCallError(
             f"{method} {uid}: every server failed ({'; '.join(errors[:3]) or 'timed out'})"
         )
+
+
+def _version(reply: Reply) -> int:
+    """The weights version an answer names (0 when it names none)."""
+    version = reply.meta.get("version")
+    return version if isinstance(version, int) and not isinstance(version, bool) else 0
 
 
 def _reported(reply: Reply | None, name: str) -> float | None:

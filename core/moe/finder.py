@@ -112,6 +112,13 @@ class ExpertFinder:
     _skipped: dict[PeerID, Skip] = field(default_factory=dict)
     #: smoothed seconds per call of each server (slow links, busy GPUs)
     _latency: dict[PeerID, float] = field(default_factory=dict)
+    #: servers never called again (a failed audit): their declarations are ignored
+    excluded: set[PeerID] = field(default_factory=set)
+
+    def exclude(self, peer_id: PeerID) -> None:
+        """Never call ``peer_id`` again, nor route to experts only it declares."""
+        self.excluded.add(peer_id)
+        self._forget_author(peer_id)
 
     def report_failure(self, server: ExpertServerRef) -> None:
         """Called when a server failed a call: skip it for a while, and look again at
@@ -156,7 +163,9 @@ class ExpertFinder:
             return hit.value
         self.stats.lookups += 1
         records = await self.dht.get(expert_key(self.project, name))
-        values = [(r.value, r.author_peer_id) for r in records]
+        values = [
+            (r.value, r.author_peer_id) for r in records if r.author_peer_id not in self.excluded
+        ]
         self._cache[name] = _Cached(values, now + self.cache_ttl)
         return values
 

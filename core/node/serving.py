@@ -14,6 +14,7 @@ from pathlib import Path
 
 import trio
 
+from core.contributing.attacks import ATTACKS as GRADIENT_ATTACKS
 from core.contributing.attacks import Attack
 from core.contributing.sender import ContributionSender
 from core.contributing.wiring import start_contributing
@@ -27,6 +28,7 @@ from core.control.models import (
 )
 from core.control.preferences import Preferences
 from core.errors import UserFacingError, one_line
+from core.experts.cheats import ANSWER_CHEATS
 from core.experts.records import SERVING, ExpertAnnouncement, expert_key
 from core.experts.server import ExpertServer, ServerConfig
 from core.files import replace_file
@@ -189,6 +191,7 @@ class ProjectService:
                     project=project,
                     require_receipts=True,
                     trainers=frozenset(bytes.fromhex(t.key) for t in manifest.trainers),
+                    cheat=ANSWER_CHEATS.get(self.options.attack or ""),
                 ),
                 paused=decision is None or not decision.run,
             )
@@ -205,7 +208,11 @@ class ProjectService:
                         server,
                         self.options.data_dir,
                         on_result=self._contribution_ended,
-                        attack=Attack(self.options.attack) if self.options.attack else None,
+                        attack=(
+                            Attack(self.options.attack)
+                            if self.options.attack in GRADIENT_ATTACKS
+                            else None
+                        ),
                     )
                     self.server, self.sender, self.project_error = server, sender, ""
                     await self.governor.attach(server)

@@ -128,6 +128,16 @@ class TrunkSection(_Strict):
     round_seconds: Annotated[float, Field(gt=0)] = 5.0
 
 
+class AuditSection(_Strict):
+    """How trainers check volunteers' work (core/moe/audit.py)."""
+
+    #: the share of expert answers a trainer recomputes: 0.05 catches a volunteer that
+    #: cheats on every answer within 100 of them with probability 0.994
+    answer_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
+    #: the weights of audited versions a trainer keeps in memory, MiB
+    weights_mib: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+
+
 class TrainingSection(_Strict):
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
     learning_rate: Annotated[float, Field(gt=0, le=10)] = 1e-3
@@ -138,6 +148,7 @@ class TrainingSection(_Strict):
     round_seconds: Annotated[float, Field(gt=0)] = 60.0
     aggregation: AggregationSection = AggregationSection()
     trunk: TrunkSection = TrunkSection()
+    audit: AuditSection = AuditSection()
 
 
 class AggregatorEntry(_Strict):
@@ -272,6 +283,14 @@ sync_every = 2
 outer_learning_rate = 1.0
 outer_momentum = 0.0               # Nesterov momentum over the versions (0: measured best)
 round_seconds = 5.0                # a version waits this long for every trainer's change
+
+[training.audit]
+# Trainers recompute a random share of the expert answers they get, from the published
+# weights of the version each answer names; a volunteer whose answer is not what those
+# weights compute is excluded at once.
+answer_rate = 0.05                 # the share recomputed (0.05: a cheater on every answer
+                                   # is caught within 100 answers with probability 0.994)
+weights_mib = 256                  # memory for the weights of audited versions
 
 # One block per aggregator: its public key (hex, `moehome aggregator key`) and where to
 # reach it.

@@ -12,12 +12,12 @@ import torch
 import trio
 
 from core.contributing.codecs import codec
-from core.contributing.puller import VersionRecord, fetch_version, newest_version
 from core.experts.weights import WeightsError, load_weights_bytes
 from core.experts.wire import to_wire
 from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
 from core.project.signed import SignedManifest
+from core.project.versions import VersionRecord, fetch_version, newest_version
 from core.protocol.aggregator_methods import CONTRIBUTE, responsible_aggregator
 from core.protocol.contributions import TRUNK_UID, Contribution, ParamSpec, Receipt
 from core.trainer.session import TrainingSession

@@ -25,15 +25,18 @@ import trio
 
 from core.errors import UserFacingError
 from core.experts.uid import Grid
+from core.moe.audit import AnswerAuditor, Finding, PublishedWeights
 from core.moe.client import ExpertCaller, Portal, ReceiptSigner
 from core.moe.finder import ExpertFinder
 from core.moe.load import ServerLoads
 from core.moe.mixture import MoEConfig, RemoteMixtureOfExperts
 from core.namespaces import moehome_validator
+from core.project.chunks import ChunkStore
 from core.project.distribution import ProjectNotFound, find_manifest
 from core.project.owner import aggregator_statistics
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
+from core.project.versions import pull_interval
 from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus, load_corpus
 from core.trainer.model import CharLanguageModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
@@ -101,11 +104,17 @@ def check_trainer(signed: SignedManifest, identity: Identity) -> None:
 
 
 def remote_model(
-    peer: Peer, signed: SignedManifest, identity: Identity, options: TrainerOptions
+    peer: Peer,
+    signed: SignedManifest,
+    identity: Identity,
+    options: TrainerOptions,
+    auditor: AnswerAuditor | None = None,
 ) -> Callable[[], CharLanguageModel]:
     """Builds the trainer's model (as often as batches in flight need copies): the same
     trainer-side weights each time; every copy's mixture of a layer shares that layer's
-    expert finder and caller (one view of the swarm, one set of statistics)."""
+    expert finder and caller (one view of the swarm, one set of statistics). With an
+    ``auditor``, a share of the answers is recomputed, and who fails is never called
+    again."""
     m = signed.manifest.model
     config = MoEConfig(
         k_best=m.k_best,
@@ -126,9 +135,17 @@ def remote_model(
             receipts=signer,
             codecs=m.wire.codecs(),
             loads=loads,
+            auditor=auditor,
         )
         for _ in grids
     ]
+    if auditor is not None:
+
+        def exclude(finding: Finding) -> None:
+            for finder in finders:
+                finder.exclude(finding.answer.server)
+
+        auditor.listeners.append(exclude)
 
     def mixture(layer: int, grid: Grid) -> RemoteMixtureOfExperts:
         return RemoteMixtureOfExperts(
@@ -187,7 +204,18 @@ async def train_on(
         raise UserFacingError(
             f"the built-in data are bytes (256 symbols); model.vocab_size is {m.vocab_size}"
         )
-    build = remote_model(peer, signed, identity, options)
+    audits = signed.manifest.training.audit
+    auditor, weights = None, None
+    if audits.answer_rate > 0:
+        weights = PublishedWeights(
+            peer,
+            signed,
+            ChunkStore(options.workdir / "audit-chunks"),
+            max_bytes=audits.weights_mib * 2**20,
+            interval=pull_interval(signed.manifest.training.round_seconds),
+        )
+        auditor = AnswerAuditor(weights, m.expert.spec().torch_dtype, rate=audits.answer_rate)
+    build = remote_model(peer, signed, identity, options, auditor)
     session = TrainingSession(
         build(),
         corpus,
@@ -226,8 +254,13 @@ async def train_on(
     async with trio.open_nursery() as nursery:
         if sharing is not None:
             nursery.start_soon(sharing.run)
+        if auditor is not None and weights is not None:
+            await nursery.start(auditor.run)
+            await nursery.start(weights.watch)
         summary = await _train(session, options, stop, report, sharing)
         nursery.cancel_scope.cancel()
+    if auditor is not None:
+        summary["audits"] = auditor.stats.as_dict()
     if sharing is not None:
         summary["trunk"] = {
             "version": sharing.sync.version,

@@ -11,7 +11,7 @@ import torch
 from core.aggregator.verify import Rejected, VerifyContext, verify
 from core.contributing.codecs import CODECS, CodecError, ErrorFeedback, codec
 from core.contributing.sender import SenderConfig, contribution_due
-from core.contributing.wiring import pull_interval
+from core.project.versions import pull_interval
 from core.protocol.contributions import Contribution, MessageError, ParamSpec, Receipt
 from net import Identity
 

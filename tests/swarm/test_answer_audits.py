@@ -1,0 +1,132 @@
+"""Answer audits on real peers: a trainer recomputes answers from the weights the project
+published (the owner's initial files, then versions an aggregator announces), passes an
+honest volunteer's answers on every version it serves, and excludes a volunteer whose
+answers are scaled by 5%."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+import trio
+
+from core.experts.cheats import ANSWER_CHEATS
+from core.experts.registry import build_expert
+from core.experts.server import ExpertServer, ServerConfig
+from core.experts.weights import save_weights, weights_hash
+from core.moe.audit import AnswerAuditor, PublishedWeights
+from core.moe.client import ExpertCaller, ExpertServerRef
+from core.namespaces import moehome_validator
+from core.project.chunks import ChunkStore, split_file
+from core.project.joining import join_project
+from core.project.keys import OwnerKey
+from core.project.publish import prepare, serve_project
+from core.protocol.versions import version_key
+from net.testing import open_swarm
+from net.wire import pack
+from tests.swarm.test_project import small_manifest
+
+UID = "ffn0.0.1"
+
+
+async def announce(aggregator, store: ChunkStore, project: str, module, version: int) -> None:
+    """What an aggregator does for a new version: its file's chunks served, and a record
+    of it in the DHT."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w.safetensors"
+        save_weights(module, path, version=version)
+        entry = split_file(path.read_bytes(), store)
+    record = {
+        "uid": UID,
+        "version": version,
+        "sha256": weights_hash(module),
+        "file": [entry.sha256, entry.size, list(entry.chunks)],
+    }
+    await aggregator.dht.put(version_key(project, UID), pack(record), 600)
+
+
+async def test_a_trainer_audits_answers_on_every_version_and_excludes_a_cheater(tmp_path):
+    owner = OwnerKey.generate()
+    prepared = prepare(
+        small_manifest(tmp_path, **{'activations = "q8"': 'activations = "q4z"'}),
+        owner,
+        (),
+        tmp_path / "owner",
+    )
+    pid = prepared.signed.project_id
+    spec = prepared.signed.manifest.model.expert.spec()
+    async with (
+        open_swarm(4, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        owner_peer, honest, cheater, trainer = (swarm.node(i) for i in range(4))
+        service = await nursery.start(serve_project, owner_peer, prepared)
+        # the owner's peer also plays the project's aggregator: its versions' chunks are
+        # served from the same store
+        agg_store = service.store
+        servers = {}
+        for peer, cheat in ((honest, None), (cheater, ANSWER_CHEATS["scaled-answers"])):
+            signed, backends = await join_project(peer, pid, [UID], data_dir=tmp_path / str(cheat))
+            config = ServerConfig(project=pid, cheat=cheat)
+            servers[peer] = await nursery.start(ExpertServer(peer, backends, config).run)
+        weights = PublishedWeights(
+            trainer,
+            signed,
+            ChunkStore(tmp_path / "trainer-chunks"),
+            aggregator_keys=[owner_peer.identity.public_key],
+            interval=0.2,
+        )
+        auditor = AnswerAuditor(weights, spec.torch_dtype, rate=1.0)
+        await nursery.start(weights.watch)
+        await nursery.start(auditor.run)
+        caller = ExpertCaller(trainer.rpc, codecs=signed.manifest.model.wire.codecs())
+        caller.auditor = auditor
+
+        async def answers(peer, n: int = 4) -> None:
+            ref = [ExpertServerRef(peer.peer_id)]
+            for _ in range(n):
+                x = torch.randn(8, spec.hidden)
+                kept = await caller.forward(UID, ref, x, keep=True)
+                await caller.backward(UID, ref, x, torch.randn(8, spec.hidden) * 1e-2, kept=kept)
+
+        async def audited(n: int) -> None:
+            with trio.fail_after(20):
+                while auditor.stats.audited + auditor.stats.unverifiable < n:
+                    await trio.sleep(0.05)
+
+        # version 0: the owner's initial weights, fetched by their signed index
+        await answers(honest)
+        await audited(8)
+        # versions 1 and 2, announced by the aggregator; the volunteer serves version 1
+        # after version 2 is out: its record, seen by the trainer's watch, still fetches it
+        honest_backend = servers[honest].backends[UID]
+        newer = {}
+        for version in (1, 2):
+            module = build_expert(spec, seed=100 + version)
+            newer[version] = module
+            await announce(owner_peer, agg_store, pid, module, version)
+            with trio.fail_after(10):  # the watch reads each record before the next is out
+                while version not in weights.announced(UID):
+                    await trio.sleep(0.05)
+        replacement = build_expert(spec)
+        replacement.load_state_dict(newer[1].state_dict())
+        async with servers[honest].device:
+            honest_backend.replace_weights(replacement, 1)
+        await answers(honest)
+        await audited(16)
+        assert auditor.stats.failed == 0
+        assert auditor.stats.unverifiable == 0
+        assert auditor.stats.passed == 16
+        assert 0 < auditor.stats.worst_passed <= 1
+        # the cheater's first audited answer excludes it
+        await answers(cheater, 1)
+        with trio.fail_after(20):
+            while not auditor.stats.excluded:
+                await trio.sleep(0.05)
+        assert auditor.stats.excluded == [str(cheater.peer_id)]
+        finding = auditor.findings[0]
+        assert finding.answer.server == cheater.peer_id
+        assert finding.answer.version == 0
+        assert finding.excess > 1
+        nursery.cancel_scope.cancel()
