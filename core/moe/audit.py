@@ -135,12 +135,19 @@ class AnswerAuditor:
         dtype: torch.dtype,
         *,
         rate: float,
+        row_share: float = 1.0,
         on_mismatch: Callable[[Finding], None] | None = None,
         queue: int = 32,
         rng: random.Random | None = None,
     ) -> None:
+        """``row_share``: the share of a drawn answer's rows recomputed (at least one):
+        an expert computes each row (sample) on its own, so a cheat on every row shows
+        in any of them, for a fraction of the cost."""
         if not 0 <= rate <= 1:
             raise ValueError(f"audit rate must be in [0, 1], got {rate}")
+        if not 0 < row_share <= 1:
+            raise ValueError(f"audited share of rows must be in (0, 1], got {row_share}")
+        self.row_share = row_share
         self.weights = weights
         self.dtype = dtype
         self.rate = rate
@@ -158,6 +165,11 @@ class AnswerAuditor:
     def draw(self) -> bool:
         """Whether to audit the answer that just arrived."""
         return self.rate > 0 and self._rng.random() < self.rate
+
+    def rows(self, n: int) -> list[int]:
+        """Which of a drawn answer's ``n`` rows to recompute (drawn like the answer)."""
+        k = max(1, math.ceil(n * self.row_share))
+        return list(range(n)) if k >= n else sorted(self._rng.sample(range(n), k))
 
     def submit(self, answer: Answer) -> None:
         """Queue a drawn answer (dropped, counted, when the queue is full)."""

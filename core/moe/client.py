@@ -252,20 +252,23 @@ class ExpertCaller:
         gradients) as the server decoded them."""
         if self.auditor is None or not self.auditor.draw():
             return
+        rows = self.auditor.rows(x.shape[0])
         seen_grad = None
         if grad_parts is not None:
             seen_grad = activations.decode(
                 grad_parts, self.codecs.gradients, width=x.shape[-1], dtype=x.dtype
-            )
+            )[rows]
         self.auditor.submit(
             Answer(
                 kind,
                 uid,
                 server.peer_id,
                 _version(reply),
-                activations.roundtrip(x, self.codecs.activations),
+                # every row is encoded on its own: these rows' codes are those the server
+                # decoded
+                activations.roundtrip(x[rows], self.codecs.activations),
                 seen_grad,
-                answer,
+                answer[rows],
                 str(reply.meta.get("codec", "raw")),  # checked by _answer
             )
         )

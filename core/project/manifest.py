@@ -134,6 +134,9 @@ class AuditSection(_Strict):
     #: the share of expert answers a trainer recomputes: 0.05 catches a volunteer that
     #: cheats on every answer within 100 of them with probability 0.994
     answer_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
+    #: the share of an audited answer's rows recomputed (at least one row): a volunteer
+    #: cheating on a whole answer is caught by any row, at a fraction of the cost
+    answer_rows: Annotated[float, Field(gt=0, le=1)] = 0.25
     #: the weights of audited versions a trainer keeps in memory, MiB
     weights_mib: Annotated[int, Field(ge=1, le=1_000_000)] = 256
 
@@ -290,6 +293,7 @@ round_seconds = 5.0                # a version waits this long for every trainer
 # weights compute is excluded at once.
 answer_rate = 0.05                 # the share recomputed (0.05: a cheater on every answer
                                    # is caught within 100 answers with probability 0.994)
+answer_rows = 0.25                 # the share of an audited answer's rows recomputed
 weights_mib = 256                  # memory for the weights of audited versions
 
 # One block per aggregator: its public key (hex, `moehome aggregator key`) and where to

@@ -214,7 +214,12 @@ async def train_on(
             max_bytes=audits.weights_mib * 2**20,
             interval=pull_interval(signed.manifest.training.round_seconds),
         )
-        auditor = AnswerAuditor(weights, m.expert.spec().torch_dtype, rate=audits.answer_rate)
+        auditor = AnswerAuditor(
+            weights,
+            m.expert.spec().torch_dtype,
+            rate=audits.answer_rate,
+            row_share=audits.answer_rows,
+        )
     build = remote_model(peer, signed, identity, options, auditor)
     session = TrainingSession(
         build(),

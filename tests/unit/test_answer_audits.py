@@ -198,3 +198,26 @@ async def test_a_full_queue_drops_draws_instead_of_waiting():
     for _ in range(5):
         auditor.submit(answer("forward", x, x))  # no task drains the queue
     assert (auditor.stats.drawn, auditor.stats.dropped) == (5, 3)
+
+
+@pytest.mark.parametrize(
+    ("n", "share", "want"), [(16, 0.25, 4), (4, 0.25, 1), (1, 0.25, 1), (5, 1.0, 5)]
+)
+def test_a_share_of_an_answers_rows_is_audited(n, share, want):
+    auditor = AnswerAuditor(
+        Versions({}), torch.float32, rate=1.0, row_share=share, rng=random.Random(3)
+    )
+    rows = auditor.rows(n)
+    assert len(rows) == want
+    assert rows == sorted(set(rows))
+    assert all(0 <= r < n for r in rows)
+    with pytest.raises(ValueError, match="share of rows"):
+        AnswerAuditor(Versions({}), torch.float32, rate=1.0, row_share=0.0)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_rows_are_encoded_on_their_own_so_an_auditor_can_check_a_few(codec):
+    torch.manual_seed(4)
+    x = torch.randn(16, 100) * torch.logspace(-3, 3, 16).unsqueeze(1)
+    rows = [1, 7, 15]
+    assert torch.equal(activations.roundtrip(x, codec)[rows], activations.roundtrip(x[rows], codec))
