@@ -44,6 +44,12 @@ from net import Tensor
 
 log = logging.getLogger(__name__)
 
+#: A round short of distinct contributors holds at most this many rounds' samples; past
+#: them, those it has are refused (not an offence) until another contributor comes.
+THIN_ROUND_ROUNDS = 4
+#: Refusals that are no offence of the contributor: no strike, never a ban.
+_NOT_OFFENCES = frozenset({"replay", "waiting_for_contributors"})
+
 #: Contributors whose statistics are kept without any accepted contribution, and
 #: identities whose strikes and bans are remembered (the oldest are forgotten).
 MAX_CONTRIBUTORS = 1024
@@ -72,6 +78,9 @@ class AggregatorSettings:
     staleness_bound: int = 4
     round_samples: int = 4096
     round_seconds: float = 60.0
+    #: distinct contributors a version of an expert needs: a round with fewer waits for
+    #: more (holding at most THIN_ROUND_ROUNDS rounds' samples of those it has)
+    min_contributors: int = 1
     robust: RobustSettings = field(default_factory=RobustSettings)
     #: invalid contributions a peer may send per ``ban_window`` before it is banned
     max_invalid: int = 5
@@ -214,10 +223,24 @@ class AggregatorCore:
             raise Banned(until - now)
         try:
             check_claims(contribution, self._context(now), payload_bytes)
+            self._check_room(contribution)
         except Rejected as exc:
             attributable = authenticated or contribution.verify_signature()
             self.refused(contribution, exc, now, attributable=attributable)
             raise
+
+    def _check_room(self, c: Contribution) -> None:
+        """A round waiting for more distinct contributors keeps what it has up to a
+        bound; past it, only a contributor it lacks gets in."""
+        if c.uid == TRUNK_UID or self.contributors_short(c.uid) == 0:
+            return
+        full = self.pending_samples(c.uid) >= THIN_ROUND_ROUNDS * self.settings.round_samples
+        if full and c.contributor.hex() in {p.contributor for p in self.pending[c.uid]}:
+            raise Rejected(
+                "waiting_for_contributors",
+                f"{c.uid}'s round waits for {self.contributors_short(c.uid)} more "
+                "contributor(s); send again later",
+            )
 
     def refused(
         self, contribution: Contribution, exc: Rejected, now: float, *, attributable: bool
@@ -232,7 +255,7 @@ class AggregatorCore:
         entry = self._contributor(who)
         if entry is not None:
             entry.rejected[exc.reason] += 1
-        if exc.reason != "replay":  # a retry of something accepted is no offence
+        if exc.reason not in _NOT_OFFENCES:
             self._strike(who, now)
 
     def accept(
@@ -329,9 +352,16 @@ class AggregatorCore:
                 len(senders) >= len(self.settings.trainers)
                 or waited >= self.settings.trunk.round_seconds
             )
+        if self.contributors_short(uid):
+            return False  # a version is never set by fewer voices than the manifest says
         if self.pending_samples(uid) >= self.settings.round_samples:
             return True
         return waited >= self.settings.round_seconds
+
+    def contributors_short(self, uid: str) -> int:
+        """How many more distinct contributors ``uid``'s round needs (0: enough)."""
+        senders = {p.contributor for p in self.pending[uid]}
+        return max(0, self.settings.min_contributors - len(senders))
 
     def _sibling_scale(self) -> float | None:
         """The scale of this aggregator's other experts (all of one spec): what a lone

@@ -100,6 +100,7 @@ async def run_emulated(
     round_seconds = options.round_samples / (options.volunteers * options.samples_per_s)
     demo = replace(
         options.demo,
+        volunteers=options.volunteers,  # the manifest's min_contributors follows it
         wire=options.wire,
         batch_size=options.batch_size,
         contribution_seconds=round_seconds / 2,

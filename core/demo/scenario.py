@@ -149,6 +149,11 @@ def demo_manifest(
     trainer_tables = "\n".join(f'[[trainers]]\nkey = "{key}"\n' for key in keys)
     grid = ", ".join(str(n) for n in options.grid)
     activations, gradients = wire_codecs(options.wire)
+    # the manifest's 3, unless the swarm has fewer servers per expert (every volunteer
+    # serves every expert unless --experts splits them)
+    experts = options.mixture_layers * math.prod(options.grid)
+    per_expert = options.volunteers * min(options.experts_per_volunteer, experts) // experts
+    min_contributors = min(3, max(1, per_expert))
     return f"""\
 [project]
 name = "demo-charlm"
@@ -180,6 +185,7 @@ contribution_seconds = {options.contribution_seconds}
 staleness_bound = 8
 round_samples = 6144
 round_seconds = {options.round_seconds}
+min_contributors = {min_contributors}
 
 [training.aggregation]
 rule = "{options.rule}"

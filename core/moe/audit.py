@@ -16,6 +16,7 @@ pending audits drops new draws (counted) rather than slow a step.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
@@ -242,7 +243,9 @@ class PublishedWeights:
     newest: ``watch`` reads the announced records of the watched experts every
     ``interval`` and remembers the last ``history`` of each, so that an older version's
     file can still be fetched (aggregators keep the chunks) when one of its answers is
-    drawn. Only audited versions are downloaded."""
+    drawn. Only audited versions are downloaded. The watched experts are the
+    ``max_watched`` most recently audited (at first, the manifest's first ones): one DHT
+    lookup each per ``interval``."""
 
     def __init__(
         self,
@@ -254,7 +257,7 @@ class PublishedWeights:
         aggregator_keys: Collection[bytes] | None = None,
         interval: float = 10.0,
         history: int = 8,
-        max_watched: int = 4096,
+        max_watched: int = 256,
     ) -> None:
         self.peer = peer
         self.signed = signed
@@ -274,7 +277,7 @@ class PublishedWeights:
         self._records: dict[str, dict[int, VersionRecord]] = {}
         #: the experts whose records are read, most recently asked about last
         self._watched: OrderedDict[str, None] = OrderedDict()
-        for uid in signed.manifest.model.expert_uids():
+        for uid in itertools.islice(signed.manifest.model.expert_uids(), max_watched):
             self._watch(uid)
         self._lock = trio.Lock()
 

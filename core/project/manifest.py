@@ -149,6 +149,10 @@ class TrainingSection(_Strict):
     staleness_bound: Annotated[int, Field(ge=0, le=1000)] = 4
     round_samples: Annotated[int, Field(ge=1)] = 4096
     round_seconds: Annotated[float, Field(gt=0)] = 60.0
+    #: distinct volunteers whose gradients a version of an expert needs: with fewer, a
+    #: round waits (a lone volunteer, or one attacker facing one honest volunteer,
+    #: would decide the version alone)
+    min_contributors: Annotated[int, Field(ge=1, le=1000)] = 3
     aggregation: AggregationSection = AggregationSection()
     trunk: TrunkSection = TrunkSection()
     audit: AuditSection = AuditSection()
@@ -270,6 +274,7 @@ contribution_seconds = 30.0        # ...or every T seconds
 staleness_bound = 4                # contributions older than this many versions are refused
 round_samples = 4096               # an aggregator steps once this many samples arrived...
 round_seconds = 60.0               # ...or this long after a round's first contribution
+min_contributors = 3               # ...and never with fewer distinct volunteers (it waits)
 
 [training.aggregation]
 rule = "centered_clip"             # centered_clip (robust default), median, trimmed_mean, mean

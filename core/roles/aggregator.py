@@ -45,6 +45,7 @@ def settings_from(signed: SignedManifest, uids: Sequence[str]) -> AggregatorSett
         staleness_bound=m.training.staleness_bound,
         round_samples=m.training.round_samples,
         round_seconds=m.training.round_seconds,
+        min_contributors=m.training.min_contributors,
         robust=RobustSettings(
             rule=agg.rule,
             clip_radius=agg.clip_radius,

@@ -60,7 +60,14 @@ async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path)
     agg_dir = tmp_path / "aggregator"
     agg_key = load_or_create(agg_dir / "identity.key").public_key
     trainer, volunteer_id = Identity.generate(), Identity.generate()
-    manifest = small_manifest(tmp_path, **{"round_samples = 4096": "round_samples = 40"})
+    # one volunteer sends every contribution: its rounds need no other
+    manifest = small_manifest(
+        tmp_path,
+        **{
+            "round_samples = 4096": "round_samples = 40",
+            "min_contributors = 3": "min_contributors = 1",
+        },
+    )
     manifest.write_text(
         manifest.read_text()
         + f'\n[[aggregators]]\nkey = "{agg_key.hex()}"\n'

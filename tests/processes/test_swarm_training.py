@@ -7,7 +7,9 @@ Margins, on the held-out validation loss (nats per byte; ln 256 = 5.55 at the st
 - churn (a third killed with SIGKILL mid-run, as many join): the same margin;
 - one attacker in five (sign flip x1000, and ALIE): within 10% of the clean run's loss;
 - slow links (250 ms per answer for half the volunteers): below 80% of the initial loss,
-  and most expert answers come from the fast volunteers.
+  and most expert answers come from the fast volunteers;
+- a volunteer whose answers are noised: the trainer's answer audits exclude it (and no
+  honest volunteer), and the loss stays within 10% of the clean run's.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ async def test_four_volunteers_train_the_model(tmp_path_factory):
     assert s["contributions_accepted"] > 0
     assert s["contributions_rejected"] == {}
     assert all(v["answers"] > 0 for v in s["per_volunteer"])
+    # the trainer recomputed a share of the answers, and every one was honest
+    assert s["audits"]["audited"] > 0, s["audits"]
+    assert s["audits"]["failed"] == 0, s["audits"]
+    assert not any(v["excluded"] for v in s["per_volunteer"])
 
 
 async def test_training_goes_on_when_a_third_of_the_volunteers_die(tmp_path):
@@ -89,6 +95,24 @@ async def test_one_attacker_in_five_does_not_spoil_training(tmp_path, tmp_path_f
         assert attacker["influence"] is not None
         assert attacker["influence"] < 0.05
         assert min(v["influence"] for v in honest if v["influence"] is not None) > 0.3
+
+
+async def test_a_volunteer_whose_answers_are_wrong_is_caught_and_excluded(
+    tmp_path, tmp_path_factory
+):
+    clean = await clean_run(tmp_path_factory)
+    # a quarter of the answers audited: a volunteer cheating on every one goes unseen
+    # for 100 answers with probability 0.75^100 = 3e-13 (the manifest's 5%: 0.6%, too
+    # likely for a test; benchmarks/audit.py measures that rate)
+    s = await demo(
+        tmp_path, volunteers=4, attackers=1, attack="noised-answers", answer_audit_rate=0.25
+    )
+    attacker = next(v for v in s["per_volunteer"] if v["role"].startswith("attacker"))
+    honest = [v for v in s["per_volunteer"] if v["role"] == "honest"]
+    assert attacker["excluded"], (attacker, s["audits"])
+    assert not any(v["excluded"] for v in honest)
+    assert s["audits"]["excluded"] == [attacker["peer"]]
+    assert s["final_loss"] <= 1.1 * clean["final_loss"], (s["evaluations"], clean["evaluations"])
 
 
 async def test_slow_links_are_routed_around(tmp_path):

@@ -198,3 +198,44 @@ def test_a_lone_contributor_on_a_new_expert_steps_no_further_than_its_siblings_i
     after = torch.cat([p.detach().reshape(-1) for p in core.modules[other].parameters()])
     # sgd: the step is learning rate x the aggregate, and the aggregate is clipped
     assert float((after - before).norm()) <= 1.0001 * 0.1 * sibling
+
+
+@pytest.mark.parametrize(
+    ("minimum", "contributors", "due"),
+    [
+        (1, 1, True),
+        (3, 1, False),  # a lone volunteer never sets a version
+        (3, 2, False),  # nor one attacker facing one honest volunteer
+        (3, 3, True),
+        (3, 5, True),
+    ],
+)
+def test_a_round_waits_for_enough_distinct_contributors(tmp_path, minimum, contributors, due):
+    core = make_core(settings(round_samples=4, min_contributors=minimum), tmp_path)
+    for i in range(contributors):
+        who = Identity.from_seed(bytes([i + 1]) * 32)
+        core.submit(*contribution(core, who))
+        core.submit(*contribution(core, who))  # more of the same voice does not count
+    assert core.due(UID) is due
+    assert core.contributors_short(UID) == max(0, minimum - contributors)
+
+
+def test_a_thin_round_keeps_a_bounded_amount_and_lets_in_who_it_lacks(tmp_path):
+    core = make_core(settings(round_samples=8, min_contributors=2), tmp_path)
+    alone = Identity.from_seed(b"a" * 32)
+    for _ in range(8):  # THIN_ROUND_ROUNDS (4) rounds of 8 samples, 4 at a time
+        core.submit(*contribution(core, alone))
+    with pytest.raises(Rejected, match="waiting_for_contributors"):
+        core.submit(*contribution(core, alone))
+    assert core.stats.contributors[alone.public_key.hex()].rejected == {
+        "waiting_for_contributors": 1
+    }
+    assert core.stats.banned_peers == 0
+    for _ in range(10):  # never an offence: it may keep trying without being banned
+        with pytest.raises(Rejected, match="waiting_for_contributors"):
+            core.submit(*contribution(core, alone))
+    other = Identity.from_seed(b"b" * 32)
+    core.submit(*contribution(core, other))  # the voice the round lacks gets in
+    assert core.due(UID)
+    assert core.run_round(UID) == 1
+    core.submit(*contribution(core, alone))  # and the next round has room again
