@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import trio
@@ -26,6 +26,7 @@ from core.experts.records import (
     expert_key,
     prefix_children,
 )
+from core.protocol.answers import NONE, AnswerStatement, parts_digest
 from core.protocol.contributions import MessageError, Receipt, tensor_digest
 from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE, INFO
 from net import (
@@ -344,16 +345,38 @@ class ExpertServer:
             raise BadRequest(str(exc)) from exc
 
     def _reply(
-        self, ctx: CallContext, backend: ExpertBackend, t: torch.Tensor, version: int, **meta: Any
+        self,
+        ctx: CallContext,
+        backend: ExpertBackend,
+        t: torch.Tensor,
+        version: int,
+        kind: Literal["forward", "backward"],
+        inputs_sha256: bytes,
+        grad: torch.Tensor | None = None,
+        **meta: Any,
     ) -> Reply:
         """``t`` in the codec the request asked its answer in, naming the ``version`` of
-        the weights that computed it."""
+        the weights that computed it, with this volunteer's signed statement of what it
+        computed from what (``inputs_sha256``: of the inputs; ``grad``: the output
+        gradients of a backward pass)."""
         codec = self._answer_codec(ctx)
         if codec != "raw":
             meta["codec"] = codec
         meta["seconds"] = round(trio.current_time() - ctx.arrived, 4)
+        parts = tuple(activations.encode(t, codec))
+        meta["statement"] = AnswerStatement.sign(
+            self.peer.identity,
+            project=self.config.project,
+            uid=str(backend.uid),
+            version=version,
+            kind=kind,
+            codec=codec,
+            inputs_sha256=inputs_sha256,
+            grads_sha256=NONE if grad is None else tensor_digest([grad]),
+            answer_sha256=parts_digest(parts),
+        ).encode()
         identity = {"version": version, "sha256": backend.sha256_of_version(version)}
-        return Reply({**identity, **self.backlog(), **meta}, tuple(activations.encode(t, codec)))
+        return Reply({**identity, **self.backlog(), **meta}, parts)
 
     def _identity(self, backend: ExpertBackend) -> dict[str, Any]:
         return {"version": backend.version, "sha256": backend.sha256, **self.backlog()}
@@ -387,14 +410,15 @@ class ExpertServer:
         if self.config.cheat is not None:
             y = self.config.cheat(y, x)
         meta: dict[str, Any] = {}
+        inputs_sha256 = tensor_digest([x])
         if handle is not None:
             meta["handle"] = handle
-            if self.config.require_receipts:  # the receipt of the backward pass names them
-                key = (ctx.peer_id, str(backend.uid), handle)
-                self._input_digests[key] = tensor_digest([x])
-                while len(self._input_digests) > 4096:
-                    del self._input_digests[next(iter(self._input_digests))]
-        return self._reply(ctx, backend, y, version, **meta)
+            # the backward pass's receipt and signed answer name them
+            key = (ctx.peer_id, str(backend.uid), handle)
+            self._input_digests[key] = inputs_sha256
+            while len(self._input_digests) > 4096:
+                del self._input_digests[next(iter(self._input_digests))]
+        return self._reply(ctx, backend, y, version, "forward", inputs_sha256, **meta)
 
     async def _backward(self, ctx: CallContext) -> Reply:
         backend = self._backend(ctx)
@@ -407,15 +431,16 @@ class ExpertServer:
             backend.check_grad_outputs(x, grad)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        receipt = self._receipt(
-            ctx, backend, tensor_digest([x]) if self.config.require_receipts else b"", grad
-        )
+        inputs_sha256 = tensor_digest([x])
+        receipt = self._receipt(ctx, backend, inputs_sha256, grad)
         grad_x, _, version = await self._backward_pools[str(backend.uid)].submit(
             x, grad, owner=ctx.peer_id, extra=receipt
         )
         if self.config.cheat is not None:
             grad_x = self.config.cheat(grad_x, grad)
-        return self._reply(ctx, backend, grad_x, version, gradient=True)
+        return self._reply(
+            ctx, backend, grad_x, version, "backward", inputs_sha256, grad, gradient=True
+        )
 
     def _receipt(
         self,
@@ -471,12 +496,11 @@ class ExpertServer:
         version = backend.kept_version(ctx.peer_id, handle)
         if version is None:
             raise GraphGone(f"forward graph {handle} is gone; send the inputs again")
-        if self.config.require_receipts:
-            digest = self._input_digests.pop((ctx.peer_id, str(backend.uid), handle), None)
-            if digest is None:
-                raise GraphGone(f"forward graph {handle} is gone; send the inputs again")
-            # a graph kept across a swap of weights: the receipt names the old version
-            receipt = self._receipt(ctx, backend, digest, grad, version=version)
+        digest = self._input_digests.pop((ctx.peer_id, str(backend.uid), handle), None)
+        if digest is None:
+            raise GraphGone(f"forward graph {handle} is gone; send the inputs again")
+        # a graph kept across a swap of weights: the receipt names the old version
+        receipt = self._receipt(ctx, backend, digest, grad, version=version)
         try:
             grad_x = await self._kept_on_device(
                 partial(backend.backward_kept, ctx.peer_id, handle, grad, receipts=[receipt]),
@@ -488,7 +512,7 @@ class ExpertServer:
             raise BadRequest(str(exc)) from exc
         if self.config.cheat is not None:
             grad_x = self.config.cheat(grad_x, grad)
-        return self._reply(ctx, backend, grad_x, version, gradient=True)
+        return self._reply(ctx, backend, grad_x, version, "backward", digest, grad, gradient=True)
 
     async def _kept_on_device(self, run: Callable[[], torch.Tensor], *, rows: int) -> torch.Tensor:
         """A backward pass through a kept graph on the device (emulated like the pools'

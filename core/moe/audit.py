@@ -30,6 +30,8 @@ import torch
 import trio
 from torch import nn
 
+from core.experts import activations
+from core.experts.activations import ActivationCodecError
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.tolerance import excess
 from core.experts.weights import WeightsError, load_weights_bytes, weights_hash
@@ -37,7 +39,9 @@ from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
 from core.project.signed import SignedManifest
 from core.project.versions import VersionRecord, fetch_version, newest_version
-from net import Peer
+from core.protocol.answers import NONE, AnswerStatement, parts_digest
+from core.protocol.contributions import tensor_digest
+from net import Peer, Tensor
 from net._libp2p import PeerID
 from net.identity import peer_id_from_public_key
 
@@ -56,6 +60,69 @@ class Answer:
     grad_outputs: torch.Tensor | None  # backward: as the server decoded them
     claimed: torch.Tensor  # the answer, as decoded here
     codec: str  # the codec the answer travelled in
+    #: what the volunteer signed, and the whole request and answer it covers; None: the
+    #: answer came without a statement that matches it (an honest server always signs)
+    evidence: Evidence | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A volunteer's signed statement with what it covers: enough for anyone holding the
+    published weights of its version to recompute the answer (:func:`check_evidence`)."""
+
+    statement: AnswerStatement
+    inputs: torch.Tensor  # all rows, as the server decoded them
+    grad_outputs: torch.Tensor | None  # backward: all rows, as the server decoded them
+    parts: tuple[Tensor, ...]  # the answer as it travelled
+
+
+class EvidenceError(ValueError):
+    """Evidence that does not hold together: a bad signature, or tensors that are not
+    the ones the statement names."""
+
+
+def statement_problem(evidence: Evidence) -> str | None:
+    """Why ``evidence`` does not hold together, or None when the signature is good and
+    every tensor is the one the statement names."""
+    s = evidence.statement
+    grads = evidence.grad_outputs
+    problems = [
+        (not s.verify(), "signature"),
+        (s.inputs_sha256 != tensor_digest([evidence.inputs]), "inputs"),
+        (s.grads_sha256 != (NONE if grads is None else tensor_digest([grads])), "gradients"),
+        (s.answer_sha256 != parts_digest(evidence.parts), "answer"),
+        ((s.kind == "backward") != (grads is not None), "kind"),
+    ]
+    wrong = [what for bad, what in problems if bad]
+    return ", ".join(wrong) if wrong else None
+
+
+def check_evidence(evidence: Evidence, module: nn.Module, dtype: torch.dtype) -> float:
+    """What a third party does with evidence: check that it holds together, then
+    recompute the whole answer with ``module`` (the published weights of the version the
+    statement names) and return its excess (> 1: the volunteer signed a wrong answer).
+    Raises EvidenceError when the evidence does not hold together."""
+    problem = statement_problem(evidence)
+    if problem is not None:
+        raise EvidenceError(f"the evidence does not match its statement: {problem}")
+    s = evidence.statement
+    try:
+        claimed = activations.decode(
+            evidence.parts, s.codec, width=evidence.inputs.shape[-1], dtype=evidence.inputs.dtype
+        )
+    except ActivationCodecError:
+        return math.inf  # signed parts that do not even decode
+    answer = Answer(
+        s.kind,
+        s.uid,
+        peer_id_from_public_key(s.volunteer),
+        s.version,
+        evidence.inputs,
+        evidence.grad_outputs,
+        claimed,
+        s.codec,
+    )
+    return audit(module, answer, dtype)
 
 
 @dataclass(frozen=True)
@@ -199,7 +266,12 @@ class AnswerAuditor:
             await self.check(answer)
 
     async def check(self, answer: Answer) -> float | None:
-        """Audit one answer now: its excess, or None when its weights cannot be had."""
+        """Audit one answer now: its excess, or None when its weights cannot be had. An
+        answer without a statement that matches it fails at once (infinite excess)."""
+        if answer.evidence is None:
+            self.stats.audited += 1
+            self._failed(answer, math.inf)
+            return math.inf
         module = await self.weights.module(answer.uid, answer.version)
         if module is None:
             self.stats.unverifiable += 1
@@ -212,6 +284,10 @@ class AnswerAuditor:
             self.stats.passed += 1
             self.stats.worst_passed = max(self.stats.worst_passed, over)
             return over
+        self._failed(answer, over)
+        return over
+
+    def _failed(self, answer: Answer, over: float) -> None:
         self.stats.failed += 1
         finding = Finding(answer, over)
         self.findings.append(finding)
@@ -226,11 +302,10 @@ class AnswerAuditor:
                 answer.kind,
                 answer.uid,
                 answer.version,
-                over if math.isfinite(over) else float("inf"),
+                over,
             )
             for listener in self.listeners:
                 listener(finding)
-        return over
 
 
 class PublishedWeights:

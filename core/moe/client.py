@@ -22,10 +22,12 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from core.experts import activations
 from core.experts.activations import ActivationCodecError, WireCodecs
-from core.moe.audit import Answer, AnswerAuditor
+from core.moe.audit import Answer, AnswerAuditor, Evidence, statement_problem
 from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS, ServerLoads
+from core.protocol.answers import AnswerStatement
 from core.protocol.contributions import Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE
+from core.protocol.fields import MessageError
 from net import (
     Overloaded,
     PeerUnreachable,
@@ -37,7 +39,7 @@ from net import (
     Unavailable,
 )
 from net._libp2p import PeerID
-from net.identity import Identity
+from net.identity import Identity, peer_id_from_public_key
 
 log = logging.getLogger(__name__)
 
@@ -252,12 +254,14 @@ class ExpertCaller:
         gradients) as the server decoded them."""
         if self.auditor is None or not self.auditor.draw():
             return
-        rows = self.auditor.rows(x.shape[0])
+        seen_x = activations.roundtrip(x, self.codecs.activations)
         seen_grad = None
         if grad_parts is not None:
             seen_grad = activations.decode(
                 grad_parts, self.codecs.gradients, width=x.shape[-1], dtype=x.dtype
-            )[rows]
+            )
+        evidence = self._evidence(uid, server, reply, kind, seen_x, seen_grad)
+        rows = self.auditor.rows(x.shape[0])
         self.auditor.submit(
             Answer(
                 kind,
@@ -266,12 +270,40 @@ class ExpertCaller:
                 _version(reply),
                 # every row is encoded on its own: these rows' codes are those the server
                 # decoded
-                activations.roundtrip(x[rows], self.codecs.activations),
-                seen_grad,
+                seen_x[rows],
+                None if seen_grad is None else seen_grad[rows],
                 answer[rows],
                 str(reply.meta.get("codec", "raw")),  # checked by _answer
+                evidence,
             )
         )
+
+    def _evidence(
+        self,
+        uid: str,
+        server: ExpertServerRef,
+        reply: Reply,
+        kind: str,
+        seen_x: torch.Tensor,
+        seen_grad: torch.Tensor | None,
+    ) -> Evidence | None:
+        """The server's signed statement with what it covers, if it is the statement of
+        this answer, by this server, of this request; else None."""
+        try:
+            statement = AnswerStatement.decode(reply.meta.get("statement"))
+        except MessageError:
+            return None
+        evidence = Evidence(statement, seen_x, seen_grad, tuple(reply.tensors))
+        expected = (uid, _version(reply), kind, str(reply.meta.get("codec", "raw")))
+        project = statement.project if self.receipts is None else self.receipts.project
+        if (
+            (statement.uid, statement.version, statement.kind, statement.codec) != expected
+            or statement.project != project
+            or peer_id_from_public_key(statement.volunteer) != server.peer_id
+            or statement_problem(evidence) is not None
+        ):
+            return None
+        return evidence
 
     async def _call(
         self,

@@ -12,6 +12,10 @@ from typing import Any, Final
 
 import torch
 
+from core.protocol.fields import MessageError as MessageError
+from core.protocol.fields import bounded_int as _int
+from core.protocol.fields import exact_bytes as _bytes
+from core.protocol.fields import short_str as _str
 from net.identity import Identity, verify_signature
 from net.wire import pack, unpack_bounded
 
@@ -25,10 +29,6 @@ MAX_HEADER_BYTES: Final = 4 * 1024 * 1024
 TRUNK_UID: Final = "trunk"
 
 
-class MessageError(ValueError):
-    """A message is malformed (not: a valid message with a bad claim)."""
-
-
 def tensor_digest(tensors: Iterable[torch.Tensor]) -> bytes:
     """SHA-256 over the raw bytes of tensors, in order (what receipts and contributions
     commit to)."""
@@ -39,24 +39,6 @@ def tensor_digest(tensors: Iterable[torch.Tensor]) -> bytes:
         if t.numel():
             h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
     return h.digest()
-
-
-def _bytes(x: Any, n: int, what: str) -> bytes:
-    if not isinstance(x, bytes) or len(x) != n:
-        raise MessageError(f"{what} must be {n} bytes")
-    return x
-
-
-def _int(x: Any, what: str, high: int = 2**62) -> int:
-    if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < high:
-        raise MessageError(f"{what} must be an integer in 0..{high}")
-    return x
-
-
-def _str(x: Any, what: str, limit: int = 64) -> str:
-    if not isinstance(x, str) or not 0 < len(x) <= limit:
-        raise MessageError(f"{what} must be a string of 1..{limit} characters")
-    return x
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Answer audits on real peers: a trainer recomputes answers from the weights the project
 published (the owner's initial files, then versions an aggregator announces), passes an
-honest volunteer's answers on every version it serves, and excludes a volunteer whose
-answers are scaled by 5%."""
+honest volunteer's answers (signed, as every answer is) on every version it serves, and
+excludes a volunteer whose answers are scaled by 5%, holding its signed claim as
+evidence."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from core.experts.cheats import ANSWER_CHEATS
 from core.experts.registry import build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.weights import save_weights, weights_hash
-from core.moe.audit import AnswerAuditor, PublishedWeights
+from core.moe.audit import AnswerAuditor, PublishedWeights, check_evidence
 from core.moe.client import ExpertCaller, ExpertServerRef
 from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore, split_file
@@ -129,4 +130,10 @@ async def test_a_trainer_audits_answers_on_every_version_and_excludes_a_cheater(
         assert finding.answer.server == cheater.peer_id
         assert finding.answer.version == 0
         assert finding.excess > 1
+        # the cheater signed what it claimed: anyone with version 0's published weights
+        # can recompute the whole answer and see it is wrong
+        assert finding.answer.evidence is not None
+        initial = await weights.module(UID, 0)
+        assert initial is not None
+        assert check_evidence(finding.answer.evidence, initial, spec.torch_dtype) > 1
         nursery.cancel_scope.cancel()

@@ -17,13 +17,25 @@ from torch import nn
 from core.experts import activations
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.tolerance import excess
-from core.moe.audit import Answer, AnswerAuditor, Finding, audit, recompute
+from core.moe.audit import (
+    Answer,
+    AnswerAuditor,
+    Evidence,
+    EvidenceError,
+    Finding,
+    audit,
+    check_evidence,
+    recompute,
+)
+from core.protocol.answers import NONE, AnswerStatement, parts_digest
+from core.protocol.contributions import tensor_digest
 from net import Identity
 
 SPEC = ExpertSpec("ffn", hidden=64, inner=256)
 CODECS = ["raw", "f16", "bf16", "q8", "q4", "q4z", "q3"]
-HONEST = Identity.from_seed(b"h" * 32).peer_id
-CHEATER = Identity.from_seed(b"c" * 32).peer_id
+HONEST_ID = Identity.from_seed(b"h" * 32)
+CHEATER_ID = Identity.from_seed(b"c" * 32)
+HONEST, CHEATER = HONEST_ID.peer_id, CHEATER_ID.peer_id
 
 
 def expert(seed: int = 1) -> nn.Module:
@@ -32,6 +44,26 @@ def expert(seed: int = 1) -> nn.Module:
 
 def answer(kind, claimed, x, g=None, *, codec="raw", server=HONEST, version=0) -> Answer:
     return Answer(kind, "ffn.0.0", server, version, x, g, claimed, codec)
+
+
+def signed(kind, answer_tensor, x, g=None, *, codec="raw", by=HONEST_ID, version=0) -> Answer:
+    """An answer as a server sends it (encoded, with its signed statement) and as the
+    trainer hands it to its auditor."""
+    parts = tuple(activations.encode(answer_tensor, codec))
+    statement = AnswerStatement.sign(
+        by,
+        project="p",
+        uid="ffn.0.0",
+        version=version,
+        kind=kind,
+        codec=codec,
+        inputs_sha256=tensor_digest([x]),
+        grads_sha256=NONE if g is None else tensor_digest([g]),
+        answer_sha256=parts_digest(parts),
+    )
+    claimed = activations.decode(parts, codec, width=x.shape[-1], dtype=x.dtype)
+    evidence = Evidence(statement, x, g, parts)
+    return Answer(kind, "ffn.0.0", by.peer_id, version, x, g, claimed, codec, evidence)
 
 
 def forward_row_by_row(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -166,9 +198,9 @@ async def test_the_auditor_excludes_a_cheater_once_and_counts_what_it_cannot_che
         y = module(x)
     for _ in range(3):
         assert auditor.draw()
-        auditor.submit(answer("forward", y, x, version=3))
-        auditor.submit(answer("forward", y * 1.1, x, server=CHEATER, version=3))
-        auditor.submit(answer("forward", y, x, version=2))  # weights not at hand
+        auditor.submit(signed("forward", y, x, version=3))
+        auditor.submit(signed("forward", y * 1.1, x, by=CHEATER_ID, version=3))
+        auditor.submit(signed("forward", y, x, version=2))  # weights not at hand
     auditor.close()
     await auditor.run()  # audits what was queued, then returns
     s = auditor.stats
@@ -221,3 +253,53 @@ def test_rows_are_encoded_on_their_own_so_an_auditor_can_check_a_few(codec):
     x = torch.randn(16, 100) * torch.logspace(-3, 3, 16).unsqueeze(1)
     rows = [1, 7, 15]
     assert torch.equal(activations.roundtrip(x, codec)[rows], activations.roundtrip(x[rows], codec))
+
+
+async def test_a_cheaters_signed_answer_is_evidence_anyone_can_check():
+    module = expert()
+    x, g = torch.randn(4, 64), torch.randn(4, 64) * 1e-2
+    with torch.no_grad():
+        y = module(x)
+    auditor = AnswerAuditor(Versions({("ffn.0.0", 0): module}), torch.float32, rate=1.0)
+    auditor.submit(signed("forward", y * 1.05, x, codec="q4z", by=CHEATER_ID))
+    auditor.close()
+    await auditor.run()
+    (finding,) = auditor.findings
+    evidence = finding.answer.evidence
+    assert evidence is not None
+    # a third party with the published weights: the volunteer signed a wrong answer
+    assert check_evidence(evidence, expert(), torch.float32) > 1
+    # an honest answer's evidence clears it, forward and backward
+    honest = signed("forward", y, x, codec="q4z").evidence
+    assert honest is not None
+    assert check_evidence(honest, expert(), torch.float32) <= 1
+    xk = x.clone().requires_grad_(True)
+    module(xk).backward(g)
+    back = signed("backward", xk.grad, x, g, codec="q8").evidence
+    assert back is not None
+    assert check_evidence(back, expert(), torch.float32) <= 1
+    # evidence that is not what the volunteer signed proves nothing
+    tampered = Evidence(evidence.statement, evidence.inputs + 1, None, evidence.parts)
+    with pytest.raises(EvidenceError, match="inputs"):
+        check_evidence(tampered, expert(), torch.float32)
+    forged = Evidence(
+        AnswerStatement(**{**evidence.statement.__dict__, "version": 7}),
+        evidence.inputs,
+        None,
+        evidence.parts,
+    )
+    with pytest.raises(EvidenceError, match="signature"):
+        check_evidence(forged, expert(), torch.float32)
+
+
+async def test_an_answer_without_a_matching_statement_fails_its_audit_at_once():
+    module = expert()
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        y = module(x)
+    auditor = AnswerAuditor(Versions({("ffn.0.0", 0): module}), torch.float32, rate=1.0)
+    auditor.submit(answer("forward", y, x, server=CHEATER))  # right, but unsigned
+    auditor.close()
+    await auditor.run()
+    assert auditor.stats.failed == 1
+    assert auditor.stats.excluded == [str(CHEATER)]

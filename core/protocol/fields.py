@@ -1,0 +1,28 @@
+"""Checked fields of signed messages: every decoder refuses a field of the wrong type or
+size with a MessageError naming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MessageError(ValueError):
+    """A message is malformed (not: a valid message with a bad claim)."""
+
+
+def exact_bytes(x: Any, n: int, what: str) -> bytes:
+    if not isinstance(x, bytes) or len(x) != n:
+        raise MessageError(f"{what} must be {n} bytes")
+    return x
+
+
+def bounded_int(x: Any, what: str, high: int = 2**62) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < high:
+        raise MessageError(f"{what} must be an integer in 0..{high}")
+    return x
+
+
+def short_str(x: Any, what: str, limit: int = 64) -> str:
+    if not isinstance(x, str) or not 0 < len(x) <= limit:
+        raise MessageError(f"{what} must be a string of 1..{limit} characters")
+    return x
