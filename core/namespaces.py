@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from core.experts import records as expert_records
 from core.project import records as project_records
+from core.protocol.bans import BAN_NAMESPACE, BAN_RULE
 from core.protocol.versions import VERSION_NAMESPACE, VERSION_RULE
 from net import NamespacedValidator
 
@@ -14,6 +15,7 @@ def moehome_validator() -> NamespacedValidator:
         {
             expert_records.NAMESPACE: expert_records.RULE,
             VERSION_NAMESPACE: VERSION_RULE,
+            BAN_NAMESPACE: BAN_RULE,
             **project_records.RULES,
         }
     )

@@ -89,6 +89,18 @@ def peer_id_from_public_key(public_key: bytes) -> PeerID:
     return PeerID.from_pubkey(LibP2PPublicKey.from_bytes(public_key))
 
 
+def public_key_of(peer_id: PeerID) -> bytes | None:
+    """The raw Ed25519 public key an Ed25519 PeerID inlines (None for other ids)."""
+    try:
+        key = peer_id.extract_public_key()
+    except Exception:  # noqa: BLE001 - a malformed id from a record: no key
+        return None
+    if key is None:
+        return None
+    raw = key.to_bytes()
+    return raw if len(raw) == PUBLIC_KEY_BYTES else None
+
+
 def load_or_create(path: Path) -> Identity:
     """The identity kept at ``path``; created there (mode 0600) if the file is absent."""
     if path.exists():

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 #: them, those it has are refused (not an offence) until another contributor comes.
 THIN_ROUND_ROUNDS = 4
 #: Refusals that are no offence of the contributor: no strike, never a ban.
-_NOT_OFFENCES = frozenset({"replay", "waiting_for_contributors"})
+_NOT_OFFENCES = frozenset({"replay", "waiting_for_contributors", "banned_by_project"})
 
 #: Contributors whose statistics are kept without any accepted contribution, and
 #: identities whose strikes and bans are remembered (the oldest are forgotten).
@@ -152,6 +152,8 @@ class AggregatorCore:
         self.versions: dict[str, int] = {}
         self.robust: dict[str, ExpertRoundState] = {}
         self.pending: dict[str, list[_Pending]] = defaultdict(list)
+        #: contributors (hex public keys) a project ban names: refused, not struck
+        self._project_banned: set[str] = set()
         self.round_started: dict[str, float] = {}
         self.seen_nonces: set[bytes] = set()
         self.seen_batches: set[bytes] = set()
@@ -221,6 +223,9 @@ class AggregatorCore:
         if until > now:
             self.stats.rejected["banned"] += 1
             raise Banned(until - now)
+        if who in self._project_banned:
+            self.stats.rejected["banned_by_project"] += 1
+            raise Rejected("banned_by_project", "a trainer or aggregator of the project banned it")
         try:
             check_claims(contribution, self._context(now), payload_bytes)
             self._check_room(contribution)
@@ -327,6 +332,20 @@ class AggregatorCore:
                 self.settings.ban_seconds,
                 len(strikes),
             )
+
+    def ban_contributor(self, public_key: bytes) -> int:
+        """Honour a project ban (core/project/bans.py): refuse the contributor from now
+        on, and drop what it has pending. Returns the contributions dropped."""
+        who = public_key.hex()
+        self._project_banned.add(who)
+        dropped = 0
+        for uid, pending in self.pending.items():
+            kept = [p for p in pending if p.contributor != who]
+            dropped += len(pending) - len(kept)
+            self.pending[uid] = kept
+        if dropped:
+            log.warning("dropped %d pending contributions of banned %s", dropped, who[:16])
+        return dropped
 
     def prune(self, now: float) -> None:
         """Forget strikes and bans that ended (called now and then)."""

@@ -76,8 +76,15 @@ class AggregatorService:
         self._junk: PeerRateLimiter[str] = PeerRateLimiter(
             RateLimits(requests_per_second=JUNK_PER_SECOND, request_burst=JUNK_BURST)
         )
+        #: contributors (public keys) a project ban names, to be honoured by the loop
+        self._bans: list[bytes] = []
         peer.rpc.register(CONTRIBUTE, self._contribute, screen=self._screen)
         peer.rpc.register(STATS, self._stats)
+
+    def honour_ban(self, public_key: bytes) -> None:
+        """Refuse this contributor from now on and drop what it has pending (the core is
+        changed by the run loop, holding the engine)."""
+        self._bans.append(public_key)
 
     async def run(
         self, *, task_status: trio.TaskStatus[AggregatorService] = trio.TASK_STATUS_IGNORED
@@ -87,6 +94,9 @@ class AggregatorService:
         task_status.started(self)
         next_prune = trio.current_time() + PRUNE_SECONDS
         while True:
+            while self._bans:
+                key = self._bans.pop()
+                await trio.to_thread.run_sync(self.core.ban_contributor, key, limiter=self._engine)
             for uid in self.core.settings.uids:
                 if self.core.due(uid):
                     await trio.to_thread.run_sync(self.core.run_round, uid, limiter=self._engine)

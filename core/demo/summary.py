@@ -101,6 +101,8 @@ def demo_summary(
         "per_volunteer": volunteers,
         "calls": trained.get("calls", {}),
         "audits": audits,
+        # peers banned from the project (by this trainer's audits or another's), why
+        "banned": trained.get("banned", {}),
     }
 
 
@@ -144,6 +146,8 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
             f"{audits['failed']} failed, {audits['unverifiable']} without their version's "
             f"weights; {len(audits['excluded'])} volunteer(s) excluded"
         )
+    for peer, why in (summary.get("banned") or {}).items():
+        console.print(f"[bold red]banned[/] from the project: {peer[-8:]}: {why}")
     table = Table(title="volunteers")
     nat = summary.get("nat", False)
     columns = ["name", "role", "expert answers", "accepted", "rejected", "influence"]

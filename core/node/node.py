@@ -108,6 +108,7 @@ class Node:
             project=serving.project if serving else None,
             project_name=serving.project_name if serving else "",
             project_error=serving.project_error if serving else "",
+            banned=serving.banned if serving else "",
             serving=server is not None,
             experts={u: b.version for u, b in server.backends.items()} if server else {},
             decision=governor.decision if governor else None,

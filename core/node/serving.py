@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -43,12 +44,15 @@ from core.node.choice import choose_experts, rebalance
 from core.node.events import EventLog
 from core.node.governor import Governor
 from core.node.options import NodeOptions
+from core.project.bans import BanBoard
 from core.project.distribution import find_manifest
 from core.project.joining import join_project
 from core.project.keys import fingerprint
 from core.project.manifest import Manifest
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
+from core.project.versions import pull_interval
+from core.protocol.bans import Ban
 from net import Identity, Peer
 
 log = logging.getLogger(__name__)
@@ -92,6 +96,9 @@ class ProjectService:
         self.project: str | None = None
         self.project_name = ""
         self.project_error = ""
+        #: why the project banned this node (a trainer or aggregator caught a wrong
+        #: answer; core/project/bans.py), "" when it did not
+        self.banned = ""
         self.server: ExpertServer | None = None
         self.sender: ContributionSender | None = None
         self.device_plan: DevicePlan | None = None
@@ -115,7 +122,7 @@ class ProjectService:
         if project == self.project and self._scope is not None:
             return
         self.leave(remember=False)
-        self.project, self.project_error = project, ""
+        self.project, self.project_error, self.banned = project, "", ""
         self._save_project(project)
         scope = trio.CancelScope()
         self._scope = scope
@@ -128,7 +135,7 @@ class ProjectService:
             self._scope.cancel()
             self._scope = None
             self.events.publish(ProjectEvent(project=self.project, joined=False))
-        self.project, self.project_name, self.project_error = None, "", ""
+        self.project, self.project_name, self.project_error, self.banned = None, "", "", ""
         if remember:
             self._save_project(None)
 
@@ -199,6 +206,7 @@ class ProjectService:
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(server.run)
+                    await nursery.start(self._watch_bans, signed)
                     sender = await start_contributing(
                         nursery,
                         self.peer,
@@ -232,6 +240,28 @@ class ProjectService:
                 self._sent_before += sender.stats.sent if sender is not None else 0
                 self.server = self.sender = None
             self.rebalances += 1
+
+    async def _watch_bans(
+        self,
+        signed: SignedManifest,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Read the project's bans; if one names this node, say why (status, tray)."""
+        board = BanBoard(
+            self.peer, signed, interval=pull_interval(signed.manifest.training.round_seconds)
+        )
+        me = str(self.peer.peer_id)
+
+        def seen(ban: Ban) -> None:
+            if ban.peer == me:
+                until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ban.until))
+                self.banned = f"{ban.reason} (until {until})"
+                self.events.publish(ErrorEvent(message=f"banned from the project: {self.banned}"))
+
+        board.listeners.append(seen)
+        task_status.started()
+        await board.run()
 
     async def _wait_for_better(
         self,

@@ -27,6 +27,8 @@ class NodeSnapshot:
     project: str | None = None
     project_name: str = ""
     project_error: str = ""
+    #: Why the project banned this node ("" when it did not).
+    banned: str = ""
     #: Whether an expert server runs for the project now.
     serving: bool = False
     #: Served experts and the version of their weights.
@@ -61,7 +63,7 @@ class NodeSnapshot:
 def node_state(snap: NodeSnapshot) -> NodeState:
     if not snap.project:
         return "no project"
-    if snap.project_error and not snap.serving:
+    if snap.banned or (snap.project_error and not snap.serving):
         return "error"
     if not snap.serving or snap.decision is None:
         return "starting"
@@ -75,6 +77,8 @@ def node_state(snap: NodeSnapshot) -> NodeState:
 def state_reason(state: NodeState, snap: NodeSnapshot) -> str:
     if state == "no project":
         return "join a project to start helping"
+    if state == "error" and snap.banned:
+        return f"banned from the project: {snap.banned}"
     if state == "error":
         return f"cannot join the project: {snap.project_error}"
     if state == "starting":

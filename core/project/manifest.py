@@ -139,6 +139,13 @@ class AuditSection(_Strict):
     answer_rows: Annotated[float, Field(gt=0, le=1)] = 0.25
     #: the weights of audited versions a trainer keeps in memory, MiB
     weights_mib: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    #: how long a ban (published by the trainer or aggregator that caught a cheater)
+    #: lasts
+    ban_hours: Annotated[float, Field(gt=0, le=24 * 365)] = 24.0
+    #: peers whose bans the owner lifted: every trainer and aggregator ignores them
+    pardoned: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=1024)
+    ] = []
 
 
 class TrainingSection(_Strict):
@@ -300,6 +307,8 @@ answer_rate = 0.05                 # the share recomputed (0.05: a cheater on ev
                                    # is caught within 100 answers with probability 0.994)
 answer_rows = 0.25                 # the share of an audited answer's rows recomputed
 weights_mib = 256                  # memory for the weights of audited versions
+ban_hours = 24.0                   # a caught cheater is banned this long, project-wide
+pardoned = []                      # peer ids whose bans you lift (publish again to apply)
 
 # One block per aggregator: its public key (hex, `moehome aggregator key`) and where to
 # reach it.

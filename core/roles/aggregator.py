@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -15,18 +16,22 @@ from core.aggregator.robust import RobustSettings
 from core.aggregator.service import AggregatorService
 from core.errors import UserFacingError
 from core.namespaces import moehome_validator
+from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
 from core.project.distribution import WeightsFetcher, WeightsService, find_manifest
 from core.project.joining import backends_from_files
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
+from core.project.versions import pull_interval
 from core.protocol.aggregator_methods import responsible_aggregator
+from core.protocol.bans import Ban
 from core.protocol.contributions import TRUNK_UID
 from core.roles.peer import print_addresses
 from core.trainer.trunk import build_trunk, shares_trunk
 from net import Identity, Peer, network_config
+from net._libp2p import PeerID
 from net.host import DEFAULT_LISTEN
-from net.identity import peer_id_from_public_key
+from net.identity import peer_id_from_public_key, public_key_of
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +127,12 @@ async def aggregate(
     )
     try:
         WeightsService.of(peer, store)
+        interval = pull_interval(signed.manifest.training.round_seconds)
+        board = BanBoard(peer, signed, interval=interval)
         async with trio.open_nursery() as nursery:
             service = await nursery.start(AggregatorService(peer, core, store=store).run)
+            board.listeners.append(partial(_honour, service))
+            await nursery.start(board.run)
             log.info(
                 "aggregating %d experts of %s at versions %s",
                 len(uids),
@@ -133,3 +142,14 @@ async def aggregate(
             task_status.started(service)
     finally:
         core.close()
+
+
+def _honour(service: AggregatorService, ban: Ban) -> None:
+    """A project ban: the peer's contributions are refused, and what it has pending
+    dropped."""
+    try:
+        key = public_key_of(PeerID.from_base58(ban.peer))
+    except ValueError:
+        key = None
+    if key is not None:
+        service.honour_ban(key)

@@ -31,6 +31,7 @@ from core.moe.finder import ExpertFinder
 from core.moe.load import ServerLoads
 from core.moe.mixture import MoEConfig, RemoteMixtureOfExperts
 from core.namespaces import moehome_validator
+from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
 from core.project.distribution import ProjectNotFound, find_manifest
 from core.project.owner import aggregator_statistics
@@ -109,6 +110,7 @@ def remote_model(
     identity: Identity,
     options: TrainerOptions,
     auditor: AnswerAuditor | None = None,
+    board: BanBoard | None = None,
 ) -> Callable[[], CharLanguageModel]:
     """Builds the trainer's model (as often as batches in flight need copies): the same
     trainer-side weights each time; every copy's mixture of a layer shares that layer's
@@ -139,13 +141,15 @@ def remote_model(
         )
         for _ in grids
     ]
+
+    def exclude(peer_id: PeerID) -> None:
+        for finder in finders:
+            finder.exclude(peer_id)
+
     if auditor is not None:
-
-        def exclude(finding: Finding) -> None:
-            for finder in finders:
-                finder.exclude(finding.answer.server)
-
-        auditor.listeners.append(exclude)
+        auditor.listeners.append(lambda finding: exclude(finding.answer.server))
+    if board is not None:
+        board.listeners.append(lambda ban: exclude(PeerID.from_base58(ban.peer)))
 
     def mixture(layer: int, grid: Grid) -> RemoteMixtureOfExperts:
         return RemoteMixtureOfExperts(
@@ -220,7 +224,12 @@ async def train_on(
             rate=audits.answer_rate,
             row_share=audits.answer_rows,
         )
-    build = remote_model(peer, signed, identity, options, auditor)
+    # the project's bans: ours (an audit this trainer failed) published, the manifest's
+    # other trainers' and aggregators' honoured
+    board = BanBoard(peer, signed, interval=pull_interval(signed.manifest.training.round_seconds))
+    if auditor is not None:
+        auditor.listeners.append(partial(_accuse, board))
+    build = remote_model(peer, signed, identity, options, auditor, board)
     session = TrainingSession(
         build(),
         corpus,
@@ -259,6 +268,7 @@ async def train_on(
     async with trio.open_nursery() as nursery:
         if sharing is not None:
             nursery.start_soon(sharing.run)
+        await nursery.start(board.run)
         if auditor is not None and weights is not None:
             await nursery.start(auditor.run)
             await nursery.start(weights.watch)
@@ -266,6 +276,7 @@ async def train_on(
         nursery.cancel_scope.cancel()
     if auditor is not None:
         summary["audits"] = auditor.stats.as_dict()
+    summary["banned"] = {peer: ban.reason for peer, ban in board.banned().items()}
     if sharing is not None:
         summary["trunk"] = {
             "version": sharing.sync.version,
@@ -277,6 +288,21 @@ async def train_on(
     summary["reached"] = {p: how_reached(peer, p) for p in summary["answered_by"]}
     report({"event": "summary", **summary})
     return summary
+
+
+def _accuse(board: BanBoard, finding: Finding) -> None:
+    """Publish the ban of a volunteer whose answer failed an audit, with its signed
+    statement of that answer."""
+    answer, evidence = finding.answer, finding.answer.evidence
+    board.accuse(
+        str(answer.server),
+        f"its {answer.kind} answer of {answer.uid} (version {answer.version}) is not what "
+        f"those weights compute ({finding.excess:.3g} x an honest answer's bound)"
+        if evidence is not None
+        else f"its {answer.kind} answer of {answer.uid} came without a matching signature",
+        b"" if evidence is None else evidence.statement.encode(),
+        finding.excess,
+    )
 
 
 def how_reached(peer: Peer, server: str) -> str:

@@ -43,6 +43,19 @@ TOO_HOT = Decision(False, Reason.GPU_HOT, "90 °C")
             "",
         ),
         (NodeSnapshot(project="p" * 32, serving=True), "starting", "joining", ""),
+        # banned by the project: said plainly, even while the server still runs
+        (
+            NodeSnapshot(
+                project="p" * 32,
+                serving=True,
+                decision=WORKING,
+                peers=3,
+                banned="its forward answer of ffn0.0.1 is wrong",
+            ),
+            "error",
+            "banned from the project: its forward answer of ffn0.0.1 is wrong",
+            "",
+        ),
         (
             NodeSnapshot(project="p" * 32, serving=True, decision=TOO_HOT),
             "paused",
