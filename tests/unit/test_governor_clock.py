@@ -2,9 +2,10 @@
 working week's schedule and the duty cycle's window play out in milliseconds, and the
 wall clock the governor reads follows the same mock time.
 
-The tests step the governor themselves (as its loop does every ``interval``): its probes
+The tests step the governor themselves (as its loop does every ``interval``): real probes
 are read on a worker thread, and an autojumping clock does not wait for threads, so with
-the loop running the clock could jump past a step that is still reading."""
+the loop running the clock could jump past a step that is still reading (FakeProbes are
+read inline)."""
 
 from __future__ import annotations
 

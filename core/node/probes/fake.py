@@ -11,6 +11,10 @@ from core.node.probes.base import Reading
 
 
 class FakeProbes:
+    #: readings come from memory: the governor reads them inline, not on a worker
+    #: thread (a hop per look cost 10-25 ms under the tests' mock clock)
+    reads_in_memory = True
+
     def __init__(self, reading: Reading | None = None) -> None:
         self.reading = reading or Reading(idle_seconds=3600.0, gpu_temp_c=50.0, on_battery=False)
         self.reads = 0
