@@ -36,7 +36,7 @@ def demo(
         str,
         typer.Option(
             help="What attackers send: poisoned gradients (sign-flip, alie) or wrong "
-            "answers (scaled-answers, noised-answers, lazy-answers)."
+            "answers (scaled-answers, noised-answers, lazy-answers, stale-answers)."
         ),
     ] = "sign-flip",
     slow: Annotated[

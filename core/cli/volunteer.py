@@ -57,7 +57,7 @@ def node(
         typer.Option(
             hidden=True,
             help="Demo/tests: poison contributions (sign-flip, alie) or answers "
-            "(scaled-answers, noised-answers, lazy-answers).",
+            "(scaled-answers, noised-answers, lazy-answers, stale-answers).",
         ),
     ] = None,
     reply_delay_ms: Annotated[

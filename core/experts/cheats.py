@@ -9,37 +9,63 @@ Each cheat looks plausible: the right shape, finite, of the right magnitude.
 - ``noised-answers``: plus Gaussian noise of 5% of the answer's root mean square.
 - ``lazy-answers``: no computation at all: a forward pass returns its inputs (the
   expert's residual path alone), a backward pass its output gradients.
+- ``stale-answers``: forward passes computed with the weights before the current
+  version (a volunteer that does not bother to swap new weights in), named as the
+  current version; backward passes honest. Until the first new version, honest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 import torch
+from torch import nn
 
-#: (the honest answer, what the lazy cheat returns instead) -> the answer sent
-Cheat = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+@dataclass(frozen=True)
+class Answering:
+    """What a cheat may use: the honest answer, the request's tensor the lazy cheat
+    returns instead (inputs, or output gradients), and the expert's older weights."""
+
+    kind: str  # "forward" or "backward"
+    answer: torch.Tensor
+    lazy: torch.Tensor
+    older: nn.Module | None  # the weights before the current version, if kept
+
+
+#: -> the answer sent
+Cheat = Callable[[Answering], torch.Tensor]
 
 SCALE: Final = 1.05
 NOISE: Final = 0.05
 
 
-def scaled(answer: torch.Tensor, lazy: torch.Tensor) -> torch.Tensor:
-    return answer * SCALE
+def scaled(a: Answering) -> torch.Tensor:
+    return a.answer * SCALE
 
 
-def noised(answer: torch.Tensor, lazy: torch.Tensor) -> torch.Tensor:
-    rms = answer.float().pow(2).mean().sqrt()
-    return answer + (NOISE * rms * torch.randn_like(answer.float())).to(answer.dtype)
+def noised(a: Answering) -> torch.Tensor:
+    rms = a.answer.float().pow(2).mean().sqrt()
+    return a.answer + (NOISE * rms * torch.randn_like(a.answer.float())).to(a.answer.dtype)
 
 
-def lazy(answer: torch.Tensor, lazy: torch.Tensor) -> torch.Tensor:
-    return lazy.to(answer.dtype).clone()
+def lazy(a: Answering) -> torch.Tensor:
+    return a.lazy.to(a.answer.dtype).clone()
+
+
+def stale(a: Answering) -> torch.Tensor:
+    if a.kind != "forward" or a.older is None:
+        return a.answer
+    with torch.no_grad():
+        out: torch.Tensor = a.older(a.lazy.to(next(a.older.parameters()).device))
+    return out.to(a.answer.device, a.answer.dtype)
 
 
 ANSWER_CHEATS: Final[dict[str, Cheat]] = {
     "scaled-answers": scaled,
     "noised-answers": noised,
     "lazy-answers": lazy,
+    "stale-answers": stale,
 }

@@ -11,12 +11,13 @@ from typing import Any, Literal
 
 import torch
 import trio
+from torch import nn
 
 from core.experts import activations
 from core.experts.activations import ActivationCodecError
 from core.experts.backend import CacheMiss, ExpertBackend, InvalidInput
 from core.experts.batching import STRANGER, TRAINER, Process, TaskPool, on_device
-from core.experts.cheats import Cheat
+from core.experts.cheats import Answering, Cheat
 from core.experts.records import (
     SERVING,
     WITHDRAWN,
@@ -408,7 +409,7 @@ class ExpertServer:
         pool = self._forward_pools[str(backend.uid)]
         y, handle, version = await pool.submit(x, keep=keep, owner=ctx.peer_id)
         if self.config.cheat is not None:
-            y = self.config.cheat(y, x)
+            y = self.config.cheat(Answering("forward", y, x, _older(backend)))
         meta: dict[str, Any] = {}
         inputs_sha256 = tensor_digest([x])
         if handle is not None:
@@ -437,7 +438,7 @@ class ExpertServer:
             x, grad, owner=ctx.peer_id, extra=receipt
         )
         if self.config.cheat is not None:
-            grad_x = self.config.cheat(grad_x, grad)
+            grad_x = self.config.cheat(Answering("backward", grad_x, grad, _older(backend)))
         return self._reply(
             ctx, backend, grad_x, version, "backward", inputs_sha256, grad, gradient=True
         )
@@ -511,7 +512,7 @@ class ExpertServer:
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
         if self.config.cheat is not None:
-            grad_x = self.config.cheat(grad_x, grad)
+            grad_x = self.config.cheat(Answering("backward", grad_x, grad, _older(backend)))
         return self._reply(ctx, backend, grad_x, version, "backward", digest, grad, gradient=True)
 
     async def _kept_on_device(self, run: Callable[[], torch.Tensor], *, rows: int) -> torch.Tensor:
@@ -535,6 +536,11 @@ class ExpertServer:
                 "load": self.load(uid),
             }
         )
+
+
+def _older(backend: ExpertBackend) -> nn.Module | None:
+    """The weights the expert served before its current version (for a cheat)."""
+    return backend.previous[0].module if backend.previous else None
 
 
 class GraphGone(RemoteError):

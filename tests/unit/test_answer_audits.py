@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from core.experts import activations
+from core.experts.cheats import ANSWER_CHEATS, Answering
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.tolerance import excess
 from core.moe.audit import (
@@ -303,3 +304,21 @@ async def test_an_answer_without_a_matching_statement_fails_its_audit_at_once():
     await auditor.run()
     assert auditor.stats.failed == 1
     assert auditor.stats.excluded == [str(CHEATER)]
+
+
+@pytest.mark.parametrize("name", sorted(ANSWER_CHEATS))
+def test_the_demos_answer_cheats_fail_their_audits(name):
+    torch.manual_seed(6)
+    module = expert()
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        y = module(x)
+    cheat = ANSWER_CHEATS[name]
+    sent = cheat(Answering("forward", y, x, older(module)))
+    assert sent.shape == y.shape
+    assert torch.isfinite(sent).all()  # plausible: nothing a NaN check would catch
+    claimed = activations.roundtrip(sent, "q4z")
+    assert audit(module, answer("forward", claimed, x, codec="q4z"), torch.float32) > 1
+    # the stale cheat answers honestly while it has no older weights
+    if name == "stale-answers":
+        assert torch.equal(cheat(Answering("forward", y, x, None)), y)
