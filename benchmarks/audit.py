@@ -45,6 +45,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contribution_audits
+
 from core.experts import activations
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
@@ -298,6 +300,9 @@ def main() -> None:
     parser.add_argument("--row-share", type=float, default=0.25)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--contribution-honest", type=int, default=10000)
+    parser.add_argument("--contribution-cheat-audits", type=int, default=40)
+    parser.add_argument("--contribution-rate", type=float, default=0.05)
     args = parser.parse_args()
     spec = ExpertSpec("ffn", hidden=args.hidden, inner=4 * args.hidden)
 
@@ -310,15 +315,45 @@ def main() -> None:
         print(json.dumps({"overhead": line}), flush=True)
     honest = honest_audits(spec, args.honest, args.seed)
     worst = min(detection, key=lambda d: float(d["detected"]))
+
+    c_rate = args.contribution_rate
+    c_detection = contribution_audits.cheat_detection(
+        spec, args.contribution_cheat_audits, args.seed
+    )
+    for line in c_detection:
+        line["catch_probability_100"] = 1 - (1 - c_rate * float(line["detected"])) ** 100
+        print(json.dumps(line), flush=True)
+    c_costs = [
+        contribution_audits.overhead(spec, rows, c_rate, timed_pairs) for rows in (16, 64, 256)
+    ]
+    for line in c_costs:
+        print(json.dumps({"overhead": line}), flush=True)
+    c_honest = contribution_audits.honest_contribution_audits(
+        spec, args.contribution_honest, args.seed
+    )
+    c_worst = min(c_detection, key=lambda d: float(d["detected"]))
+    answer_overhead = max(c["audit_overhead"] for c in costs)
+    contribution_overhead = max(c["contribution_audit_overhead"] for c in c_costs)
     summary = {
         "summary": True,
         "hidden": args.hidden,
         "rate": args.rate,
         "row_share": args.row_share,
-        "catch_probability_100": float(worst["catch_probability_100"]),
+        "contribution_rate": c_rate,
+        # the worst over every cheat on answers and on contributions
+        "catch_probability_100": min(
+            float(worst["catch_probability_100"]), float(c_worst["catch_probability_100"])
+        ),
+        "answer_catch_probability_100": float(worst["catch_probability_100"]),
+        "contribution_catch_probability_100": float(c_worst["catch_probability_100"]),
         "hardest_cheat": f"{worst['cheat']} ({worst['codec']})",
-        "audit_overhead": max(c["audit_overhead"] for c in costs),
+        "hardest_contribution_cheat": f"{c_worst['contribution_cheat']} ({c_worst['codec']})",
+        # both kinds of audit, as a share of the volunteers' work they check
+        "audit_overhead": answer_overhead + contribution_overhead,
+        "answer_audit_overhead": answer_overhead,
+        "contribution_audit_overhead": contribution_overhead,
         **honest,
+        **c_honest,
     }
     print(json.dumps(summary), flush=True)
 

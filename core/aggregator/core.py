@@ -90,6 +90,9 @@ class AggregatorSettings:
     #: set when this aggregator holds the trunk (TRUNK_UID among ``uids``; its initial
     #: weights come in ``initial``)
     trunk: TrunkSettings | None = None
+    #: the share of accepted contributions audited (core/aggregator/auditor.py); > 0
+    #: keeps the weights of the last ``staleness_bound`` + 1 versions for recomputing
+    contribution_audit_rate: float = 0.0
 
 
 @dataclass
@@ -98,6 +101,12 @@ class _Pending:
     samples: int
     nonce: bytes
     grads: dict[str, torch.Tensor]
+    #: drawn for an audit and not yet cleared: kept out of rounds (with its contribution
+    #: and encoded parts, which the audit needs)
+    held: bool = False
+    contribution: Contribution | None = None
+    parts: list[torch.Tensor] | None = None
+    uid: str = ""
 
 
 @dataclass
@@ -164,6 +173,10 @@ class AggregatorCore:
         self._banned_until: OrderedDict[str, float] = OrderedDict()
         self._checkpoints = CheckpointStore(folder / "checkpoints")
         self._checkpoint_number = 0
+        #: per expert, the weights of recent versions (audits recompute with them)
+        self.history: dict[str, OrderedDict[int, dict[str, torch.Tensor]]] = defaultdict(
+            OrderedDict
+        )
         for uid in settings.uids:
             if uid == TRUNK_UID:
                 if settings.trunk is None or initial is None or uid not in initial:
@@ -240,7 +253,7 @@ class AggregatorCore:
         if c.uid == TRUNK_UID or self.contributors_short(c.uid) == 0:
             return
         full = self.pending_samples(c.uid) >= THIN_ROUND_ROUNDS * self.settings.round_samples
-        if full and c.contributor.hex() in {p.contributor for p in self.pending[c.uid]}:
+        if full and c.contributor.hex() in {p.contributor for p in self._ready(c.uid)}:
             raise Rejected(
                 "waiting_for_contributors",
                 f"{c.uid}'s round waits for {self.contributors_short(c.uid)} more "
@@ -269,14 +282,18 @@ class AggregatorCore:
         parts: Sequence[torch.Tensor],
         grads: dict[str, torch.Tensor],
         now: float,
+        *,
+        held: bool = False,
     ) -> None:
         """Make durable a contribution whose payload checked out (``grads``: its decoded
         ``parts``). Its claims are checked again against the state now (another copy may
         have been accepted meanwhile). Returns once it is in the fsynced journal; raises
-        Rejected otherwise."""
+        Rejected otherwise. ``held``: drawn for an audit, it joins no round until
+        ``release``d (or ``discard``ed)."""
         self.screen(contribution, now, authenticated=True)
-        self._journal.append(["c", contribution.encode(), [_tensor_record(p) for p in parts]])
-        self._remember(contribution, grads)
+        record = ["c", contribution.encode(), [_tensor_record(p) for p in parts]]
+        self._journal.append([*record, True] if held else record)
+        self._remember(contribution, grads, list(parts) if held else None)
         self.stats.accepted += 1
         entry = self._contributor(contribution.contributor.hex(), create=True)
         assert entry is not None
@@ -306,12 +323,66 @@ class AggregatorCore:
             entry = self.stats.contributors[who] = ContributorStatistics()
         return entry
 
-    def _remember(self, c: Contribution, grads: dict[str, torch.Tensor]) -> None:
+    def _remember(
+        self, c: Contribution, grads: dict[str, torch.Tensor], held_parts: list[torch.Tensor] | None
+    ) -> None:
         self.seen_nonces.add(c.nonce)
         self.seen_batches.update(r.batch_id for r in c.receipts)
-        if not self.pending[c.uid]:
+        held = held_parts is not None
+        if not held and not self._ready(c.uid):
             self.round_started[c.uid] = time.monotonic()
-        self.pending[c.uid].append(_Pending(c.contributor.hex(), c.samples, c.nonce, grads))
+        self.pending[c.uid].append(
+            _Pending(
+                c.contributor.hex(),
+                c.samples,
+                c.nonce,
+                grads,
+                held,
+                c if held else None,
+                held_parts,
+                c.uid,
+            )
+        )
+
+    def _ready(self, uid: str) -> list[_Pending]:
+        """The pending contributions of ``uid`` that may join its round (not held)."""
+        return [p for p in self.pending[uid] if not p.held]
+
+    def held(self) -> list[_Pending]:
+        """Contributions drawn for an audit and not yet cleared (after a restart too)."""
+        return [p for pending in self.pending.values() for p in pending if p.held]
+
+    def release(self, nonce: bytes) -> bool:
+        """A held contribution passed its audit: it joins its expert's round."""
+        entry = self._held_entry(nonce)
+        if entry is None:
+            return False
+        self._journal.append(["r", nonce])
+        if not self._ready(entry.uid):
+            self.round_started[entry.uid] = time.monotonic()
+        entry.held, entry.contribution, entry.parts = False, None, None
+        return True
+
+    def discard(self, nonce: bytes) -> bool:
+        """A held contribution failed its audit, or could not be audited: it joins no
+        round, now or after a restart."""
+        entry = self._held_entry(nonce)
+        if entry is None:
+            return False
+        self._journal.append(["d", nonce])
+        self.pending[entry.uid] = [p for p in self.pending[entry.uid] if p is not entry]
+        self.applied.add(nonce)  # settled: a replay of the journal skips it
+        return True
+
+    def _held_entry(self, nonce: bytes) -> _Pending | None:
+        return next((p for p in self.held() if p.nonce == nonce), None)
+
+    def weights_of(self, uid: str, version: int) -> dict[str, torch.Tensor] | None:
+        """A copy of the weights of ``uid`` at ``version``, if current or kept."""
+        if version == self.versions.get(uid):
+            return {k: v.detach().clone() for k, v in self.modules[uid].state_dict().items()}
+        kept = self.history[uid].get(version)
+        return None if kept is None else dict(kept)
 
     def _strike(self, who: str, now: float) -> None:
         window = now - self.settings.ban_window
@@ -358,15 +429,15 @@ class AggregatorCore:
     # ------------------------------------------------------------ rounds
 
     def pending_samples(self, uid: str) -> int:
-        return sum(p.samples for p in self.pending[uid])
+        return sum(p.samples for p in self._ready(uid))
 
     def due(self, uid: str) -> bool:
-        if not self.pending[uid]:
+        if not self._ready(uid):
             return False
         waited = time.monotonic() - self.round_started.get(uid, time.monotonic())
         if uid == TRUNK_UID:
             assert self.settings.trunk is not None
-            senders = {p.contributor for p in self.pending[uid]}
+            senders = {p.contributor for p in self._ready(uid)}
             return (
                 len(senders) >= len(self.settings.trainers)
                 or waited >= self.settings.trunk.round_seconds
@@ -379,7 +450,7 @@ class AggregatorCore:
 
     def contributors_short(self, uid: str) -> int:
         """How many more distinct contributors ``uid``'s round needs (0: enough)."""
-        senders = {p.contributor for p in self.pending[uid]}
+        senders = {p.contributor for p in self._ready(uid)}
         return max(0, self.settings.min_contributors - len(senders))
 
     def _sibling_scale(self) -> float | None:
@@ -390,7 +461,7 @@ class AggregatorCore:
 
     def run_round(self, uid: str) -> int:
         """Aggregate the pending contributions of ``uid``, step, checkpoint. New version."""
-        pending = self.pending[uid]
+        pending = self._ready(uid)
         if not pending:
             raise ValueError(f"no contributions pending for {uid}")
         module = self.modules[uid]
@@ -429,11 +500,13 @@ class AggregatorCore:
             n = param.numel()
             param.grad = aggregate[offset : offset + n].reshape(param.shape).to(param.dtype).clone()
             offset += n
+        if self.settings.contribution_audit_rate > 0 and uid != TRUNK_UID:
+            self._keep_version(uid)
         self.optimizers[uid].step()
         self.optimizers[uid].zero_grad(set_to_none=True)
         self.versions[uid] += 1
         self.applied.update(p.nonce for p in pending)
-        self.pending[uid] = []
+        self.pending[uid] = [p for p in self.pending[uid] if p.held]
         self.stats.rounds += 1
         self.checkpoint()
         log.info(
@@ -445,6 +518,15 @@ class AggregatorCore:
             ", ".join(f"{who[:8]} {share:.0%}" for who, share in kept.items()),
         )
         return self.versions[uid]
+
+    def _keep_version(self, uid: str) -> None:
+        """Keep the weights of the version about to be replaced: contributions computed
+        on it may still arrive (up to ``staleness_bound`` versions late) and be audited."""
+        kept = self.history[uid]
+        weights = self.modules[uid].state_dict()
+        kept[self.versions[uid]] = {k: v.detach().clone() for k, v in weights.items()}
+        while len(kept) > self.settings.staleness_bound + 1:
+            kept.popitem(last=False)
 
     # ------------------------------------------------------------ durability
 
@@ -508,6 +590,14 @@ class AggregatorCore:
             self.seen_batches = set(state["seen_batches"])
         replayed = 0
         for record in Journal.read(self.folder / "journal.log"):
+            if record[0] in ("r", "d"):  # an audit's outcome (ordinary methods: no journal)
+                entry = self._held_entry(record[1])
+                if entry is not None and record[0] == "r":
+                    entry.held, entry.contribution, entry.parts = False, None, None
+                elif entry is not None:
+                    self.pending[entry.uid] = [p for p in self.pending[entry.uid] if p is not entry]
+                    self.applied.add(entry.nonce)
+                continue
             c = Contribution.decode(record[1])
             if c.nonce in self.applied:
                 continue
@@ -518,7 +608,9 @@ class AggregatorCore:
                 p.name: chosen.decode(parts[i * per_param : (i + 1) * per_param], p.numel)
                 for i, p in enumerate(c.params)
             }
-            self._remember(c, grads)
+            # a contribution still held when the process ended is audited again: its
+            # volunteer retries its reveal for a while
+            self._remember(c, grads, parts if len(record) > 3 and record[3] is True else None)
             replayed += 1
         if latest is not None or replayed:
             log.info(

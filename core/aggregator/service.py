@@ -7,18 +7,20 @@ import logging
 import tempfile
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 import torch
 import trio
 
+from core.aggregator.auditor import ContributionAuditor
 from core.aggregator.core import AggregatorCore
 from core.aggregator.verify import Rejected, check_payload
 from core.experts.weights import save_weights
 from core.experts.wire import from_wire
 from core.project.chunks import ChunkStore, FileEntry, split_file
-from core.protocol.aggregator_methods import CONTRIBUTE, STATS
+from core.protocol.aggregator_methods import CONTRIBUTE, REVEAL, STATS
 from core.protocol.contributions import Contribution, MessageError
 from core.protocol.versions import version_key
 from net import (
@@ -78,6 +80,13 @@ class AggregatorService:
         )
         #: contributors (public keys) a project ban names, to be honoured by the loop
         self._bans: list[bytes] = []
+        #: audits of accepted contributions (None: the project audits none)
+        self.auditor: ContributionAuditor | None = None
+        if core.settings.contribution_audit_rate > 0:
+            self.auditor = ContributionAuditor(
+                core, self._engine, rate=core.settings.contribution_audit_rate
+            )
+            peer.rpc.register(REVEAL, self.auditor.reveal)
         peer.rpc.register(CONTRIBUTE, self._contribute, screen=self._screen)
         peer.rpc.register(STATS, self._stats)
 
@@ -91,7 +100,13 @@ class AggregatorService:
     ) -> None:
         for uid in self.core.settings.uids:
             await self._announce_version(uid)
-        task_status.started(self)
+        async with trio.open_nursery() as nursery:
+            if self.auditor is not None:
+                await nursery.start(self.auditor.run)
+            task_status.started(self)
+            await self._rounds()
+
+    async def _rounds(self) -> None:
         next_prune = trio.current_time() + PRUNE_SECONDS
         while True:
             while self._bans:
@@ -181,13 +196,23 @@ class AggregatorService:
             self.core.refused(contribution, exc, now, attributable=True)
             self._count_junk(ctx.source)
             raise Refused(exc.reason, str(exc)) from exc
+        drawn = self.auditor is not None and self.auditor.draw(contribution)
         try:
             await trio.to_thread.run_sync(
-                self.core.accept, contribution, parts, grads, now, limiter=self._engine
+                partial(self.core.accept, held=drawn),
+                contribution,
+                parts,
+                grads,
+                now,
+                limiter=self._engine,
             )
         except Rejected as exc:
             raise Refused(exc.reason, str(exc)) from exc
-        return Reply({"accepted": True, "version": self.core.versions[contribution.uid]})
+        if drawn:
+            assert self.auditor is not None
+            self.auditor.hold(contribution, parts)
+        reply = {"accepted": True, "version": self.core.versions[contribution.uid]}
+        return Reply({**reply, "audit": True} if drawn else reply)
 
     async def _stats(self, ctx: CallContext) -> Reply:
         return Reply(self.statistics())
@@ -207,6 +232,7 @@ class AggregatorService:
                     :MAX_CONTRIBUTORS_LISTED
                 ]
             },
+            "audits": None if self.auditor is None else self.auditor.stats.to_obj(),
             "pending_samples": {
                 uid: self.core.pending_samples(uid) for uid in self.core.settings.uids
             },

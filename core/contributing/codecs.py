@@ -32,6 +32,12 @@ class Codec(Protocol):
         """Bytes of the parts of a tensor of ``numel`` values (known before any arrive)."""
         ...
 
+    def rounding_bound(self, parts: Sequence[torch.Tensor], numel: int) -> torch.Tensor:
+        """Per value, the most encoding can have moved a value that decodes as ``parts``
+        do (half a step of the value's grid): what an audit allows for the codec, and
+        what bounds the residual error feedback carries to the next gradient."""
+        ...
+
 
 def _expect(parts: Sequence[torch.Tensor], specs: list[tuple[torch.dtype, int]]) -> None:
     if len(parts) != len(specs):
@@ -54,6 +60,10 @@ class Float32Codec:
     def encoded_bytes(self, numel: int) -> int:
         return 4 * numel
 
+    def rounding_bound(self, parts: Sequence[torch.Tensor], numel: int) -> torch.Tensor:
+        _expect(parts, [(torch.float32, numel)])
+        return torch.zeros(numel)
+
 
 class Float16Codec:
     name = "fp16"
@@ -68,6 +78,13 @@ class Float16Codec:
 
     def encoded_bytes(self, numel: int) -> int:
         return 2 * numel
+
+    def rounding_bound(self, parts: Sequence[torch.Tensor], numel: int) -> torch.Tensor:
+        # half the spacing above the decoded value's magnitude: a value rounded to it came
+        # from within half the spacing below (<= the spacing above) or above it
+        decoded = self.decode(parts, numel).abs().clamp_min(2.0**-14)
+        _, exponent = torch.frexp(decoded)  # decoded = m x 2^exponent, m in [0.5, 1)
+        return torch.ldexp(torch.full_like(decoded, 2.0**-12), exponent)  # 2^(exponent-11) / 2
 
 
 class Int8BlockwiseCodec:
@@ -93,6 +110,18 @@ class Int8BlockwiseCodec:
 
     def encoded_bytes(self, numel: int) -> int:
         return numel + 4 * -(-numel // BLOCK)
+
+    def rounding_bound(self, parts: Sequence[torch.Tensor], numel: int) -> torch.Tensor:
+        # the step taken from the block's largest code, not its scale alone: an honest
+        # block's largest magnitude is the top code (127), so a scale inflated above
+        # what the values need buys no room (its codes come out small)
+        nblocks = -(-numel // BLOCK)
+        _expect(parts, [(torch.int8, numel), (torch.float32, nblocks)])
+        codes, scales = parts
+        pad = nblocks * BLOCK - numel
+        top = torch.nn.functional.pad(codes.to(torch.float32).abs(), (0, pad))
+        top = top.reshape(-1, BLOCK).amax(dim=1)
+        return (top * scales.abs() / (2 * 127.0)).repeat_interleave(BLOCK)[:numel]
 
 
 CODECS: Final[dict[str, Codec]] = {

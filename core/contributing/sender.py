@@ -6,6 +6,7 @@ same nonce, so an aggregator never counts one contribution twice."""
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,11 +17,13 @@ import trio
 
 from core.contributing.attacks import Attack
 from core.contributing.codecs import ErrorFeedback, codec
+from core.contributing.reveal import Reveal
 from core.experts.backend import ExpertBackend, GradientAccumulator
+from core.experts.kept import KeptBudget
 from core.experts.wire import to_wire
-from core.protocol.aggregator_methods import CONTRIBUTE, responsible_aggregator
+from core.protocol.aggregator_methods import CONTRIBUTE, REVEAL, responsible_aggregator
 from core.protocol.contributions import Contribution, ParamSpec
-from net import Peer, RemoteError, RpcError
+from net import Peer, RemoteError, RpcError, TooLarge
 from net._libp2p import PeerID
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,13 @@ class SenderConfig:
     retry_initial: float = 1.0
     retry_max: float = 60.0
     give_up_after: float = 3600.0
+    #: bytes of backward requests' inputs and output gradients kept so that a
+    #: contribution can be revealed when an aggregator audits it (0: none kept, and an
+    #: audited contribution is discarded)
+    kept_bytes: int = 0
+    #: how long a reveal is tried (the aggregator discards an audited contribution whose
+    #: reveal does not come)
+    reveal_seconds: float = 120.0
 
 
 @dataclass
@@ -44,6 +54,19 @@ class SenderStatistics:
     retries: int = 0
     refused: Counter[str] = field(default_factory=Counter)
     given_up: int = 0
+    #: contributions an aggregator audited, those revealed, and those we could not
+    #: reveal (their tensors did not fit the budget or the call)
+    audited: int = 0
+    revealed: int = 0
+    unrevealable: int = 0
+
+
+@dataclass
+class _Kept:
+    """What an audit of a contribution in flight may ask for."""
+
+    reveal: Reveal | None  # None: not everything behind it was kept
+    nbytes: int  # of the kept budget, given back when the contribution is settled
 
 
 def contribution_due(samples: int, seconds_since_last: float, config: SenderConfig) -> bool:
@@ -79,6 +102,13 @@ class ContributionSender:
         self._all_delivered = trio.Event()
         self._all_delivered.set()
         self._feedback = {uid: ErrorFeedback() for uid in backends}
+        #: per expert, the nonce of the contribution whose residual the feedback holds,
+        #: and that contribution with its parts (revealed with the next one's audit)
+        self._carried_from: dict[str, bytes] = {}
+        self._last: dict[str, tuple[Contribution, list[torch.Tensor]]] = {}
+        self.kept_budget = KeptBudget(config.kept_bytes) if config.kept_bytes > 0 else None
+        for backend in backends.values():
+            backend.kept_budget = self.kept_budget
         self._nursery: trio.Nursery | None = None
         self._since: dict[str, float] = {}  # uid -> trio time of its last send
 
@@ -112,11 +142,9 @@ class ContributionSender:
         """A contribution from each accumulator of ``uid`` that holds gradients (those of
         the previous weights, then the current ones': one contribution per version)."""
         for module, accumulator in backend.accumulators():
-            contribution, parts = await trio.to_thread.run_sync(
-                self._build, uid, backend, module, accumulator
-            )
-            if contribution is not None:
-                nursery.start_soon(self._deliver, uid, contribution, parts)
+            built = await trio.to_thread.run_sync(self._build, uid, backend, module, accumulator)
+            if built is not None:
+                nursery.start_soon(self._deliver, uid, *built)
 
     def _build(
         self,
@@ -124,17 +152,21 @@ class ContributionSender:
         backend: ExpertBackend,
         module: torch.nn.Module,
         accumulator: GradientAccumulator,
-    ) -> tuple[Contribution | None, list[torch.Tensor]]:
-        sums, samples, receipts = accumulator.take_with_receipts()
+    ) -> tuple[Contribution, list[torch.Tensor], _Kept] | None:
+        sums, samples, receipts, kept = accumulator.take_all()
         if not receipts or not sums:
-            return None, []
+            kept.drop(self.kept_budget)
+            return None
         if self.attack is not None:
             sums = self.attack.poison(uid, sums, samples)
         chosen = codec(self.config.codec)
         names = [n for n, _ in module.named_parameters()]
+        feedback = self._feedback[uid]
+        carried = self._carried_from.get(uid, b"") if feedback.residuals else b""
+        residual = {n: feedback.residuals[n].clone() for n in names} if carried else None
         parts: list[torch.Tensor] = []
         for name in names:
-            parts.extend(self._feedback[uid].compress(name, sums[name], chosen))
+            parts.extend(feedback.compress(name, sums[name], chosen))
         contribution = Contribution.create(
             self.peer.identity,
             project=self.config.project,
@@ -144,11 +176,24 @@ class ContributionSender:
             params=[ParamSpec(n, sums[n].numel()) for n in names],
             receipts=receipts,
             parts=parts,
+            nonce=os.urandom(16),
+            carried=carried,
         )
-        return contribution, parts
+        previous = self._last.get(uid) if carried else None
+        reveal = None
+        if kept.complete and len(kept.pairs) == len(receipts):
+            reveal = Reveal(
+                tuple(kept.pairs),
+                residual,
+                previous[0] if previous is not None else None,
+                tuple(previous[1]) if previous is not None else (),
+            )
+        self._carried_from[uid] = contribution.nonce
+        self._last[uid] = (contribution, parts)
+        return contribution, parts, _Kept(reveal, kept.nbytes)
 
     async def _deliver(
-        self, uid: str, contribution: Contribution, parts: list[torch.Tensor]
+        self, uid: str, contribution: Contribution, parts: list[torch.Tensor], kept: _Kept
     ) -> None:
         target = responsible_aggregator(uid, self.aggregators)
         wires = [to_wire(p) for p in parts]
@@ -158,8 +203,10 @@ class ContributionSender:
         self._in_flight += 1
         self._all_delivered = trio.Event() if self._all_delivered.is_set() else self._all_delivered
         try:
-            await self._deliver_until(uid, contribution, wires, target, delay, deadline)
+            await self._deliver_until(uid, contribution, wires, target, delay, deadline, kept)
         finally:
+            if self.kept_budget is not None:
+                self.kept_budget.give_back(kept.nbytes)
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._all_delivered.set()
@@ -177,22 +224,28 @@ class ContributionSender:
         target: PeerID,
         delay: float,
         deadline: float,
+        kept: _Kept,
     ) -> None:
         while trio.current_time() < deadline:
             try:
-                await self.peer.rpc.call(
+                reply = await self.peer.rpc.call(
                     target, CONTRIBUTE, {"header": contribution.encode()}, wires, timeout=60
                 )
                 self._ended(uid, "accepted")
+                if reply.meta.get("audit") is True:
+                    await self._reveal(target, contribution, kept)
                 return
             except RemoteError as exc:
                 if exc.code == "replay":  # an earlier try got through; its ack was lost
                     self._ended(uid, "accepted")
+                    # and with it whether it is audited: reveal in case (ignored if not)
+                    await self._reveal(target, contribution, kept, asked=False)
                     return
                 if exc.code in ("rate_limited", "overloaded", "unavailable"):
                     pass  # worth trying again later
                 else:
                     self._ended(uid, exc.code)
+                    self._forget_residual(uid, contribution)
                     log.warning("aggregator refused our contribution to %s: %s", uid, exc)
                     return
             except RpcError as exc:
@@ -201,9 +254,57 @@ class ContributionSender:
             await trio.sleep(delay)
             delay = min(delay * 2, self.config.retry_max)
         self._ended(uid, "given_up")
+        self._forget_residual(uid, contribution)
         log.warning(
             "gave up sending a contribution to %s after %.0f s", uid, self.config.give_up_after
         )
+
+    def _forget_residual(self, uid: str, contribution: Contribution) -> None:
+        """A contribution that was not accepted is lost whole: the residual its encoding
+        left means nothing, and no audit could bound it (its grid is unknown to the
+        aggregator), so the next contribution starts without it."""
+        if self._carried_from.get(uid) == contribution.nonce:
+            self._feedback[uid].residuals.clear()
+            del self._carried_from[uid]
+
+    async def _reveal(
+        self, target: PeerID, contribution: Contribution, kept: _Kept, *, asked: bool = True
+    ) -> None:
+        """Show the aggregator what ``contribution`` was computed from (it drew it for an
+        audit), retrying while it may still be waiting."""
+        if asked:
+            self.stats.audited += 1
+        meta: dict[str, Any] = {"nonce": contribution.nonce}
+        wires: list[Any] = []
+        if kept.reveal is None:
+            meta["missing"] = True
+        else:
+            more, tensors = kept.reveal.to_wire()
+            meta.update(more)
+            wires = [to_wire(t) for t in tensors]
+        deadline = trio.current_time() + self.config.reveal_seconds
+        delay = self.config.retry_initial
+        while trio.current_time() < deadline:
+            try:
+                await self.peer.rpc.call(target, REVEAL, meta, wires, timeout=60)
+            except TooLarge:
+                meta, wires = {"nonce": contribution.nonce, "missing": True}, []
+                continue
+            except RemoteError as exc:
+                if exc.code not in ("rate_limited", "overloaded", "unavailable"):
+                    if asked:
+                        log.warning("the aggregator would not take our reveal: %s", exc)
+                    return
+            except RpcError as exc:
+                log.info("could not reveal a contribution (%s); retrying in %.0f s", exc, delay)
+            else:
+                if asked and meta.get("missing"):
+                    self.stats.unrevealable += 1
+                elif asked:
+                    self.stats.revealed += 1
+                return
+            await trio.sleep(delay)
+            delay = min(delay * 2, self.config.retry_max)
 
     def _ended(self, uid: str, outcome: str) -> None:
         if outcome == "accepted":

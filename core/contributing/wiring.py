@@ -49,6 +49,11 @@ async def start_contributing(
                 project=project,
                 every_samples=manifest.training.contribution_samples,
                 every_seconds=manifest.training.contribution_seconds,
+                kept_bytes=(
+                    manifest.training.audit.kept_mib * 2**20
+                    if manifest.training.audit.contribution_rate > 0
+                    else 0
+                ),
             ),
             on_result=on_result,
             attack=attack,

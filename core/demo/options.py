@@ -44,6 +44,8 @@ class DemoOptions:
     eval_every: int = 100
     #: the share of expert answers the trainer recomputes (manifest [training.audit])
     answer_audit_rate: float = 0.05
+    #: the share of accepted contributions the aggregators recompute
+    contribution_audit_rate: float = 0.05
     #: with several trainers: steps between a trainer's changes of the shared trunk
     #: (core/trainer/trunk.py), and how long a round of them waits for every trainer
     trunk_sync_every: int = 2

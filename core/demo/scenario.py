@@ -192,6 +192,7 @@ rule = "{options.rule}"
 
 [training.audit]
 answer_rate = {options.answer_audit_rate}
+contribution_rate = {options.contribution_audit_rate}
 
 [training.trunk]
 sync_every = {options.trunk_sync_every}

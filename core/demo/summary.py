@@ -30,8 +30,11 @@ def demo_summary(
     rejected: dict[str, int] = {}
     accepted = 0
     contributors: dict[str, dict[str, Any]] = {}
+    contribution_audits: dict[str, int] = {}
     for agg in trained.get("aggregators", []):
         accepted += int(agg.get("accepted", 0))
+        for what, n in (agg.get("audits") or {}).items():
+            contribution_audits[what] = contribution_audits.get(what, 0) + int(n)
         for reason, n in agg.get("rejected", {}).items():
             rejected[reason] = rejected.get(reason, 0) + int(n)
         contributors.update(agg.get("contributors", {}))
@@ -101,6 +104,9 @@ def demo_summary(
         "per_volunteer": volunteers,
         "calls": trained.get("calls", {}),
         "audits": audits,
+        # the aggregators' audits of contributions: drawn, passed, failed, unrevealed,
+        # unverifiable (discarded without blame)
+        "contribution_audits": contribution_audits,
         # peers banned from the project (by this trainer's audits or another's), why
         "banned": trained.get("banned", {}),
     }
@@ -145,6 +151,13 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
             f"answer audits: {audits['audited']} recomputed ({audits['seconds']:.1f} s), "
             f"{audits['failed']} failed, {audits['unverifiable']} without their version's "
             f"weights; {len(audits['excluded'])} volunteer(s) excluded"
+        )
+    drawn = summary.get("contribution_audits") or {}
+    if drawn:
+        console.print(
+            f"contribution audits: {drawn['drawn']} drawn, {drawn['passed']} passed, "
+            f"{drawn['failed']} failed, {drawn['unrevealed'] + drawn['unverifiable']} "
+            "discarded unchecked"
         )
     for peer, why in (summary.get("banned") or {}).items():
         console.print(f"[bold red]banned[/] from the project: {peer[-8:]}: {why}")

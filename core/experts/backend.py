@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.experts.kept import KeptBudget, KeptTensors
 from core.experts.registry import ExpertSpec
 from core.experts.uid import ExpertUID
 from core.experts.weights import weights_hash
@@ -155,10 +156,24 @@ class GradientAccumulator:
     backward_batches: int = 0
     #: the trainers' receipts of the backward requests behind the sums
     receipts: list[Any] = field(default_factory=list)
+    #: their inputs and output gradients, kept for a contribution audit (when the node
+    #: keeps them: a budget is given)
+    kept: KeptTensors = field(default_factory=KeptTensors)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, module: nn.Module, samples: int, receipts: Sequence[Any] = ()) -> None:
+    def add(
+        self,
+        module: nn.Module,
+        samples: int,
+        receipts: Sequence[Any] = (),
+        tensors: tuple[torch.Tensor, torch.Tensor] | None = None,
+        budget: KeptBudget | None = None,
+    ) -> None:
+        """Add ``module``'s parameter gradients (and clear them); ``tensors``: the
+        inputs and output gradients that produced them, kept within ``budget``."""
         with self._lock:
+            if tensors is not None:
+                self.kept.keep(budget, tensors[0], tensors[1], receipts)
             self.receipts.extend(r for r in receipts if r is not None)
             for name, p in module.named_parameters():
                 if p.grad is None:
@@ -178,9 +193,16 @@ class GradientAccumulator:
         return sums, samples
 
     def take_with_receipts(self) -> tuple[dict[str, torch.Tensor], int, list[Any]]:
+        sums, samples, receipts, _ = self.take_all()
+        return sums, samples, receipts
+
+    def take_all(self) -> tuple[dict[str, torch.Tensor], int, list[Any], KeptTensors]:
+        """Sums, samples, receipts and the kept tensors behind them (whose bytes the
+        caller now owns: give them back to the budget when done)."""
         with self._lock:
-            out = self.sums, self.samples, self.receipts
+            out = self.sums, self.samples, self.receipts, self.kept
             self.sums, self.samples, self.backward_batches, self.receipts = {}, 0, 0, []
+            self.kept = KeptTensors()
             return out
 
 
@@ -232,6 +254,9 @@ class ExpertBackend:
         #: older weights still holding kept graphs, newest first
         self.previous: list[PreviousWeights] = []
         self.max_previous = max_previous
+        #: where the inputs and output gradients behind contributions are kept for
+        #: audits (None: not kept; set by the contribution sender, core/contributing)
+        self.kept_budget: KeptBudget | None = None
 
     def sha256_of(self, module: nn.Module) -> str:
         return weights_hash(module)
@@ -340,7 +365,7 @@ class ExpertBackend:
         with torch.enable_grad():
             out = self.module(x)
             torch.autograd.backward(out, grad_outputs.to(self.device))
-        self._accumulate(int(x.shape[0]), receipts)
+        self._accumulate(int(x.shape[0]), receipts, tensors=(x.detach(), grad_outputs))
         assert x.grad is not None
         return x.grad.cpu()
 
@@ -349,6 +374,8 @@ class ExpertBackend:
         samples: int,
         receipts: Sequence[Any],
         weights: PreviousWeights | None = None,
+        *,
+        tensors: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """Parameter gradients into the accumulator of the weights that computed them
         (``weights``: previous ones; None: the current ones), unless a receipt names
@@ -362,7 +389,9 @@ class ExpertBackend:
             module.zero_grad(set_to_none=True)
             self.stale_dropped += 1
             return
-        accumulator.add(module, samples=samples, receipts=receipts)
+        accumulator.add(
+            module, samples=samples, receipts=receipts, tensors=tensors, budget=self.kept_budget
+        )
 
     def backward_kept(
         self, owner: object, handle: int, grad_outputs: torch.Tensor, receipts: Sequence[Any] = ()
@@ -383,6 +412,11 @@ class ExpertBackend:
                 f"outputs {graph.outputs.dtype}{list(graph.outputs.shape)}"
             )
         torch.autograd.backward(graph.outputs, grad_outputs.to(self.device))
-        self._accumulate(int(graph.inputs.shape[0]), receipts, weights)
+        self._accumulate(
+            int(graph.inputs.shape[0]),
+            receipts,
+            weights,
+            tensors=(graph.inputs.detach(), grad_outputs),
+        )
         assert graph.inputs.grad is not None
         return graph.inputs.grad.cpu()

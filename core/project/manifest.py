@@ -129,7 +129,8 @@ class TrunkSection(_Strict):
 
 
 class AuditSection(_Strict):
-    """How trainers check volunteers' work (core/moe/audit.py)."""
+    """How trainers and aggregators check volunteers' work (core/moe/audit.py,
+    core/aggregator/auditor.py)."""
 
     #: the share of expert answers a trainer recomputes: 0.05 catches a volunteer that
     #: cheats on every answer within 100 of them with probability 0.994
@@ -139,6 +140,14 @@ class AuditSection(_Strict):
     answer_rows: Annotated[float, Field(gt=0, le=1)] = 0.25
     #: the weights of audited versions a trainer keeps in memory, MiB
     weights_mib: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    #: the share of accepted contributions an aggregator recomputes from what their
+    #: receipts commit to (0.05: a cheater on every contribution is caught within 100 of
+    #: them with probability 0.994; the swarm pays 5% more compute)
+    contribution_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
+    #: memory a volunteer keeps the inputs and output gradients behind its contributions
+    #: in until they are settled, MiB (a contribution that did not fit is discarded if
+    #: audited: the volunteer loses that work, and is not blamed)
+    kept_mib: Annotated[int, Field(ge=1, le=1_000_000)] = 256
     #: how long a ban (published by the trainer or aggregator that caught a cheater)
     #: lasts
     ban_hours: Annotated[float, Field(gt=0, le=24 * 365)] = 24.0
@@ -307,6 +316,11 @@ answer_rate = 0.05                 # the share recomputed (0.05: a cheater on ev
                                    # is caught within 100 answers with probability 0.994)
 answer_rows = 0.25                 # the share of an audited answer's rows recomputed
 weights_mib = 256                  # memory for the weights of audited versions
+# Aggregators recompute a random share of the contributions they accept, from the
+# inputs and output gradients their receipts commit to (volunteers keep them, within
+# kept_mib, until the aggregator says whether it audits).
+contribution_rate = 0.05
+kept_mib = 256
 ban_hours = 24.0                   # a caught cheater is banned this long, project-wide
 pardoned = []                      # peer ids whose bans you lift (publish again to apply)
 

@@ -1,7 +1,12 @@
 """RPC method names of aggregators, and which aggregator takes which expert.
 
 agg.contribute  meta {header: Contribution}, tensors [the encoded gradient parts]
-                -> meta {} (accepted) or an error whose code is the refusal's reason
+                -> meta {accepted, version, audit?} (audit: reveal it), or an error whose
+                code is the refusal's reason
+agg.reveal      meta {nonce, pairs, residual, carried?} or {nonce, missing: true},
+                tensors [inputs and output gradients per receipt, residual, carried parts]
+                -> meta {outcome}: the volunteer shows what an audited contribution was
+                computed from (core/contributing/reveal.py, core/aggregator/auditor.py)
 agg.stats       meta {} -> meta {accepted, rejected, rounds, banned_peers, versions,
                 contributors, pending_samples}
 """
@@ -14,6 +19,7 @@ from typing import Final, TypeVar
 
 CONTRIBUTE: Final = "agg.contribute"
 STATS: Final = "agg.stats"
+REVEAL: Final = "agg.reveal"
 
 Aggregator = TypeVar("Aggregator")
 

@@ -160,6 +160,10 @@ class Contribution:
     contributor: bytes  # the volunteer's peer key
     payload_sha256: bytes  # tensor_digest of the encoded parts, in order
     signature: bytes = b""
+    #: the nonce of this contributor's previous contribution to this expert, whose
+    #: compression residual (error feedback) this one carries; b"": none. An audit bounds
+    #: the residual by that contribution's rounding (decision 010).
+    carried: bytes = b""
 
     def signed_fields(self) -> list[Any]:
         return [
@@ -175,6 +179,8 @@ class Contribution:
             self.timestamp,
             self.contributor,
             self.payload_sha256,
+            # a 13th field only when set: contributions without it keep their bytes
+            *([self.carried] if self.carried else []),
         ]
 
     @classmethod
@@ -191,6 +197,7 @@ class Contribution:
         parts: Sequence[torch.Tensor],
         nonce: bytes | None = None,
         timestamp: int | None = None,
+        carried: bytes = b"",
     ) -> Contribution:
         unsigned = cls(
             project,
@@ -204,6 +211,7 @@ class Contribution:
             timestamp or int(time.time()),
             identity.public_key,
             tensor_digest(parts),
+            carried=carried,
         )
         return replace(unsigned, signature=identity.sign(pack(unsigned.signed_fields())))
 
@@ -211,7 +219,8 @@ class Contribution:
         return verify_signature(self.contributor, pack(self.signed_fields()), self.signature)
 
     def encode(self) -> bytes:
-        return pack([*self.signed_fields()[1:], self.signature])
+        fields = self.signed_fields()[1:12]
+        return pack([*fields, self.signature, *([self.carried] if self.carried else [])])
 
     @classmethod
     def decode(cls, data: bytes) -> Contribution:
@@ -221,8 +230,9 @@ class Contribution:
             obj = unpack_bounded(data, MAX_HEADER_BYTES)
         except Exception as exc:
             raise MessageError(f"not msgpack: {exc}") from exc
-        if not isinstance(obj, list) or len(obj) != 12:
-            raise MessageError("a contribution header is a list of 12 fields")
+        if not isinstance(obj, list) or len(obj) not in (12, 13):
+            raise MessageError("a contribution header is a list of 12 or 13 fields")
+        carried = _bytes(obj[12], 16, "carried") if len(obj) == 13 else b""
         (
             project,
             uid,
@@ -236,7 +246,7 @@ class Contribution:
             contributor,
             digest,
             sig,
-        ) = obj
+        ) = obj[:12]
         if not isinstance(params, list) or not 0 < len(params) <= MAX_PARAMS:
             raise MessageError(f"params must list 1..{MAX_PARAMS} tensors")
         if not isinstance(receipts, list) or len(receipts) > MAX_RECEIPTS:
@@ -259,4 +269,5 @@ class Contribution:
             _bytes(contributor, 32, "contributor"),
             _bytes(digest, 32, "payload_sha256"),
             _bytes(sig, 64, "signature"),
+            carried,
         )

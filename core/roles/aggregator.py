@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import trio
 
+from core.aggregator.auditor import ContributionFinding
 from core.aggregator.core import AggregatorCore, AggregatorSettings, TrunkSettings
 from core.aggregator.robust import RobustSettings
 from core.aggregator.service import AggregatorService
@@ -51,6 +52,7 @@ def settings_from(signed: SignedManifest, uids: Sequence[str]) -> AggregatorSett
         round_samples=m.training.round_samples,
         round_seconds=m.training.round_seconds,
         min_contributors=m.training.min_contributors,
+        contribution_audit_rate=m.training.audit.contribution_rate,
         robust=RobustSettings(
             rule=agg.rule,
             clip_radius=agg.clip_radius,
@@ -132,6 +134,8 @@ async def aggregate(
         async with trio.open_nursery() as nursery:
             service = await nursery.start(AggregatorService(peer, core, store=store).run)
             board.listeners.append(partial(_honour, service))
+            if service.auditor is not None:
+                service.auditor.listeners.append(partial(_accuse, board))
             await nursery.start(board.run)
             log.info(
                 "aggregating %d experts of %s at versions %s",
@@ -142,6 +146,18 @@ async def aggregate(
             task_status.started(service)
     finally:
         core.close()
+
+
+def _accuse(board: BanBoard, finding: ContributionFinding) -> None:
+    """Publish the ban of a volunteer whose contribution failed its audit (the evidence,
+    too large for a DHT record, stays in the auditor's findings)."""
+    board.accuse(
+        finding.contributor,
+        f"its contribution to {finding.uid} (version {finding.version}) is not what its "
+        f"receipts compute ({finding.verdict.excess:.3g} x an honest contribution's bound)",
+        b"",
+        finding.verdict.excess,
+    )
 
 
 def _honour(service: AggregatorService, ban: Ban) -> None:

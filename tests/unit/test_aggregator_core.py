@@ -239,3 +239,57 @@ def test_a_thin_round_keeps_a_bounded_amount_and_lets_in_who_it_lacks(tmp_path):
     assert core.due(UID)
     assert core.run_round(UID) == 1
     core.submit(*contribution(core, alone))  # and the next round has room again
+
+
+def _accept_held(core: AggregatorCore, msg: Contribution, parts: list[torch.Tensor]) -> None:
+    grads = {p.name: part for p, part in zip(msg.params, parts, strict=True)}
+    core.accept(msg, parts, grads, 0.0 + msg.timestamp, held=True)
+
+
+def test_contributions_held_for_an_audit_join_no_round_until_released(tmp_path):
+    core = make_core(settings(round_samples=8, contribution_audit_rate=0.5), tmp_path)
+    volunteers = [Identity.generate() for _ in range(3)]
+    sent = [contribution(core, v, scale=i + 1) for i, v in enumerate(volunteers)]
+    core.submit(*sent[0])
+    _accept_held(core, *sent[1])
+    _accept_held(core, *sent[2])
+    assert core.pending_samples(UID) == 4
+    assert not core.due(UID)
+    assert [p.nonce for p in core.held()] == [sent[1][0].nonce, sent[2][0].nonce]
+    core.close()  # kill -9 while two audits wait
+
+    core = make_core(settings(round_samples=8, contribution_audit_rate=0.5), tmp_path)
+    held = core.held()  # still held after the restart: audited when revealed again
+    assert [p.nonce for p in held] == [sent[1][0].nonce, sent[2][0].nonce]
+    assert held[0].contribution == sent[1][0]
+    assert held[0].parts is not None
+    assert core.release(sent[1][0].nonce)
+    assert core.discard(sent[2][0].nonce)
+    assert not core.release(sent[2][0].nonce)  # settled once
+    assert core.due(UID)
+    before = weights(core)
+    assert core.run_round(UID) == 1
+    kept = core.weights_of(UID, 0)  # the replaced version's weights, for later audits
+    assert kept is not None
+    assert all(torch.equal(kept[k], v) for k, v in before.items())
+    core.close()
+
+    core = make_core(settings(round_samples=8, contribution_audit_rate=0.5), tmp_path)
+    assert not core.pending[UID]
+    assert not core.held()
+    with pytest.raises(Rejected, match="replay"):
+        core.submit(*sent[2])
+
+
+def test_an_outcome_recorded_before_a_crash_holds_after_it(tmp_path):
+    core = make_core(settings(contribution_audit_rate=0.5), tmp_path)
+    volunteers = [Identity.generate() for _ in range(2)]
+    sent = [contribution(core, v) for v in volunteers]
+    for msg, parts in sent:
+        _accept_held(core, msg, parts)
+    core.release(sent[0][0].nonce)
+    core.discard(sent[1][0].nonce)
+    core.close()
+    core = make_core(settings(contribution_audit_rate=0.5), tmp_path)
+    assert [p.nonce for p in core.pending[UID]] == [sent[0][0].nonce]
+    assert not core.held()

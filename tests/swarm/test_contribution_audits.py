@@ -1,0 +1,150 @@
+"""Contribution audits on real peers: a trainer's backward requests reach volunteers, their
+contributions reach an aggregator that audits every one; the honest volunteer's pass and
+make a version, the cheater's fail, are discarded and leave evidence a third party
+checks; a volunteer that cannot reveal loses the contribution without blame."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import trio
+
+from core.aggregator.audit import check_contribution_evidence
+from core.aggregator.auditor import ContributionFinding
+from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.service import AggregatorService
+from core.contributing.attacks import Attack
+from core.contributing.sender import ContributionSender, SenderConfig
+from core.experts.backend import ExpertBackend
+from core.experts.registry import ExpertSpec, build_expert
+from core.experts.server import ExpertServer, ServerConfig
+from core.experts.uid import ExpertUID
+from core.moe.client import ExpertCaller, ExpertServerRef, ReceiptSigner
+from core.namespaces import moehome_validator
+from net.testing import open_swarm
+
+SPEC = ExpertSpec("ffn", hidden=8, inner=16)
+UID = "ffn0.0.0"
+PROJECT = "0123456789abcdef0123456789abcdef"
+
+
+@pytest.mark.parametrize("attack", [None, "drift"])
+async def test_an_aggregator_audits_contributions_and_catches_a_cheater(tmp_path, attack):
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, volunteer, aggregator = swarm.peers
+        settings = AggregatorSettings(
+            project=PROJECT,
+            spec=SPEC,
+            uids=(UID,),
+            trainers=frozenset({trainer.identity.public_key}),
+            optimizer="sgd",
+            learning_rate=0.5,
+            round_samples=8,
+            round_seconds=3600,
+            contribution_audit_rate=1.0,
+        )
+        core = AggregatorCore(settings, tmp_path / "agg", initial={UID: build_expert(SPEC, seed=1)})
+        service = AggregatorService(aggregator, core)
+        assert service.auditor is not None
+        service.auditor.rng = random.Random(0)
+        findings: list[ContributionFinding] = []
+        service.auditor.listeners.append(findings.append)
+        await nursery.start(service.run)
+        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+        await nursery.start(
+            ExpertServer(
+                volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
+            ).run
+        )
+        sender = await nursery.start(
+            ContributionSender(
+                volunteer,
+                {UID: backend},
+                [aggregator.peer_id],
+                SenderConfig(project=PROJECT, every_samples=8, every_seconds=0.5, kept_bytes=2**20),
+                attack=None if attack is None else Attack(attack),
+            ).run
+        )
+        caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
+        ref = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
+        for _ in range(3):
+            await caller.backward(UID, ref, torch.randn(4, 8), torch.randn(4, 8))
+        with trio.fail_after(20):
+            while service.auditor.stats.passed + service.auditor.stats.failed < 1:
+                await trio.sleep(0.05)
+        assert sender.stats.audited >= 1
+        assert sender.stats.revealed >= 1
+        if attack is None:
+            with trio.fail_after(20):
+                while core.versions[UID] < 1:
+                    await trio.sleep(0.05)
+            assert service.auditor.stats.failed == 0
+            assert not findings
+        else:
+            assert service.auditor.stats.passed == 0
+            (finding, *_) = findings
+            assert finding.contributor == str(volunteer.peer_id)
+            assert finding.verdict.excess > 1
+            # nothing of the cheater's reached a round
+            assert core.versions[UID] == 0
+            assert not core.pending[UID]
+            weights = build_expert(SPEC, seed=1)
+            assert check_contribution_evidence(finding.evidence, SPEC, weights) is None
+        assert service.statistics()["audits"]["drawn"] >= 1
+        nursery.cancel_scope.cancel()
+    core.close()
+
+
+async def test_a_contribution_that_cannot_be_revealed_is_discarded_without_blame(tmp_path):
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, volunteer, aggregator = swarm.peers
+        settings = AggregatorSettings(
+            project=PROJECT,
+            spec=SPEC,
+            uids=(UID,),
+            trainers=frozenset({trainer.identity.public_key}),
+            round_samples=4,
+            round_seconds=3600,
+            contribution_audit_rate=1.0,
+        )
+        core = AggregatorCore(settings, tmp_path / "agg", initial={UID: build_expert(SPEC, seed=1)})
+        service = AggregatorService(aggregator, core)
+        assert service.auditor is not None
+        await nursery.start(service.run)
+        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+        await nursery.start(
+            ExpertServer(
+                volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
+            ).run
+        )
+        sender = await nursery.start(
+            ContributionSender(  # keeps nothing: nothing can be revealed
+                volunteer,
+                {UID: backend},
+                [aggregator.peer_id],
+                SenderConfig(project=PROJECT, every_samples=4, every_seconds=0.5),
+            ).run
+        )
+        caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
+        ref = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
+        await caller.backward(UID, ref, torch.randn(4, 8), torch.randn(4, 8))
+        with trio.fail_after(20):
+            while service.auditor.stats.unrevealed < 1:
+                await trio.sleep(0.05)
+        assert sender.stats.unrevealable == 1
+        assert service.auditor.stats.failed == 0
+        assert not service.auditor.findings
+        assert not core.pending[UID]
+        assert core.versions[UID] == 0
+        # no strike either: the volunteer's next contributions are taken as ever
+        assert core.stats.contributors[volunteer.identity.public_key.hex()].rejected == {}
+        nursery.cancel_scope.cancel()
+    core.close()
