@@ -35,8 +35,9 @@ def demo(
     attack: Annotated[
         str,
         typer.Option(
-            help="What attackers send: poisoned gradients (sign-flip, alie) or wrong "
-            "answers (scaled-answers, noised-answers, lazy-answers, stale-answers)."
+            help="What attackers send: poisoned gradients (sign-flip, alie, copied, drift) "
+            "or wrong answers (scaled-answers, noised-answers, lazy-answers, stale-answers); "
+            "several, comma-separated: the attackers take turns."
         ),
     ] = "sign-flip",
     slow: Annotated[
@@ -105,6 +106,16 @@ def demo(
             hidden=True,
         ),
     ] = None,
+    audit_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--audit-rate",
+            min=0,
+            max=1,
+            help="The share of expert answers the trainer and of contributions the "
+            "aggregator recompute (default: the manifest's 0.05).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Train a small language model on a local swarm: a bootstrap peer, the owner
@@ -115,7 +126,7 @@ def demo(
     from core.demo import DemoOptions, print_summary, run_demo, wire_codecs
     from core.experts.cheats import ANSWER_CHEATS
 
-    if attack not in (*ATTACKS, *ANSWER_CHEATS):
+    if any(a not in (*ATTACKS, *ANSWER_CHEATS) for a in attack.split(",")):
         known = ", ".join((*ATTACKS, *ANSWER_CHEATS))
         typer.echo(f"error: --attack must be one of {known}", err=True)
         raise typer.Exit(2)
@@ -164,6 +175,8 @@ def demo(
     )
     if experts is not None:
         options = replace(options, experts_per_volunteer=experts)
+    if audit_rate is not None:
+        options = replace(options, answer_audit_rate=audit_rate, contribution_audit_rate=audit_rate)
     summary = run_async(partial(run_demo, options, quiet=as_json))
     if as_json:
         typer.echo(json.dumps(summary))

@@ -73,6 +73,10 @@ class EmulationOptions:
     round_samples: float = 64.0
     #: processes hosting the volunteers (core/demo/emulated_host.py); 0: this one
     volunteer_processes: int = 0
+    #: the first this many volunteers cheat with ``attack`` (a gradient attack or an
+    #: answer cheat, as ``moehome demo --attack``)
+    attackers: int = 0
+    attack: str = "sign-flip"
     seed: int = 0
     demo: DemoOptions = field(default_factory=DemoOptions)
 
@@ -146,15 +150,20 @@ async def run_emulated(
                 upload=options.upload_mbit * 1e6 / 8,
                 announce_seconds=options.announce_seconds,
                 announce_ttl=min(3 * options.announce_seconds, expert_records.RULE.max_ttl_s),
+                # volunteer v is on host v % hosts, its index there v // hosts
+                attacking=[v // hosts for v in range(h, options.attackers, hosts)],
+                attack=options.attack,
             )
             for h in range(hosts)
         ]
+        attackers: list[str] = []  # peer ids, when the volunteers run here
         if options.volunteer_processes > 0:
             async with trio.open_nursery() as starting:  # they join the project at once
                 for spec in specs:
                     starting.start_soon(start_host, nursery, spec)
         else:
-            await serve_volunteers(nursery, specs[0])
+            volunteers = await serve_volunteers(nursery, specs[0])
+            attackers = volunteers[: options.attackers]
         if report is not None:
             report({"event": "swarm", "volunteers": options.volunteers, "project": project})
         steps = max(1, options.samples // (options.batch_size * options.trainers))
@@ -203,6 +212,7 @@ async def run_emulated(
         "samples_per_s": steady_rate(progress),
         "seconds": time.monotonic() - started,
         "trainers": summaries,
+        "attackers": attackers,
     }
 
 

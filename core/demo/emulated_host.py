@@ -14,12 +14,15 @@ import json
 import logging
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 import trio
 
+from core.contributing.attacks import ATTACKS as GRADIENT_ATTACKS
+from core.contributing.attacks import Attack
+from core.experts.cheats import ANSWER_CHEATS
 from core.experts.server import ServerConfig
 from core.namespaces import moehome_validator
 from core.roles.expert_server import serve_project_experts
@@ -48,6 +51,11 @@ class HostSpec:
     upload: float
     announce_seconds: float
     announce_ttl: float
+    #: which of this host's volunteers (indices into ``experts``) cheat, and how (a
+    #: gradient attack of core/contributing/attacks.py or an answer cheat of
+    #: core/experts/cheats.py)
+    attacking: list[int] = field(default_factory=list)
+    attack: str = ""
 
     def server_config(self) -> ServerConfig:
         return ServerConfig(
@@ -75,13 +83,22 @@ async def start_peer(
     return peer
 
 
-async def serve_volunteers(nursery: trio.Nursery, spec: HostSpec) -> None:
-    """Start the spec's volunteers in ``nursery``; returns once each serves."""
-    config = spec.server_config()
+async def serve_volunteers(nursery: trio.Nursery, spec: HostSpec) -> list[str]:
+    """Start the spec's volunteers in ``nursery``; returns their peer ids once each
+    serves."""
+    honest = spec.server_config()
+    peers = []
     for i, mine in enumerate(spec.experts):
         volunteer = await start_peer(nursery, spec.bootstrap, link=(spec.delay, spec.upload))
         data_dir = Path(spec.workdir) / f"host{spec.host}" / f"volunteer{i}"
-        await serve_project_experts(nursery, volunteer, spec.project, mine, data_dir, config)
+        cheats = i in spec.attacking
+        config = replace(honest, cheat=ANSWER_CHEATS.get(spec.attack)) if cheats else honest
+        attack = Attack(spec.attack) if cheats and spec.attack in GRADIENT_ATTACKS else None
+        await serve_project_experts(
+            nursery, volunteer, spec.project, mine, data_dir, config, attack=attack
+        )
+        peers.append(str(volunteer.peer_id))
+    return peers
 
 
 async def start_host(nursery: trio.Nursery, spec: HostSpec) -> None:

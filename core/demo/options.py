@@ -14,6 +14,8 @@ class DemoOptions:
     steps: int = 200
     churn: bool = False
     attackers: int = 0
+    #: what the attackers do (core/contributing/attacks.py, core/experts/cheats.py);
+    #: several, comma-separated: the attackers take turns
     attack: str = "sign-flip"
     slow: int = 0
     slow_ms: float = 100.0

@@ -353,8 +353,8 @@ async def _run(
             args += ["--project", project] if join else []
             args += ["-l", places.volunteer_listen()]
             args += ["--experts", str(options.experts_per_volunteer)]
-            if role.startswith("attacker"):
-                args += ["--attack", options.attack]
+            if role.startswith("attacker ("):  # "attacker (alie)"
+                args += ["--attack", role.removeprefix("attacker (").removesuffix(")")]
             if role == "slow":
                 args += ["--reply-delay-ms", str(options.slow_ms)]
             proc = swarm.start(name, args, role=role, prefix=places.prefix(where) if where else [])
@@ -369,7 +369,8 @@ async def _run(
             return proc
 
         roles = ["slow" if i < options.slow else "honest" for i in range(options.volunteers)]
-        roles += [f"attacker ({options.attack})"] * options.attackers
+        attacks = options.attack.split(",")  # several: the attackers take turns
+        roles += [f"attacker ({attacks[i % len(attacks)]})" for i in range(options.attackers)]
 
         async def start_and_count(role: str) -> None:
             await start_volunteer(role)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from core.contributing.attacks import Attack
 from core.contributing.wiring import start_contributing
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
@@ -72,9 +73,12 @@ async def serve_project_experts(
     uids: Sequence[str],
     data_dir: Path,
     server_config: ServerConfig,
+    *,
+    attack: Attack | None = None,
 ) -> ExpertServer:
     """Join the project, serve its experts with receipts required, send contributions to
-    its aggregators and pull the new versions they publish."""
+    its aggregators and pull the new versions they publish. ``attack``: poison the
+    contributions (demo and benchmarks only)."""
     signed, backends = await join_project(peer, project, uids, data_dir=data_dir)
     log.info("joined %s (%s)", signed.manifest.project.name, project)
     trainers = frozenset(bytes.fromhex(t.key) for t in signed.manifest.trainers)
@@ -83,5 +87,7 @@ async def serve_project_experts(
             peer, backends, replace(server_config, require_receipts=True, trainers=trainers)
         ).run
     )
-    await start_contributing(nursery, peer, project, signed.manifest, backends, server, data_dir)
+    await start_contributing(
+        nursery, peer, project, signed.manifest, backends, server, data_dir, attack=attack
+    )
     return server

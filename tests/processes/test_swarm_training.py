@@ -5,11 +5,14 @@ slow links. Each run takes about a minute on two cores.
 Margins, on the held-out validation loss (nats per byte; ln 256 = 5.55 at the start):
 - clean, 4 volunteers: below 65% of the initial loss within 40 steps;
 - churn (a third killed with SIGKILL mid-run, as many join): the same margin;
-- one attacker in five (sign flip x1000, and ALIE): within 10% of the clean run's loss;
+- one attacker in five (sign flip x1000), contributions unaudited: the robust rule alone
+  keeps the loss within 10% of the clean run's;
+- two attackers in six, one noising its answers, one sending ALIE gradients: the
+  trainer's answer audits and the aggregator's contribution audits catch them, the
+  project bans both (and no honest volunteer), and the loss stays within 10% of the
+  clean run's;
 - slow links (250 ms per answer for half the volunteers): below 80% of the initial loss,
-  and most expert answers come from the fast volunteers;
-- a volunteer whose answers are noised: the trainer's answer audits exclude it (and no
-  honest volunteer), and the loss stays within 10% of the clean run's.
+  and most expert answers come from the fast volunteers.
 """
 
 from __future__ import annotations
@@ -60,6 +63,11 @@ async def test_four_volunteers_train_the_model(tmp_path_factory):
     assert s["audits"]["audited"] > 0, s["audits"]
     assert s["audits"]["failed"] == 0, s["audits"]
     assert not any(v["excluded"] for v in s["per_volunteer"])
+    # and the aggregator a share of the contributions (~300 in a run; 5% drawn): honest
+    audited = s["contribution_audits"]
+    assert audited["passed"] > 0, audited
+    assert audited["failed"] == 0, audited
+    assert not s["banned"]
 
 
 async def test_training_goes_on_when_a_third_of_the_volunteers_die(tmp_path):
@@ -81,37 +89,52 @@ async def test_training_goes_on_when_a_third_of_the_volunteers_die(tmp_path):
     assert joined[0]["answers"] > 0  # the newcomer took over work
 
 
-@pytest.mark.parametrize("attack", ["sign-flip", "alie"])
-async def test_one_attacker_in_five_does_not_spoil_training(tmp_path, tmp_path_factory, attack):
+async def test_one_attacker_in_five_does_not_spoil_training(tmp_path, tmp_path_factory):
+    # the robust rule alone: no contribution is audited (an audit would ban the attacker
+    # before its share could be measured)
     clean = await clean_run(tmp_path_factory)
-    s = await demo(tmp_path, volunteers=4, attackers=1, attack=attack)
+    s = await demo(
+        tmp_path, volunteers=4, attackers=1, attack="sign-flip", contribution_audit_rate=0.0
+    )
     assert s["final_loss"] <= 1.1 * clean["final_loss"], (s["evaluations"], clean["evaluations"])
     attacker = next(v for v in s["per_volunteer"] if v["role"].startswith("attacker"))
     honest = [v for v in s["per_volunteer"] if v["role"] == "honest"]
     assert attacker["answers"] > 0  # it did serve, and its gradients were used or clipped
-    if attack == "sign-flip":
-        # a gradient a thousand times too large keeps a tiny share of its weight
-        assert attacker["accepted"] + sum(attacker["rejected"].values()) > 0
-        assert attacker["influence"] is not None
-        assert attacker["influence"] < 0.05
-        assert min(v["influence"] for v in honest if v["influence"] is not None) > 0.3
+    # a gradient a thousand times too large keeps a tiny share of its weight
+    assert attacker["accepted"] + sum(attacker["rejected"].values()) > 0
+    assert attacker["influence"] is not None
+    assert attacker["influence"] < 0.05
+    assert min(v["influence"] for v in honest if v["influence"] is not None) > 0.3
 
 
-async def test_a_volunteer_whose_answers_are_wrong_is_caught_and_excluded(
+async def test_volunteers_whose_answers_or_gradients_are_wrong_are_caught_and_banned(
     tmp_path, tmp_path_factory
 ):
     clean = await clean_run(tmp_path_factory)
-    # a quarter of the answers audited: a volunteer cheating on every one goes unseen
-    # for 100 answers with probability 0.75^100 = 3e-13 (the manifest's 5%: 0.6%, too
-    # likely for a test; benchmarks/audit.py measures that rate)
+    # one attacker noises its answers, the other sends ALIE gradients. A quarter of the
+    # answers audited: a volunteer cheating on every one goes unseen for 100 answers
+    # with probability 0.75^100 = 3e-13. Half the contributions: the gradient cheater
+    # sends ~16 (one per expert) every 4 s, its first ones all unaudited with
+    # probability 0.5^16. (The manifest's 5% is measured by benchmarks/audit.py.)
     s = await demo(
-        tmp_path, volunteers=4, attackers=1, attack="noised-answers", answer_audit_rate=0.25
+        tmp_path,
+        volunteers=4,
+        attackers=2,
+        attack="noised-answers,alie",
+        answer_audit_rate=0.25,
+        contribution_audit_rate=0.5,
     )
-    attacker = next(v for v in s["per_volunteer"] if v["role"].startswith("attacker"))
+    by_role = {v["role"]: v for v in s["per_volunteer"]}
+    liar = by_role["attacker (noised-answers)"]
+    poisoner = by_role["attacker (alie)"]
     honest = [v for v in s["per_volunteer"] if v["role"] == "honest"]
-    assert attacker["excluded"], (attacker, s["audits"])
+    # the trainer caught the wrong answers, the aggregator the wrong gradients
+    assert liar["excluded"], (liar, s["audits"])
     assert not any(v["excluded"] for v in honest)
-    assert s["audits"]["excluded"] == [attacker["peer"]]
+    assert s["audits"]["excluded"] == [liar["peer"]]
+    assert s["contribution_audits"]["failed"] > 0, s["contribution_audits"]
+    assert sorted(s["banned"]) == sorted([liar["peer"], poisoner["peer"]]), s["banned"]
+    assert "is not what its receipts compute" in s["banned"][poisoner["peer"]]
     assert s["final_loss"] <= 1.1 * clean["final_loss"], (s["evaluations"], clean["evaluations"])
 
 
