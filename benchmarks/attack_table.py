@@ -8,7 +8,7 @@ because 16 volunteer processes and more do not fit two cores. Each attack runs w
 manifest's audit rates (5% of answers, 5% of contributions); the reference is the same
 swarm with every volunteer honest, trained on as many samples in the same process.
 
-    python benchmarks/attack_table.py [--samples 640] [--attacks sign-flip alie ...]
+    python benchmarks/attack_table.py [--samples 320] [--attacks sign-flip alie ...]
 
 One JSON line per run: ``final_loss`` (validation, nats per byte) and ``loss_ratio``
 over the clean run's, the attackers banned (of 7) and honest volunteers banned, the
@@ -23,6 +23,7 @@ import json
 import logging
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ def contribution_audits(trainer: dict[str, Any]) -> dict[str, int]:
     total: dict[str, int] = {}
     for agg in trainer.get("aggregators", []):
         for what, n in (agg.get("audits") or {}).items():
-            total[what] = total.get(what, 0) + int(n)
+            if isinstance(n, int):
+                total[what] = total.get(what, 0) + n
     return total
 
 
@@ -70,19 +72,19 @@ async def run(options: EmulationOptions) -> dict[str, Any]:
 
 async def main_async(args: argparse.Namespace) -> None:
     base = EmulationOptions(
-        volunteers=args.volunteers, samples=args.samples, samples_per_s=args.speed
+        volunteers=args.volunteers,
+        samples=args.samples,
+        samples_per_s=args.speed,
+        # as benchmarks/swarm_scaling.py: two processes host the volunteers, which
+        # declare their experts every 180 s (at 16 in one process, the event loop lags)
+        volunteer_processes=2,
+        announce_seconds=180.0,
     )
     clean = await run(base)
     print(json.dumps(clean), flush=True)
     lines = []
     for attack in args.attacks:
-        opts = EmulationOptions(
-            volunteers=args.volunteers,
-            samples=args.samples,
-            samples_per_s=args.speed,
-            attackers=args.attackers,
-            attack=attack,
-        )
+        opts = replace(base, attackers=args.attackers, attack=attack)
         line = await run(opts)
         line["loss_ratio"] = round(line["final_loss"] / clean["final_loss"], 4)
         print(json.dumps(line), flush=True)
@@ -108,8 +110,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--volunteers", type=int, default=16, help="all of them, attackers too")
     parser.add_argument("--attackers", type=int, default=7)
-    parser.add_argument("--samples", type=int, default=640)
-    parser.add_argument("--speed", type=float, default=0.5, help="samples/s per volunteer")
+    parser.add_argument("--samples", type=int, default=320)
+    parser.add_argument("--speed", type=float, default=0.25, help="samples/s per volunteer")
     parser.add_argument(
         "--attacks", nargs="+", default=[*ATTACKS, *ANSWER_CHEATS], help="which, in order"
     )

@@ -76,6 +76,8 @@ class AuditStatistics:
             "failed": self.failed,
             "unrevealed": self.unrevealed,
             "unverifiable": self.unverifiable,
+            # why audits failed or could not be done, counted by kind
+            "problems": dict(self.problems),
         }
 
 

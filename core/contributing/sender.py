@@ -28,6 +28,11 @@ from net._libp2p import PeerID
 
 log = logging.getLogger(__name__)
 
+#: after the project banned this volunteer (an aggregator refused it so), how long the
+#: sender waits before it tries again: bans last hours, and every contribution until
+#: then would be refused (the node's status says why, core/project/bans.py)
+BANNED_PAUSE_SECONDS = 600.0
+
 
 @dataclass(frozen=True)
 class SenderConfig:
@@ -107,6 +112,8 @@ class ContributionSender:
         self._carried_from: dict[str, bytes] = {}
         self._last: dict[str, tuple[Contribution, list[torch.Tensor]]] = {}
         self.kept_budget = KeptBudget(config.kept_bytes) if config.kept_bytes > 0 else None
+        #: trio time until which nothing is sent (the project banned us)
+        self.paused_until = 0.0
         for backend in backends.values():
             backend.kept_budget = self.kept_budget
         self._nursery: trio.Nursery | None = None
@@ -142,6 +149,9 @@ class ContributionSender:
         """A contribution from each accumulator of ``uid`` that holds gradients (those of
         the previous weights, then the current ones': one contribution per version)."""
         for module, accumulator in backend.accumulators():
+            if self.banned:  # what was computed meanwhile is dropped
+                accumulator.take_all()[3].drop(self.kept_budget)
+                continue
             built = await trio.to_thread.run_sync(self._build, uid, backend, module, accumulator)
             if built is not None:
                 nursery.start_soon(self._deliver, uid, *built)
@@ -246,7 +256,10 @@ class ContributionSender:
                 else:
                     self._ended(uid, exc.code)
                     self._forget_residual(uid, contribution)
-                    log.warning("aggregator refused our contribution to %s: %s", uid, exc)
+                    if exc.code == "banned_by_project":
+                        self._pause_for_ban(exc)
+                    else:
+                        log.warning("aggregator refused our contribution to %s: %s", uid, exc)
                     return
             except RpcError as exc:
                 log.info("aggregator of %s unreachable (%s); retrying in %.0f s", uid, exc, delay)
@@ -258,6 +271,20 @@ class ContributionSender:
         log.warning(
             "gave up sending a contribution to %s after %.0f s", uid, self.config.give_up_after
         )
+
+    @property
+    def banned(self) -> bool:
+        return trio.current_time() < self.paused_until
+
+    def _pause_for_ban(self, exc: RemoteError) -> None:
+        """Stop contributing for a while (what is computed meanwhile is dropped)."""
+        if not self.banned:
+            log.warning(
+                "the project banned this volunteer (%s); no contributions for %.0f min",
+                exc,
+                BANNED_PAUSE_SECONDS / 60,
+            )
+        self.paused_until = trio.current_time() + BANNED_PAUSE_SECONDS
 
     def _forget_residual(self, uid: str, contribution: Contribution) -> None:
         """A contribution that was not accepted is lost whole: the residual its encoding

@@ -158,9 +158,16 @@ async def run_emulated(
         ]
         attackers: list[str] = []  # peer ids, when the volunteers run here
         if options.volunteer_processes > 0:
+            hosted: dict[int, list[str]] = {}
+
+            async def host(spec: HostSpec) -> None:
+                hosted[spec.host] = await start_host(nursery, spec)
+
             async with trio.open_nursery() as starting:  # they join the project at once
                 for spec in specs:
-                    starting.start_soon(start_host, nursery, spec)
+                    starting.start_soon(host, spec)
+            # volunteer v is on host v % hosts, its index there v // hosts
+            attackers = [hosted[v % hosts][v // hosts] for v in range(options.attackers)]
         else:
             volunteers = await serve_volunteers(nursery, specs[0])
             attackers = volunteers[: options.attackers]

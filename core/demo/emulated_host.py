@@ -101,9 +101,9 @@ async def serve_volunteers(nursery: trio.Nursery, spec: HostSpec) -> list[str]:
     return peers
 
 
-async def start_host(nursery: trio.Nursery, spec: HostSpec) -> None:
-    """Start a host process for ``spec``'s volunteers; returns once they all serve. The
-    process is killed when ``nursery`` is cancelled."""
+async def start_host(nursery: trio.Nursery, spec: HostSpec) -> list[str]:
+    """Start a host process for ``spec``'s volunteers; returns their peer ids once they
+    all serve. The process is killed when ``nursery`` is cancelled."""
     command = [sys.executable, "-m", "core.demo.emulated_host", json.dumps(asdict(spec))]
     process: trio.Process = await nursery.start(
         partial(trio.run_process, command, stdout=subprocess.PIPE, check=False)
@@ -115,12 +115,15 @@ async def start_host(nursery: trio.Nursery, spec: HostSpec) -> None:
         if not chunk:
             raise RuntimeError(f"volunteer host {spec.host} exited before serving")
         seen += chunk
+    # the line before "ready": the volunteers' peer ids
+    peers = json.loads(seen[: seen.index(READY)].strip().splitlines()[-1])
+    return [str(p) for p in peers]
 
 
 async def _host(spec: HostSpec) -> None:
     async with trio.open_nursery() as nursery:
-        await serve_volunteers(nursery, spec)
-        sys.stdout.buffer.write(READY)
+        peers = await serve_volunteers(nursery, spec)
+        sys.stdout.buffer.write(json.dumps(peers).encode() + b"\n" + READY)
         sys.stdout.flush()
 
 

@@ -34,7 +34,8 @@ def demo_summary(
     for agg in trained.get("aggregators", []):
         accepted += int(agg.get("accepted", 0))
         for what, n in (agg.get("audits") or {}).items():
-            contribution_audits[what] = contribution_audits.get(what, 0) + int(n)
+            if isinstance(n, int):  # the counts (not "problems", by kind)
+                contribution_audits[what] = contribution_audits.get(what, 0) + n
         for reason, n in agg.get("rejected", {}).items():
             rejected[reason] = rejected.get(reason, 0) + int(n)
         contributors.update(agg.get("contributors", {}))

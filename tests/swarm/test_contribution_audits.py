@@ -148,3 +148,53 @@ async def test_a_contribution_that_cannot_be_revealed_is_discarded_without_blame
         assert core.stats.contributors[volunteer.identity.public_key.hex()].rejected == {}
         nursery.cancel_scope.cancel()
     core.close()
+
+
+async def test_a_banned_volunteer_stops_sending_and_drops_what_it_computes(tmp_path):
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, volunteer, aggregator = swarm.peers
+        settings = AggregatorSettings(
+            project=PROJECT,
+            spec=SPEC,
+            uids=(UID,),
+            trainers=frozenset({trainer.identity.public_key}),
+            round_samples=1000,
+            round_seconds=3600,
+        )
+        core = AggregatorCore(settings, tmp_path / "agg", initial={UID: build_expert(SPEC, seed=1)})
+        core.ban_contributor(volunteer.identity.public_key)  # a project ban, honoured
+        await nursery.start(AggregatorService(aggregator, core).run)
+        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+        await nursery.start(
+            ExpertServer(
+                volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
+            ).run
+        )
+        sender = await nursery.start(
+            ContributionSender(
+                volunteer,
+                {UID: backend},
+                [aggregator.peer_id],
+                SenderConfig(project=PROJECT, every_samples=4, every_seconds=0.2, kept_bytes=2**20),
+            ).run
+        )
+        caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
+        ref = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
+        await caller.backward(UID, ref, torch.randn(4, 8), torch.randn(4, 8))
+        with trio.fail_after(20):
+            while not sender.banned:
+                await trio.sleep(0.05)
+        assert sender.stats.refused == {"banned_by_project": 1}
+        # what it computes from now on is dropped, not sent (nor kept)
+        await caller.backward(UID, ref, torch.randn(4, 8), torch.randn(4, 8))
+        with trio.fail_after(20):
+            while backend.accumulator.samples:
+                await trio.sleep(0.05)
+        assert sender.stats.sent == 1
+        assert sender.kept_budget is not None
+        assert sender.kept_budget.used == 0
+        nursery.cancel_scope.cancel()
+    core.close()
