@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 MAX_FINDINGS: Final = 16
 #: contributions held for an audit at once; past it, no more are drawn
 MAX_HELD: Final = 256
+#: how long an audit waits for the contribution whose residual it carries to arrive (a
+#: volunteer delivers its contributions concurrently: the later one may come first)
+CARRIED_WAIT_SECONDS: Final = 30.0
 
 
 class NotAudited(RemoteError):
@@ -101,6 +104,8 @@ class ContributionAuditor:
         #: told of every failed audit (the role publishes a ban)
         self.listeners: list[Callable[[ContributionFinding], None]] = []
         self._held: dict[bytes, _Held] = {}
+        #: nonces of contributions an audit waits for (carried by the audited one)
+        self._awaited: dict[bytes, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         # recomputations run one at a time, beside the engine: an audit costs the
         # volunteer's own work for the contribution
@@ -111,6 +116,12 @@ class ContributionAuditor:
         if self.rate <= 0 or contribution.uid == TRUNK_UID or len(self._held) >= MAX_HELD:
             return False
         return self.rng.random() < self.rate
+
+    def accepted(self, nonce: bytes) -> None:
+        """A contribution was accepted (an audit may be waiting for it)."""
+        event = self._awaited.get(nonce)
+        if event is not None:
+            event.set()
 
     def hold(self, contribution: Contribution, parts: list[torch.Tensor]) -> None:
         """Wait for the reveal of a contribution drawn (and accepted held)."""
@@ -173,6 +184,11 @@ class ContributionAuditor:
             gone = f"the weights of version {c.base_version} are gone"
             verdict = Verdict("unverifiable", 0.0, gone)
         else:
+            if c.carried and c.carried not in self.core.seen_nonces:
+                arrived = self._awaited.setdefault(c.carried, trio.Event())
+                with trio.move_on_after(CARRIED_WAIT_SECONDS):
+                    await arrived.wait()
+                self._awaited.pop(c.carried, None)
             carried_accepted = bool(c.carried) and c.carried in self.core.seen_nonces
             verdict = await trio.to_thread.run_sync(
                 self._recompute, held, reveal, weights, carried_accepted, limiter=self._compute

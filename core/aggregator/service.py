@@ -208,9 +208,10 @@ class AggregatorService:
             )
         except Rejected as exc:
             raise Refused(exc.reason, str(exc)) from exc
-        if drawn:
-            assert self.auditor is not None
-            self.auditor.hold(contribution, parts)
+        if self.auditor is not None:
+            self.auditor.accepted(contribution.nonce)
+            if drawn:
+                self.auditor.hold(contribution, parts)
         reply = {"accepted": True, "version": self.core.versions[contribution.uid]}
         return Reply({**reply, "audit": True} if drawn else reply)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import trio
 
 from core.aggregator.audit import (
     ContributionEvidence,
@@ -20,6 +21,9 @@ from core.aggregator.audit import (
     audit,
     check_contribution_evidence,
 )
+from core.aggregator.auditor import ContributionAuditor
+from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.verify import check_payload
 from core.contributing.attacks import Attack
 from core.contributing.codecs import CODECS
 from core.contributing.reveal import Reveal, RevealError
@@ -338,3 +342,38 @@ def _resigned(
 
 def _with_contributor(c: Contribution, contributor: bytes) -> bytes:
     return replace(c, contributor=contributor).encode()
+
+
+async def test_an_audit_waits_for_the_contribution_it_carries_to_arrive(tmp_path) -> None:
+    # a volunteer delivers its contributions concurrently: the one carrying a residual
+    # can be accepted (and audited) before the one it came from
+    volunteer = Volunteer("int8_block")
+    volunteer.serve([[4]])
+    first, first_parts, _ = volunteer.contribute()
+    volunteer.serve([[4]])
+    second, second_parts, kept = volunteer.contribute()
+    assert second.carried == first.nonce
+    assert kept.reveal is not None
+    settings = AggregatorSettings(
+        project=PROJECT,
+        spec=SPEC,
+        uids=(UID,),
+        trainers=frozenset({TRAINER.public_key}),
+        contribution_audit_rate=1.0,
+    )
+    core = AggregatorCore(settings, tmp_path, initial={UID: build_expert(SPEC, seed=1)})
+    auditor = ContributionAuditor(core, trio.CapacityLimiter(1), rate=1.0)
+    core.accept(
+        second, second_parts, check_payload(second, second_parts), second.timestamp, held=True
+    )
+    auditor.hold(second, second_parts)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(auditor._audit, auditor._held.pop(second.nonce), kept.reveal)
+        await trio.sleep(0.3)  # the audit is waiting: nothing decided yet
+        assert auditor.stats.passed + auditor.stats.unverifiable == 0
+        core.accept(first, first_parts, check_payload(first, first_parts), first.timestamp)
+        auditor.accepted(first.nonce)
+    assert auditor.stats.passed == 1
+    assert not core.held()
+    assert core.pending_samples(UID) == 8
+    core.close()
