@@ -21,7 +21,7 @@ from core.aggregator.audit import (
     audit,
     check_contribution_evidence,
 )
-from core.aggregator.auditor import ContributionAuditor
+from core.aggregator.auditor import ContributionAuditor, _kind
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.verify import check_payload
 from core.contributing.attacks import Attack
@@ -377,3 +377,21 @@ async def test_an_audit_waits_for_the_contribution_it_carries_to_arrive(tmp_path
     assert not core.held()
     assert core.pending_samples(UID) == 8
     core.close()
+
+
+@pytest.mark.parametrize(
+    ("problem", "kind"),
+    [
+        ("revealed inputs 12 are not the receipt's", "revealed inputs are not the receipt's"),
+        ("the residual of fc1.weight exceeds its rounding", "the residual of exceeds its rounding"),
+        (
+            "its gradient is not what its receipts compute (3.9e+03x the bound)",
+            "its gradient is not what its receipts compute",
+        ),
+    ],
+)
+def test_audit_problems_are_counted_by_kind_whatever_a_cheater_names(
+    problem: str, kind: str
+) -> None:
+    # the aggregator's stats count problems by kind: a cheater cannot make them grow
+    assert _kind(problem) == kind
