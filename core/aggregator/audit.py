@@ -95,14 +95,11 @@ def audit(
     try:
         chosen = codec(contribution.codec)
         per_param = len(parts) // len(contribution.params)
-        claimed = {
-            p.name: chosen.decode(parts[i * per_param : (i + 1) * per_param], p.numel)
-            for i, p in enumerate(contribution.params)
-        }
-        bounds = {
-            p.name: chosen.rounding_bound(parts[i * per_param : (i + 1) * per_param], p.numel)
-            for i, p in enumerate(contribution.params)
-        }
+        claimed, bounds = {}, {}
+        for i, p in enumerate(contribution.params):
+            own = parts[i * per_param : (i + 1) * per_param]
+            claimed[p.name] = chosen.decode(own, p.numel)
+            bounds[p.name] = chosen.rounding_bound(own, p.numel)
     except CodecError as exc:
         return Verdict("failed", math.inf, f"its parts do not decode: {exc}")
     residual = dict(reveal.residual or {})

@@ -354,28 +354,29 @@ class AggregatorCore:
 
     def release(self, nonce: bytes) -> bool:
         """A held contribution passed its audit: it joins its expert's round."""
-        entry = self._held_entry(nonce)
-        if entry is None:
-            return False
-        self._journal.append(["r", nonce])
-        if not self._ready(entry.uid):
-            self.round_started[entry.uid] = time.monotonic()
-        entry.held, entry.contribution, entry.parts = False, None, None
-        return True
+        return self._settle_held(nonce, passed=True)
 
     def discard(self, nonce: bytes) -> bool:
         """A held contribution failed its audit, or could not be audited: it joins no
         round, now or after a restart."""
-        entry = self._held_entry(nonce)
+        return self._settle_held(nonce, passed=False)
+
+    def _settle_held(self, nonce: bytes, *, passed: bool, replaying: bool = False) -> bool:
+        """Release (``passed``) or discard a held contribution; journaled unless
+        ``replaying`` the journal. False when none with that nonce is held."""
+        entry = next((p for p in self.held() if p.nonce == nonce), None)
         if entry is None:
             return False
-        self._journal.append(["d", nonce])
-        self.pending[entry.uid] = [p for p in self.pending[entry.uid] if p is not entry]
-        self.applied.add(nonce)  # settled: a replay of the journal skips it
+        if not replaying:
+            self._journal.append(["r" if passed else "d", nonce])
+        if passed:
+            if not self._ready(entry.uid):
+                self.round_started[entry.uid] = time.monotonic()
+            entry.held, entry.contribution, entry.parts = False, None, None
+        else:
+            self.pending[entry.uid] = [p for p in self.pending[entry.uid] if p is not entry]
+            self.applied.add(nonce)  # settled: a replay of the journal skips it
         return True
-
-    def _held_entry(self, nonce: bytes) -> _Pending | None:
-        return next((p for p in self.held() if p.nonce == nonce), None)
 
     def weights_of(self, uid: str, version: int) -> dict[str, torch.Tensor] | None:
         """A copy of the weights of ``uid`` at ``version``, if current or kept."""
@@ -590,13 +591,8 @@ class AggregatorCore:
             self.seen_batches = set(state["seen_batches"])
         replayed = 0
         for record in Journal.read(self.folder / "journal.log"):
-            if record[0] in ("r", "d"):  # an audit's outcome (ordinary methods: no journal)
-                entry = self._held_entry(record[1])
-                if entry is not None and record[0] == "r":
-                    entry.held, entry.contribution, entry.parts = False, None, None
-                elif entry is not None:
-                    self.pending[entry.uid] = [p for p in self.pending[entry.uid] if p is not entry]
-                    self.applied.add(entry.nonce)
+            if record[0] in ("r", "d"):  # an audit's outcome
+                self._settle_held(record[1], passed=record[0] == "r", replaying=True)
                 continue
             c = Contribution.decode(record[1])
             if c.nonce in self.applied:

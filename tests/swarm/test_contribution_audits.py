@@ -6,6 +6,9 @@ checks; a volunteer that cannot reveal loses the contribution without blame."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,11 +26,83 @@ from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.moe.client import ExpertCaller, ExpertServerRef, ReceiptSigner
 from core.namespaces import moehome_validator
+from net import Peer
 from net.testing import open_swarm
 
 SPEC = ExpertSpec("ffn", hidden=8, inner=16)
 UID = "ffn0.0.0"
 PROJECT = "0123456789abcdef0123456789abcdef"
+
+
+@dataclass
+class Rig:
+    """A trainer calling one volunteer's expert, whose contributions go to an aggregator."""
+
+    core: AggregatorCore
+    service: AggregatorService
+    backend: ExpertBackend
+    sender: ContributionSender
+    caller: ExpertCaller
+    refs: list[ExpertServerRef]
+    volunteer: Peer
+
+    async def backward(self) -> None:
+        await self.caller.backward(UID, self.refs, torch.randn(4, 8), torch.randn(4, 8))
+
+
+async def start_rig(
+    nursery: trio.Nursery,
+    peers: list[Peer],
+    folder: Path,
+    sender_config: SenderConfig,
+    *,
+    attack: str | None = None,
+    banned: bool = False,
+    **settings: object,
+) -> Rig:
+    trainer, volunteer, aggregator = peers
+    base = AggregatorSettings(
+        project=PROJECT,
+        spec=SPEC,
+        uids=(UID,),
+        trainers=frozenset({trainer.identity.public_key}),
+        round_seconds=3600,
+    )
+    core = AggregatorCore(
+        replace(base, **settings),  # type: ignore[arg-type]
+        folder / "agg",
+        initial={UID: build_expert(SPEC, seed=1)},
+    )
+    if banned:
+        core.ban_contributor(volunteer.identity.public_key)  # a project ban, honoured
+    service = AggregatorService(aggregator, core)
+    if service.auditor is not None:
+        service.auditor.rng = random.Random(0)
+    await nursery.start(service.run)
+    backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+    await nursery.start(
+        ExpertServer(
+            volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
+        ).run
+    )
+    sender = await nursery.start(
+        ContributionSender(
+            volunteer,
+            {UID: backend},
+            [aggregator.peer_id],
+            sender_config,
+            attack=None if attack is None else Attack(attack),
+        ).run
+    )
+    caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
+    refs = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
+    return Rig(core, service, backend, sender, caller, refs, volunteer)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    with trio.fail_after(20):
+        while not condition():
+            await trio.sleep(0.05)
 
 
 @pytest.mark.parametrize("attack", [None, "drift"])
@@ -36,66 +111,41 @@ async def test_an_aggregator_audits_contributions_and_catches_a_cheater(tmp_path
         open_swarm(3, validator=moehome_validator()) as swarm,
         trio.open_nursery() as nursery,
     ):
-        trainer, volunteer, aggregator = swarm.peers
-        settings = AggregatorSettings(
-            project=PROJECT,
-            spec=SPEC,
-            uids=(UID,),
-            trainers=frozenset({trainer.identity.public_key}),
+        rig = await start_rig(
+            nursery,
+            swarm.peers,
+            tmp_path,
+            SenderConfig(project=PROJECT, every_samples=8, every_seconds=0.5, kept_bytes=2**20),
+            attack=attack,
             optimizer="sgd",
             learning_rate=0.5,
             round_samples=8,
-            round_seconds=3600,
             contribution_audit_rate=1.0,
         )
-        core = AggregatorCore(settings, tmp_path / "agg", initial={UID: build_expert(SPEC, seed=1)})
-        service = AggregatorService(aggregator, core)
-        assert service.auditor is not None
-        service.auditor.rng = random.Random(0)
+        core, auditor, sender = rig.core, rig.service.auditor, rig.sender
+        assert auditor is not None
         findings: list[ContributionFinding] = []
-        service.auditor.listeners.append(findings.append)
-        await nursery.start(service.run)
-        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
-        await nursery.start(
-            ExpertServer(
-                volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
-            ).run
-        )
-        sender = await nursery.start(
-            ContributionSender(
-                volunteer,
-                {UID: backend},
-                [aggregator.peer_id],
-                SenderConfig(project=PROJECT, every_samples=8, every_seconds=0.5, kept_bytes=2**20),
-                attack=None if attack is None else Attack(attack),
-            ).run
-        )
-        caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
-        ref = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
+        auditor.listeners.append(findings.append)
         for _ in range(3):
-            await caller.backward(UID, ref, torch.randn(4, 8), torch.randn(4, 8))
-        with trio.fail_after(20):
-            while service.auditor.stats.passed + service.auditor.stats.failed < 1:
-                await trio.sleep(0.05)
+            await rig.backward()
+        await until(lambda: auditor.stats.passed + auditor.stats.failed >= 1)
         assert sender.stats.audited >= 1
         assert sender.stats.revealed >= 1
         if attack is None:
-            with trio.fail_after(20):
-                while core.versions[UID] < 1:
-                    await trio.sleep(0.05)
-            assert service.auditor.stats.failed == 0
+            await until(lambda: core.versions[UID] >= 1)
+            assert auditor.stats.failed == 0
             assert not findings
         else:
-            assert service.auditor.stats.passed == 0
+            assert auditor.stats.passed == 0
             (finding, *_) = findings
-            assert finding.contributor == str(volunteer.peer_id)
+            assert finding.contributor == str(rig.volunteer.peer_id)
             assert finding.verdict.excess > 1
             # nothing of the cheater's reached a round
             assert core.versions[UID] == 0
             assert not core.pending[UID]
             weights = build_expert(SPEC, seed=1)
             assert check_contribution_evidence(finding.evidence, SPEC, weights) is None
-        assert service.statistics()["audits"]["drawn"] >= 1
+        assert rig.service.statistics()["audits"]["drawn"] >= 1
         nursery.cancel_scope.cancel()
     core.close()
 
@@ -105,47 +155,25 @@ async def test_a_contribution_that_cannot_be_revealed_is_discarded_without_blame
         open_swarm(3, validator=moehome_validator()) as swarm,
         trio.open_nursery() as nursery,
     ):
-        trainer, volunteer, aggregator = swarm.peers
-        settings = AggregatorSettings(
-            project=PROJECT,
-            spec=SPEC,
-            uids=(UID,),
-            trainers=frozenset({trainer.identity.public_key}),
+        rig = await start_rig(  # the sender keeps nothing: nothing can be revealed
+            nursery,
+            swarm.peers,
+            tmp_path,
+            SenderConfig(project=PROJECT, every_samples=4, every_seconds=0.5),
             round_samples=4,
-            round_seconds=3600,
             contribution_audit_rate=1.0,
         )
-        core = AggregatorCore(settings, tmp_path / "agg", initial={UID: build_expert(SPEC, seed=1)})
-        service = AggregatorService(aggregator, core)
-        assert service.auditor is not None
-        await nursery.start(service.run)
-        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
-        await nursery.start(
-            ExpertServer(
-                volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
-            ).run
-        )
-        sender = await nursery.start(
-            ContributionSender(  # keeps nothing: nothing can be revealed
-                volunteer,
-                {UID: backend},
-                [aggregator.peer_id],
-                SenderConfig(project=PROJECT, every_samples=4, every_seconds=0.5),
-            ).run
-        )
-        caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
-        ref = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
-        await caller.backward(UID, ref, torch.randn(4, 8), torch.randn(4, 8))
-        with trio.fail_after(20):
-            while service.auditor.stats.unrevealed < 1:
-                await trio.sleep(0.05)
-        assert sender.stats.unrevealable == 1
-        assert service.auditor.stats.failed == 0
-        assert not service.auditor.findings
+        core, auditor = rig.core, rig.service.auditor
+        assert auditor is not None
+        await rig.backward()
+        await until(lambda: auditor.stats.unrevealed >= 1)
+        assert rig.sender.stats.unrevealable == 1
+        assert auditor.stats.failed == 0
+        assert not auditor.findings
         assert not core.pending[UID]
         assert core.versions[UID] == 0
         # no strike either: the volunteer's next contributions are taken as ever
-        assert core.stats.contributors[volunteer.identity.public_key.hex()].rejected == {}
+        assert core.stats.contributors[rig.volunteer.identity.public_key.hex()].rejected == {}
         nursery.cancel_scope.cancel()
     core.close()
 
@@ -155,46 +183,23 @@ async def test_a_banned_volunteer_stops_sending_and_drops_what_it_computes(tmp_p
         open_swarm(3, validator=moehome_validator()) as swarm,
         trio.open_nursery() as nursery,
     ):
-        trainer, volunteer, aggregator = swarm.peers
-        settings = AggregatorSettings(
-            project=PROJECT,
-            spec=SPEC,
-            uids=(UID,),
-            trainers=frozenset({trainer.identity.public_key}),
+        rig = await start_rig(
+            nursery,
+            swarm.peers,
+            tmp_path,
+            SenderConfig(project=PROJECT, every_samples=4, every_seconds=0.2, kept_bytes=2**20),
+            banned=True,
             round_samples=1000,
-            round_seconds=3600,
         )
-        core = AggregatorCore(settings, tmp_path / "agg", initial={UID: build_expert(SPEC, seed=1)})
-        core.ban_contributor(volunteer.identity.public_key)  # a project ban, honoured
-        await nursery.start(AggregatorService(aggregator, core).run)
-        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
-        await nursery.start(
-            ExpertServer(
-                volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
-            ).run
-        )
-        sender = await nursery.start(
-            ContributionSender(
-                volunteer,
-                {UID: backend},
-                [aggregator.peer_id],
-                SenderConfig(project=PROJECT, every_samples=4, every_seconds=0.2, kept_bytes=2**20),
-            ).run
-        )
-        caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
-        ref = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
-        await caller.backward(UID, ref, torch.randn(4, 8), torch.randn(4, 8))
-        with trio.fail_after(20):
-            while not sender.banned:
-                await trio.sleep(0.05)
+        sender = rig.sender
+        await rig.backward()
+        await until(lambda: sender.banned)
         assert sender.stats.refused == {"banned_by_project": 1}
         # what it computes from now on is dropped, not sent (nor kept)
-        await caller.backward(UID, ref, torch.randn(4, 8), torch.randn(4, 8))
-        with trio.fail_after(20):
-            while backend.accumulator.samples:
-                await trio.sleep(0.05)
+        await rig.backward()
+        await until(lambda: rig.backend.accumulator.samples == 0)
         assert sender.stats.sent == 1
         assert sender.kept_budget is not None
         assert sender.kept_budget.used == 0
         nursery.cancel_scope.cancel()
-    core.close()
+    rig.core.close()

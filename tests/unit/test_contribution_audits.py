@@ -369,7 +369,9 @@ async def test_an_audit_waits_for_the_contribution_it_carries_to_arrive(tmp_path
     auditor.hold(second, second_parts)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(auditor._audit, auditor._held.pop(second.nonce), kept.reveal)
-        await trio.sleep(0.3)  # the audit is waiting: nothing decided yet
+        with trio.fail_after(10):  # the audit waits for the carried contribution
+            while first.nonce not in auditor._awaited:
+                await trio.sleep(0.01)
         assert auditor.stats.passed + auditor.stats.unverifiable == 0
         core.accept(first, first_parts, check_payload(first, first_parts), first.timestamp)
         auditor.accepted(first.nonce)
