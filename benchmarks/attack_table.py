@@ -45,6 +45,15 @@ def contribution_audits(trainer: dict[str, Any]) -> dict[str, int]:
     return total
 
 
+def contribution_audit_problems(trainer: dict[str, Any]) -> dict[str, int]:
+    """Why contribution audits came out unverifiable or failed, by kind, all aggregators."""
+    total: dict[str, int] = {}
+    for agg in trainer.get("aggregators", []):
+        for kind, n in ((agg.get("audits") or {}).get("problems") or {}).items():
+            total[kind] = total.get(kind, 0) + int(n)
+    return total
+
+
 async def run(options: EmulationOptions) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="moehome-attacks-") as tmp:
         result = await run_emulated(options, Path(tmp))
@@ -64,6 +73,7 @@ async def run(options: EmulationOptions) -> dict[str, Any]:
             k: trainer.get("audits", {}).get(k) for k in ("audited", "failed", "unverifiable")
         },
         "contribution_audits": contribution_audits(trainer),
+        "contribution_audit_problems": contribution_audit_problems(trainer),
         "banned_for": sorted(
             {reason.split(" (")[0] for reason in trainer.get("banned", {}).values()}
         ),

@@ -1,10 +1,45 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
+from tests.bundle.building import BUNDLE_BUILD, BundleBuild
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they will
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The bundle's test goes last, and when other tests run before it, its build
+    starts now, at the lowest priority, to use the CPU time they leave idle."""
+    bundle = [item for item in items if item.nodeid.startswith("tests/bundle/")]
+    if not bundle or len(bundle) == len(items) or config.option.collectonly:
+        return
+    items[:] = [item for item in items if item not in bundle] + bundle
+    build = BundleBuild.start(background=True)
+    config.stash[BUNDLE_BUILD] = build
+    config.add_cleanup(build.remove)
+
+
+@pytest.fixture(autouse=True)
+def _bundle_build_stopped_beside_slow_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A slow test (many processes, rates, routing) has the machine to itself: the
+    background bundle build waits meanwhile (tests/bundle/building.py)."""
+    build = request.config.stash.get(BUNDLE_BUILD, None)
+    stop = (
+        build is not None
+        and request.node.get_closest_marker("slow") is not None
+        and not request.node.nodeid.startswith("tests/bundle/")
+    )
+    if build is not None and stop:
+        build.pause()
+    try:
+        yield
+    finally:
+        if build is not None and stop:
+            build.resume()
 
 
 @pytest.fixture(autouse=True)

@@ -270,23 +270,34 @@ async def _run(
             if options.relay_circuit_mib
             else []
         )
-        boot = swarm.start(
-            "bootstrap",
-            ["peer", "-l", places.listen, *limits],
-            role="bootstrap",
-            prefix=places.prefix("bootstrap"),
-        )
-        bootstrap = await swarm.first_line(boot)
-        starting.advance(task)
-        if options.kill_relay:
-            relay = swarm.start(
-                "relay",
-                ["peer", "-l", places.listen, "-b", bootstrap, *limits],
-                role="relay",
-                prefix=places.prefix("relay"),
+
+        async def init_owner() -> None:
+            if not (swarm.folder("owner") / "config" / "owner" / "owner.key").exists():
+                # the key the publisher signs with; kept in --workdir, so a second run with
+                # the same folder is the same project and the trainer resumes its checkpoint
+                await swarm.run_to_end("owner", ["owner", "init"])
+
+        # Two cores start ten processes that import torch: the owner's key, which needs
+        # no peer, is made beside the bootstrap peer's start.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(init_owner)
+            boot = swarm.start(
+                "bootstrap",
+                ["peer", "-l", places.listen, *limits],
+                role="bootstrap",
+                prefix=places.prefix("bootstrap"),
             )
-            await swarm.first_line(relay)
+            bootstrap = await swarm.first_line(boot)
             starting.advance(task)
+            if options.kill_relay:
+                relay = swarm.start(
+                    "relay",
+                    ["peer", "-l", places.listen, "-b", bootstrap, *limits],
+                    role="relay",
+                    prefix=places.prefix("relay"),
+                )
+                await swarm.first_line(relay)
+                starting.advance(task)
 
         agg_identity = load_or_create(swarm.folder("aggregator") / "data" / "identity.key")
         agg_listen, port = places.aggregator_listen()
@@ -296,10 +307,6 @@ async def _run(
         manifest.write_text(
             demo_manifest(options, (agg_identity.public_key.hex(), agg_addr), trainer_key.hex())
         )
-        if not (swarm.folder("owner") / "config" / "owner" / "owner.key").exists():
-            # the key the publisher signs with; kept in --workdir, so a second run with
-            # the same folder is the same project and the trainer resumes its checkpoint
-            await swarm.run_to_end("owner", ["owner", "init"])
         owner = swarm.start(
             "owner",
             ["owner", "publish", str(manifest), "-b", bootstrap, "-l", places.listen],
@@ -331,6 +338,10 @@ async def _run(
             role="aggregator",
             prefix=places.prefix("aggregator"),
         )
+
+        # up before the volunteers start: started beside them it came up 10-25 s later
+        # than alone (measured; its weights fetch, chunk by chunk, then competes with
+        # four volunteers fetching and announcing the same), and the trainer waited
         await swarm.first_line(agg)
         starting.advance(task)
 
@@ -362,63 +373,75 @@ async def _run(
             proc.public_key = key
             return proc
 
-        async def start_volunteer(role: str) -> Proc:
-            proc = launch_volunteer(role)
-            await swarm.first_line(proc)
-            volunteers.append(proc)
-            return proc
-
         roles = ["slow" if i < options.slow else "honest" for i in range(options.volunteers)]
         attacks = options.attack.split(",")  # several: the attackers take turns
         roles += [f"attacker ({attacks[i % len(attacks)]})" for i in range(options.attackers)]
-
-        async def start_and_count(role: str) -> None:
-            await start_volunteer(role)
-            starting.advance(task)
-
-        if options.experts_per_volunteer >= options.mixture_layers * math.prod(options.grid):
-            async with trio.open_nursery() as nursery:  # each serves all: start together
-                for role in roles:
-                    nursery.start_soon(start_and_count, role)
-        else:  # one after another: each sees what the earlier ones serve, takes the rest
-            for role in roles:
-                await start_and_count(role)
+        each_serves_all = options.experts_per_volunteer >= options.mixture_layers * math.prod(
+            options.grid
+        )
         # churn's newcomers run from the start, as a volunteer's app does, and join the
         # project mid-run: then joining takes a second or two, not a process's start (6 s
         # and more on two loaded cores, a race with the end of a short run)
         standby = math.ceil(options.volunteers / 3) if options.churn else 0
-        newcomers = [launch_volunteer("honest (joined late)", join=False) for _ in range(standby)]
-        volunteers += newcomers
+        newcomers: list[Proc] = []
 
-        trainer = swarm.start(
-            "trainer",
-            [
-                "owner",
-                "train",
-                "--project",
-                project,
-                "-b",
-                bootstrap,
-                "--json",
-                "--steps",
-                str(options.steps),
-                "--batch-size",
-                str(options.batch_size),
-                "--data",
-                options.data,
-                "--eval-every",
-                str(options.eval_every),
-                "--log-every",
-                "5",
-                "--in-flight",
-                str(options.in_flight),
-                "-l",
-                places.trainer_listen(),
-            ],
-            threads=None,
-            role="trainer",
-            prefix=places.prefix(places.trainer()) if places.lab else [],
-        )
+        async def serving(proc: Proc) -> None:
+            await swarm.first_line(proc)
+            volunteers.append(proc)
+            starting.advance(task)
+
+        async def start_in_turn() -> None:
+            # one after another: each sees what the earlier ones serve, takes the rest
+            for role in roles:
+                await serving(launch_volunteer(role))
+            newcomers.extend(
+                launch_volunteer("honest (joined late)", join=False) for _ in range(standby)
+            )
+
+        def launch_trainer() -> Proc:
+            return swarm.start(
+                "trainer",
+                [
+                    "owner",
+                    "train",
+                    "--project",
+                    project,
+                    "-b",
+                    bootstrap,
+                    "--json",
+                    "--steps",
+                    str(options.steps),
+                    "--batch-size",
+                    str(options.batch_size),
+                    "--data",
+                    options.data,
+                    "--eval-every",
+                    str(options.eval_every),
+                    "--log-every",
+                    "5",
+                    "--in-flight",
+                    str(options.in_flight),
+                    "-l",
+                    places.trainer_listen(),
+                ],
+                threads=None,
+                role="trainer",
+                prefix=places.prefix(places.trainer()) if places.lab else [],
+            )
+
+        async with trio.open_nursery() as nursery:
+            if each_serves_all:  # start together, in the order of their roles
+                for proc in [launch_volunteer(role) for role in roles]:
+                    nursery.start_soon(serving, proc)
+                newcomers.extend(
+                    launch_volunteer("honest (joined late)", join=False) for _ in range(standby)
+                )
+            else:
+                nursery.start_soon(start_in_turn)
+        volunteers += newcomers
+        # once every volunteer serves: the trainer's first steps then spread over all
+        # of them (routing learns each one's latency from its answers)
+        trainer = launch_trainer()
         starting.advance(task)
 
     return await _follow_trainer(

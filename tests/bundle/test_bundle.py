@@ -2,7 +2,8 @@
 its folder: `moehome --version`, `moehome node --selftest` (device benchmark, libp2p
 hosts, an expert forward on the CPU, probes) and `moehome-tray --selftest` offscreen
 (which also checks that the tray loaded neither torch, trio nor libp2p). Slow: the build
-takes ~4 minutes on a 2-core machine."""
+takes ~3 minutes of one core; in a whole-suite run it starts with the session, beside
+the other tests at the lowest priority, and this test runs last (tests/bundle/building.py)."""
 
 from __future__ import annotations
 
@@ -10,33 +11,32 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.bundle.building import BUNDLE_BUILD, BundleBuild
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def bundle_build(request: pytest.FixtureRequest) -> Iterator[BundleBuild]:
+    """The build started with the session (tests/conftest.py), or one started now."""
+    started = request.config.stash.get(BUNDLE_BUILD, None)
+    build = started or BundleBuild.start(background=False)
+    yield build
+    if started is None:
+        build.remove()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_the_bundle_builds_and_runs(tmp_path):
-    built = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "installer" / "build.py"),
-            "--dist",
-            str(tmp_path / "dist"),
-            "--work",
-            str(tmp_path / "work"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1100,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr[-4000:]
-    report = json.loads(built.stdout.strip().splitlines()[-1])
+def test_the_bundle_builds_and_runs(tmp_path, bundle_build):
+    code, stdout, stderr = bundle_build.wait(timeout=1100)
+    assert code == 0, stderr[-4000:]
+    report = json.loads(stdout.strip().splitlines()[-1])
     bundle = Path(report["bundle"])
     assert report["bundle_mb"] > 100  # torch is in
     assert {"moehome", "moehome-tray"} <= set(report["executables"])

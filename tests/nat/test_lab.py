@@ -13,6 +13,11 @@ from tests.child_processes import stop_processes
 from tests.nat.probes import ask, punch, start_echo
 
 
+def namespace_pids(namespace: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    return out.stdout.split()
+
+
 def lab_namespaces() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     return {line.split()[0] for line in out.stdout.splitlines() if line.startswith("mhlab")}
@@ -93,7 +98,14 @@ def test_the_lab_is_removed_when_its_body_fails_and_stale_labs_are_swept():
 
     def failing_body() -> None:
         with network_lab(["server"], [Home("a")]) as lab:
-            started.append(subprocess.Popen(lab.host("a/0").command(["sleep", "600"])))
+            host = lab.host("a/0")
+            started.append(subprocess.Popen(host.command(["sleep", "600"])))
+            # running inside once `ip netns exec` has entered the namespace (it then
+            # execs sleep, same pid): before that, nothing of it is in there to kill
+            deadline = time.monotonic() + 30
+            while str(started[0].pid) not in namespace_pids(host.namespace):
+                assert time.monotonic() < deadline, "sleep never ran in the namespace"
+                time.sleep(0.05)
             raise RuntimeError("the body failed")
 
     with pytest.raises(RuntimeError, match="the body failed"):

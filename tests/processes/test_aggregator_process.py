@@ -60,14 +60,19 @@ async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path)
     agg_dir = tmp_path / "aggregator"
     agg_key = load_or_create(agg_dir / "identity.key").public_key
     trainer, volunteer_id = Identity.generate(), Identity.generate()
-    # one volunteer sends every contribution: its rounds need no other
+    # one volunteer sends every contribution: its rounds need no other. No contribution
+    # audits: one drawn (5% each by default) is held out of its round until revealed,
+    # and this test counts the round's samples (held ones surviving a kill -9 are
+    # tests/unit/test_aggregator_core.py's)
     manifest = small_manifest(
         tmp_path,
         **{
             "round_samples = 4096": "round_samples = 40",
             "min_contributors = 3": "min_contributors = 1",
+            "contribution_rate = 0.05": "contribution_rate = 0.0",
         },
     )
+    assert "contribution_rate = 0.0" in manifest.read_text()
     manifest.write_text(
         manifest.read_text()
         + f'\n[[aggregators]]\nkey = "{agg_key.hex()}"\n'
