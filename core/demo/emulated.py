@@ -52,6 +52,9 @@ class EmulationOptions:
     samples_per_s: float = 0.5
     delay_ms: float = 0.0
     upload_mbit: float = 20.0
+    #: the last this many volunteers sit behind a link ``slow_delay_ms`` long instead
+    slow: int = 0
+    slow_delay_ms: float = 250.0
     #: sequences to train on, all trainers together
     samples: int = 640
     batch_size: int = 16
@@ -138,6 +141,7 @@ async def run_emulated(
             [uids[(i * per + j) % len(uids)] for j in range(per)] for i in range(options.volunteers)
         ]
         hosts = max(1, options.volunteer_processes)
+        slow = range(options.volunteers - options.slow, options.volunteers)
         specs = [
             HostSpec(
                 bootstrap=bootstrap,
@@ -153,10 +157,12 @@ async def run_emulated(
                 # volunteer v is on host v % hosts, its index there v // hosts
                 attacking=[v // hosts for v in range(h, options.attackers, hosts)],
                 attack=options.attack,
+                slow=[v // hosts for v in range(h, options.volunteers, hosts) if v in slow],
+                slow_delay=options.slow_delay_ms / 1000,
             )
             for h in range(hosts)
         ]
-        attackers: list[str] = []  # peer ids, when the volunteers run here
+        volunteers: list[str] = []  # peer ids, in volunteer order
         if options.volunteer_processes > 0:
             hosted: dict[int, list[str]] = {}
 
@@ -167,10 +173,9 @@ async def run_emulated(
                 for spec in specs:
                     starting.start_soon(host, spec)
             # volunteer v is on host v % hosts, its index there v // hosts
-            attackers = [hosted[v % hosts][v // hosts] for v in range(options.attackers)]
+            volunteers = [hosted[v % hosts][v // hosts] for v in range(options.volunteers)]
         else:
             volunteers = await serve_volunteers(nursery, specs[0])
-            attackers = volunteers[: options.attackers]
         if report is not None:
             report({"event": "swarm", "volunteers": options.volunteers, "project": project})
         steps = max(1, options.samples // (options.batch_size * options.trainers))
@@ -219,7 +224,8 @@ async def run_emulated(
         "samples_per_s": steady_rate(progress),
         "seconds": time.monotonic() - started,
         "trainers": summaries,
-        "attackers": attackers,
+        "attackers": volunteers[: options.attackers],
+        "slow": [volunteers[v] for v in slow],
     }
 
 

@@ -56,6 +56,9 @@ class HostSpec:
     #: core/experts/cheats.py)
     attacking: list[int] = field(default_factory=list)
     attack: str = ""
+    #: which of this host's volunteers sit behind a link ``slow_delay`` seconds long
+    slow: list[int] = field(default_factory=list)
+    slow_delay: float = 0.0
 
     def server_config(self) -> ServerConfig:
         return ServerConfig(
@@ -89,7 +92,8 @@ async def serve_volunteers(nursery: trio.Nursery, spec: HostSpec) -> list[str]:
     honest = spec.server_config()
     peers = []
     for i, mine in enumerate(spec.experts):
-        volunteer = await start_peer(nursery, spec.bootstrap, link=(spec.delay, spec.upload))
+        delay = spec.slow_delay if i in spec.slow else spec.delay
+        volunteer = await start_peer(nursery, spec.bootstrap, link=(delay, spec.upload))
         data_dir = Path(spec.workdir) / f"host{spec.host}" / f"volunteer{i}"
         cheats = i in spec.attacking
         config = replace(honest, cheat=ANSWER_CHEATS.get(spec.attack)) if cheats else honest

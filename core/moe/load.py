@@ -13,8 +13,8 @@ measured it). A call goes to the server whose backlog, plus the call itself, is 
 first. Work is counted in *units*: one row of a forward pass is 1, of a backward pass 2.
 
 The link counts too: a volunteer 250 ms away answers 250 ms later whatever its queue
-(ranking by backlog alone sent such volunteers as much work as near ones: a red CI,
-tests/processes/test_swarm_training.py::test_slow_links_are_routed_around). Each answer
+(ranking by backlog alone sent such volunteers as much work as near ones: a red CI;
+tests/processes/test_emulated_swarm.py holds it now). Each answer
 says how long the call spent at the server (``seconds``: waiting and computing); the
 rest of the call's time, as the caller measured it, is the link's *overhead*, smoothed
 per server and added to its finish time.

@@ -1,6 +1,6 @@
 """The whole system trains a model: `moehome demo`'s swarm (bootstrap, owner, aggregator,
-volunteer nodes and a trainer, each its own process on 127.0.0.1) under churn, attacks and
-slow links. Each run takes about a minute on two cores.
+volunteer nodes and a trainer, each its own process on 127.0.0.1) under churn and attacks.
+Each run takes about a minute on two cores.
 
 Margins, on the held-out validation loss (nats per byte; ln 256 = 5.55 at the start):
 - clean, 4 volunteers: below 65% of the initial loss within 40 steps;
@@ -10,9 +10,11 @@ Margins, on the held-out validation loss (nats per byte; ln 256 = 5.55 at the st
 - two attackers in six, one noising its answers, one sending ALIE gradients: the
   trainer's answer audits and the aggregator's contribution audits catch them, the
   project bans both (and no honest volunteer), and the loss stays within 10% of the
-  clean run's;
-- slow links (250 ms per answer for half the volunteers): below 80% of the initial loss,
-  and most expert answers come from the fast volunteers.
+  clean run's.
+
+Slow links are routed around in the emulated swarm (tests/processes/test_emulated_swarm.py),
+where the volunteers' compute is emulated: here, on two loaded cores, the CPU decides
+whether a far volunteer's queue is the shorter one.
 """
 
 from __future__ import annotations
@@ -136,17 +138,3 @@ async def test_volunteers_whose_answers_or_gradients_are_wrong_are_caught_and_ba
     assert sorted(s["banned"]) == sorted([liar["peer"], poisoner["peer"]]), s["banned"]
     assert "is not what its receipts compute" in s["banned"][poisoner["peer"]]
     assert s["final_loss"] <= 1.1 * clean["final_loss"], (s["evaluations"], clean["evaluations"])
-
-
-async def test_slow_links_are_routed_around(tmp_path):
-    # The trainer ranks servers by latency in doubling classes (10, 20, 40 ... ms) so that
-    # similar servers share work by load. On a loaded 2-core machine a call computes in
-    # 100-300 ms, where a 100 ms link lands in the same or the next class as a fast
-    # volunteer: then the choice rightly falls to load (fast 338, slow 277 answers in one
-    # fresh-clone run). 250 ms puts a slow volunteer at least one class above a fast one
-    # for any call time from 70 to 320 ms (400 ms did too, but doubled the test's time).
-    s = await demo(tmp_path, volunteers=4, slow=2, slow_ms=250)
-    assert falls_by(s, 0.8), s["evaluations"]
-    slow = sum(v["answers"] for v in s["per_volunteer"] if v["role"] == "slow")
-    fast = sum(v["answers"] for v in s["per_volunteer"] if v["role"] == "honest")
-    assert fast > 2 * slow, s["per_volunteer"]
