@@ -39,7 +39,7 @@ from net.dialing import (
 )
 from net.identity import Identity
 from net.inbound import InboundGate, StreamGate, StreamLimits
-from net.keepalive import KeepaliveNotifee
+from net.keepalive import Keepalive, KeepaliveNotifee
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,7 @@ class SwarmHost:
         dial_timeout: float = 10.0,
         admission: AdmissionLimits | None = None,
         streams: StreamLimits | None = None,
+        keepalive: Keepalive | None = None,
     ) -> None:
         self.identity = identity
         self._dial_timeout = dial_timeout
@@ -180,7 +181,7 @@ class SwarmHost:
         self.streams = StreamGate(network, streams)
         self.streams.install()
         # a connection that died silently (a router restarted) is dropped in seconds
-        network.register_notifee(KeepaliveNotifee())
+        network.register_notifee(KeepaliveNotifee(keepalive or Keepalive()))
         self._swarm = network
         self._running = False
         #: dials in flight, so that concurrent callers share one; they run in this

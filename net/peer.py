@@ -19,6 +19,7 @@ from net.holepunch import HolePuncher
 from net.host import DEFAULT_LISTEN, AddressError, SwarmHost, is_loopback_addr, parse_peer_addr
 from net.identity import Identity
 from net.inbound import StreamLimits
+from net.keepalive import Keepalive
 from net.portmap import PortMapConfig, PortMapper
 from net.reachability import (
     DialBackService,
@@ -55,6 +56,8 @@ class PeerConfig:
     #: Who may connect, and how many streams they may hold (net/admission.py).
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     streams: StreamLimits = field(default_factory=StreamLimits)
+    #: How soon a connection that died silently is dropped (net/keepalive.py).
+    keepalive: Keepalive = field(default_factory=Keepalive)
     #: Learn from peers' dial-backs whether we can be dialled, and answer theirs
     #: (net/reachability.py); None: neither (tests of other things, one-shot tools).
     reachability: ReachabilityConfig | None = None
@@ -117,6 +120,7 @@ class Peer:
             self.config.listen,
             admission=self.config.admission,
             streams=self.config.streams,
+            keepalive=self.config.keepalive,
         )
         self.rpc = RpcService(self.host, self.config.rpc)
         self.dht = DhtNode(identity, self.host, self.rpc, validator, self.config.dht)

@@ -60,6 +60,15 @@ def peer(
             hidden=True,
         ),
     ] = None,
+    dead_after_s: Annotated[
+        int | None,
+        typer.Option(
+            "--dead-after-s",
+            min=6,
+            help="Seconds before a connection that died silently is dropped (default 30).",
+            hidden=True,
+        ),
+    ] = None,
     relay_circuit_mib: Annotated[
         float | None,
         typer.Option(
@@ -83,6 +92,7 @@ def peer(
     time it learns whether others can dial it; runs until Ctrl-C.
     """
     from core.roles.peer import run_peer
+    from net.keepalive import Keepalive
     from net.reachability import ReachabilityConfig
     from net.relay import RelayLimits
 
@@ -95,6 +105,7 @@ def peer(
         partial(
             run_peer,
             map_port=map_port,
+            keepalive=Keepalive.within(dead_after_s) if dead_after_s else Keepalive(),
             relay_limits=RelayLimits(circuit_bytes=int(relay_circuit_mib * 2**20))
             if relay_circuit_mib
             else RelayLimits(),

@@ -16,6 +16,7 @@ import trio
 from core.namespaces import moehome_validator
 from net import DhtConfig, DhtError, Identity, NamespacedValidator, Peer, PeerConfig
 from net.host import DEFAULT_LISTEN
+from net.keepalive import Keepalive
 from net.portmap import PortMapConfig
 from net.reachability import ReachabilityConfig, Verdict
 from net.relay import RelayClientConfig, RelayLimits
@@ -39,6 +40,7 @@ async def run_peer(
     *,
     map_port: bool = False,
     relay_limits: RelayLimits | None = None,
+    keepalive: Keepalive | None = None,
 ) -> None:
     """Serve DHT and RPC until cancelled; print our addresses on stdout for scripts, then
     a JSON line for each new reachability verdict (and our relayed addresses). With
@@ -53,6 +55,7 @@ async def run_peer(
         relay_client=RelayClientConfig(),
         address_record=True,
         port_mapping=PortMapConfig() if map_port else None,
+        keepalive=keepalive or Keepalive(),
     )
     # the swarm's records are checked here too: a bootstrap peer stores its share
     peer = Peer(identity, config, validator=moehome_validator())

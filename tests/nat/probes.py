@@ -130,16 +130,20 @@ def start_peer(
     observe_s: float = 30,
     map_port: bool = False,
     relay_circuit_mib: float | None = None,
+    dead_after_s: int | None = None,
 ) -> tuple[subprocess.Popen[str], Lines, str]:
     """A bare swarm peer in ``host``'s namespace; returns it, its output and its address
     on the lab's network. ``observe_s``: how often it asks where it is seen from;
-    ``map_port``: it asks its router to forward its port."""
+    ``map_port``: it asks its router to forward its port; ``dead_after_s``: how soon it
+    drops a connection that died silently (30 s by default)."""
     cmd = [sys.executable, "-m", "core.cli", "--quiet", "peer", "--ephemeral"]
     cmd += ["-l", f"/ip4/0.0.0.0/tcp/{port}", "--recheck-s", "1", "--observe-s", str(observe_s)]
     if map_port:
         cmd.append("--map-port")
     if relay_circuit_mib is not None:
         cmd += ["--relay-circuit-mib", str(relay_circuit_mib)]
+    if dead_after_s is not None:
+        cmd += ["--dead-after-s", str(dead_after_s)]
     for addr in bootstrap:
         cmd += ["-b", addr]
     proc = subprocess.Popen(host.command(cmd), cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -12,7 +12,7 @@ from libp2p.peer.peerstore import PeerStoreError
 
 from net import Identity
 from net.host import DialError, SwarmHost, interface_addresses
-from net.keepalive import DEAD_AFTER_S, KEEPIDLE_S, socket_of
+from net.keepalive import Keepalive, socket_of
 from tests.waiting import eventually
 
 
@@ -109,18 +109,22 @@ async def test_identify_gives_what_we_announce_never_the_unspecified_address():
 
 
 async def test_connections_have_keepalive_and_a_user_timeout():
-    a, b = SwarmHost(Identity.generate()), SwarmHost(Identity.generate())
+    quick = Keepalive.within(12)  # a test's: dead connections dropped within 12 s
+    assert (quick.idle_s, quick.interval_s, quick.probes) == (6, 2, 3)
+    a = SwarmHost(Identity.generate())
+    b = SwarmHost(Identity.generate(), keepalive=quick)
     async with a.running(), b.running():
         await a.connect(b.peer_id, b.listen_addrs())
-        for host, peer in ((a, b.peer_id), (b, a.peer_id)):
+        for host, peer, times in ((a, b.peer_id, Keepalive()), (b, a.peer_id, quick)):
             (conn,) = host.libp2p_host.get_network().connections[peer]
             sock = socket_of(conn)
             assert sock is not None
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
             if hasattr(socket, "TCP_USER_TIMEOUT"):
-                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPIDLE_S
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == times.idle_s
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == times.probes
                 user_timeout = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
-                assert user_timeout == DEAD_AFTER_S * 1000
+                assert user_timeout == times.dead_after_s * 1000
 
 
 async def test_a_host_that_stops_leaves_no_connection_open_to_peers_that_keep_dialling_it():
