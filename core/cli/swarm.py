@@ -105,7 +105,7 @@ def peer(
         partial(
             run_peer,
             map_port=map_port,
-            keepalive=Keepalive.within(dead_after_s) if dead_after_s else Keepalive(),
+            keepalive=Keepalive.within(dead_after_s) if dead_after_s else None,
             relay_limits=RelayLimits(circuit_bytes=int(relay_circuit_mib * 2**20))
             if relay_circuit_mib
             else RelayLimits(),

@@ -379,69 +379,58 @@ async def _run(
         each_serves_all = options.experts_per_volunteer >= options.mixture_layers * math.prod(
             options.grid
         )
-        # churn's newcomers run from the start, as a volunteer's app does, and join the
-        # project mid-run: then joining takes a second or two, not a process's start (6 s
-        # and more on two loaded cores, a race with the end of a short run)
         standby = math.ceil(options.volunteers / 3) if options.churn else 0
-        newcomers: list[Proc] = []
 
         async def serving(proc: Proc) -> None:
             await swarm.first_line(proc)
             volunteers.append(proc)
             starting.advance(task)
 
-        async def start_in_turn() -> None:
-            # one after another: each sees what the earlier ones serve, takes the rest
-            for role in roles:
-                await serving(launch_volunteer(role))
-            newcomers.extend(
-                launch_volunteer("honest (joined late)", join=False) for _ in range(standby)
-            )
-
-        def launch_trainer() -> Proc:
-            return swarm.start(
-                "trainer",
-                [
-                    "owner",
-                    "train",
-                    "--project",
-                    project,
-                    "-b",
-                    bootstrap,
-                    "--json",
-                    "--steps",
-                    str(options.steps),
-                    "--batch-size",
-                    str(options.batch_size),
-                    "--data",
-                    options.data,
-                    "--eval-every",
-                    str(options.eval_every),
-                    "--log-every",
-                    "5",
-                    "--in-flight",
-                    str(options.in_flight),
-                    "-l",
-                    places.trainer_listen(),
-                ],
-                threads=None,
-                role="trainer",
-                prefix=places.prefix(places.trainer()) if places.lab else [],
-            )
-
         async with trio.open_nursery() as nursery:
             if each_serves_all:  # start together, in the order of their roles
                 for proc in [launch_volunteer(role) for role in roles]:
                     nursery.start_soon(serving, proc)
-                newcomers.extend(
-                    launch_volunteer("honest (joined late)", join=False) for _ in range(standby)
-                )
-            else:
-                nursery.start_soon(start_in_turn)
+            else:  # one after another: each sees what the earlier ones serve, takes the rest
+                for role in roles:
+                    await serving(launch_volunteer(role))
+            # churn's newcomers run from the start, as a volunteer's app does, and join the
+            # project mid-run: then joining takes a second or two, not a process's start
+            # (6 s and more on two loaded cores, a race with the end of a short run)
+            newcomers = [
+                launch_volunteer("honest (joined late)", join=False) for _ in range(standby)
+            ]
         volunteers += newcomers
         # once every volunteer serves: the trainer's first steps then spread over all
         # of them (routing learns each one's latency from its answers)
-        trainer = launch_trainer()
+        trainer = swarm.start(
+            "trainer",
+            [
+                "owner",
+                "train",
+                "--project",
+                project,
+                "-b",
+                bootstrap,
+                "--json",
+                "--steps",
+                str(options.steps),
+                "--batch-size",
+                str(options.batch_size),
+                "--data",
+                options.data,
+                "--eval-every",
+                str(options.eval_every),
+                "--log-every",
+                "5",
+                "--in-flight",
+                str(options.in_flight),
+                "-l",
+                places.trainer_listen(),
+            ],
+            threads=None,
+            role="trainer",
+            prefix=places.prefix(places.trainer()) if places.lab else [],
+        )
         starting.advance(task)
 
     return await _follow_trainer(
