@@ -24,6 +24,7 @@ from core.experts import activations
 from core.experts.activations import ActivationCodecError, WireCodecs
 from core.moe.audit import Answer, AnswerAuditor, Evidence, statement_problem
 from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS, ServerLoads
+from core.moe.voices import ExpertVoices
 from core.protocol.answers import AnswerStatement
 from core.protocol.contributions import Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE
@@ -142,6 +143,9 @@ class ExpertCaller:
     loads: ServerLoads | None = None
     #: recomputes a random share of the answers (core/moe/audit.py)
     auditor: AnswerAuditor | None = None
+    #: keeps each expert's work on as many servers as its aggregator waits for
+    #: (core/moe/voices.py; shared by every layer's caller)
+    voices: ExpertVoices | None = None
 
     async def forward(
         self, uid: str, servers: Sequence[ExpertServerRef], x: torch.Tensor, *, keep: bool = False
@@ -156,7 +160,15 @@ class ExpertCaller:
         parts = activations.encode(x, codec)
         self.stats.count(parts, x)
         server, reply = await self._try_servers(
-            uid, servers, FORWARD, meta, parts, self.forward_timeout, x.shape[0] * FORWARD_UNITS
+            uid,
+            servers,
+            FORWARD,
+            meta,
+            parts,
+            self.forward_timeout,
+            x.shape[0] * FORWARD_UNITS,
+            # a kept graph's backward pass follows, on the same server: it contributes
+            rows=x.shape[0] if keep else 0,
         )
         outputs = self._answer(uid, server, reply, x)
         handle = reply.meta.get("handle")
@@ -234,6 +246,7 @@ class ExpertCaller:
             [*x_parts, *grad_parts],
             self.backward_timeout,
             x.shape[0] * (FORWARD_UNITS + BACKWARD_UNITS),  # recomputed, then backward
+            rows=x.shape[0],
         )
         grad_x = self._answer(uid, server, reply, x)
         self._offer_audit("backward", uid, server, reply, x, grad_parts, grad_x)
@@ -363,17 +376,26 @@ class ExpertCaller:
         wires: list[Any],
         timeout: float,
         units: float = 0.0,
+        *,
+        rows: int = 0,
     ) -> tuple[ExpertServerRef, Reply]:
+        """``rows``: the samples this call adds to the answering server's contribution
+        (0 for a pass that leads to none)."""
         if not servers:
             raise ExpertCallError(f"no server of {uid} is known")
         if self.loads is not None:
             servers = self.loads.order(servers, units, trio.current_time(), key=lambda s: s.peer_id)
+        if self.voices is not None and rows:
+            servers = self.voices.order(uid, servers, key=lambda s: s.peer_id)
         errors: list[str] = []
         with trio.move_on_after(timeout):
             for i, server in enumerate(servers):
                 if i:
                     self.stats.failovers += 1
                 started = trio.current_time()
+                if self.voices is not None:
+                    # counted when sent: the parts of a split call are sent side by side
+                    self.voices.sent(uid, server.peer_id, rows)
                 try:
                     reply = await self._call(server, method, meta, wires, timeout, units)
                 except _RETRYABLE as exc:

@@ -30,6 +30,7 @@ from core.moe.client import ExpertCaller, Portal, ReceiptSigner
 from core.moe.finder import ExpertFinder
 from core.moe.load import ServerLoads
 from core.moe.mixture import MoEConfig, RemoteMixtureOfExperts
+from core.moe.voices import ExpertVoices
 from core.namespaces import moehome_validator
 from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
@@ -129,6 +130,8 @@ def remote_model(
     grids = m.grids()
     finders = [ExpertFinder(peer.dht, signed.project_id, grid) for grid in grids]
     loads = ServerLoads()  # one volunteer's device serves every layer's calls
+    training = signed.manifest.training
+    voices = ExpertVoices(training.min_contributors, half_life_rows=training.round_samples)
     callers = [
         ExpertCaller(
             peer.rpc,
@@ -138,6 +141,7 @@ def remote_model(
             codecs=m.wire.codecs(),
             loads=loads,
             auditor=auditor,
+            voices=voices,
         )
         for _ in grids
     ]
