@@ -13,14 +13,21 @@ audited by core/moe/audit.py against core/experts/tolerance.py's bound.
   scales (a fresh expert, and one whose weights grew as training makes them). An honest
   answer over the bound is a false accusation.
 - **Cheats**: each kind of wrong answer a volunteer could send, audited
-  ``--cheat-audits`` times per codec; ``detected`` is the share of its audits that fail.
+  ``--cheat-audits`` times per codec on calls of the sizes the demo sends (below), and
+  again on calls of 1-64 rows (``calls: "1-64 rows"``: fewer values per audit);
+  ``detected`` is the share of its audits that fail.
   With the manifest's audit rate r, a volunteer cheating on every answer is caught
   within 100 answers with probability ``1 - (1 - r x detected)^100``
   (``catch_probability_100``: the worst cheat's).
 - **Overhead**: the seconds of an audit of a forward and of a backward answer, beside
   the seconds the volunteer spent computing them (the reference, timed in the same run
-  on the same expert and batch): ``audit_overhead = r x (audit seconds) / (served
-  seconds)``, the extra compute audits add to the swarm's.
+  on the same expert and batch), for calls of every size the demo's trainer sends: the
+  demo's model (local experts, the same gating) trained on its data for a few steps,
+  every expert call's rows counted and binned by powers of two. The swarm's extra
+  compute is ``r x sum(audit seconds) / sum(served seconds)`` over those calls
+  (``answer_audit_overhead``): a small call's audit costs more than its own compute (a
+  fixed ~0.2-0.7 ms), but such calls are a small share of the work; the worst size's
+  own figure is printed too (``answer_audit_overhead_worst_size``).
 
     python benchmarks/audit.py [--honest 10000] [--cheat-audits 200] [--rate 0.05]
 
@@ -46,12 +53,17 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contribution_audits
+from trainer_local import demo_model
 
+from core.demo import DemoOptions
 from core.experts import activations
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.uid import ExpertUID
 from core.moe.audit import Answer, AnswerAuditor, audit, recompute
+from core.trainer.data import load_corpus
+from core.trainer.model import LocalMixtureOfExperts, build_model
+from core.trainer.session import SessionSettings, TrainingSession
 from net import Identity
 
 CODECS = ["raw", "f16", "bf16", "q8", "q4", "q4z", "q3"]
@@ -118,11 +130,18 @@ HOW = ["same", "row by row", "float64", "one thread"]
 
 
 def batch(
-    rng: random.Random, hidden: int, scales: tuple[float, ...] = (0.01, 1.0, 50.0)
+    rng: random.Random,
+    hidden: int,
+    scales: tuple[float, ...] = (0.01, 1.0, 50.0),
+    sizes: dict[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and output gradients of a call: 1-64 rows; inputs of tiny to large
-    magnitudes (honest audits), or of the demo's hidden states (~1: cheats)."""
-    rows = rng.choice([1, 3, 16, 64])
+    """Inputs and output gradients of a call: 1-64 rows, or drawn from ``sizes`` (rows:
+    calls, as the demo sends them); inputs of tiny to large magnitudes (honest audits),
+    or of the demo's hidden states (~1: cheats)."""
+    if sizes:
+        rows = rng.choices(list(sizes), weights=list(sizes.values()))[0]
+    else:
+        rows = rng.choice([1, 3, 16, 64])
     scale = rng.choice(scales)
     x = torch.randn(rows, hidden) * scale
     g = torch.randn(rows, hidden) * rng.choice([1e-6, 1e-3, 1.0])
@@ -213,7 +232,10 @@ class _NoWeights:
         return None
 
 
-def cheat_detection(spec: ExpertSpec, audits: int, seed: int, share: float) -> list[dict[str, Any]]:
+def cheat_detection(
+    spec: ExpertSpec, audits: int, seed: int, share: float, sizes: dict[int, int] | None = None
+) -> list[dict[str, Any]]:
+    """Each cheat's share of audits failed, on calls of ``sizes`` (default: 1-64 rows)."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     modules = experts(spec)
@@ -224,7 +246,7 @@ def cheat_detection(spec: ExpertSpec, audits: int, seed: int, share: float) -> l
             failed = 0
             for _ in range(audits):
                 k = rng.randrange(len(modules))
-                x, _ = batch(rng, spec.hidden, (0.5, 1.0, 2.0))
+                x, _ = batch(rng, spec.hidden, (0.5, 1.0, 2.0), sizes)
                 x = activations.roundtrip(x, codec)
                 wrong = cheat(modules[k], olds[k], x, _forward(modules[k], x))
                 claimed = activations.roundtrip(wrong, codec)
@@ -249,6 +271,42 @@ def timed_pairs(
             if i >= 5:  # warmed
                 out.append(time.perf_counter() - started)
     return statistics.median(times[0]), statistics.median(times[1])
+
+
+def demo_call_sizes(steps: int) -> dict[int, int]:
+    """How many expert calls of each size (rows, rounded up to a power of two) the
+    demo's trainer sends: its model, experts local but gated and routed as in the swarm,
+    trained ``steps`` steps on the demo's data (the gate learns, and its choices
+    spread or gather as it does)."""
+    m, seed = demo_model()
+    spec = m.expert.spec()
+    sizes: dict[int, int] = {}
+
+    class Counted(LocalMixtureOfExperts):
+        def _through_wire(self, expert: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            if torch.is_grad_enabled():  # a training call: evaluation is not audited
+                size = 1 << max(0, (x.shape[0] - 1).bit_length())
+                sizes[size] = sizes.get(size, 0) + 1
+            return super()._through_wire(expert, x)
+
+    model = build_model(
+        m,
+        lambda _i, grid: Counted(
+            in_features=m.hidden, grid=grid, spec=spec, k_best=m.k_best, weights_seed=seed
+        ),
+        seed=seed,
+    )
+    options = DemoOptions()
+    session = TrainingSession(
+        model,
+        load_corpus(),
+        SessionSettings(
+            project="local", batch_size=options.batch_size, learning_rate=options.learning_rate
+        ),
+    )
+    for _ in range(steps):
+        session.step_on(0)
+    return sizes
 
 
 def overhead(
@@ -299,6 +357,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.05)
     parser.add_argument("--row-share", type=float, default=0.25)
     parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--call-steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--contribution-honest", type=int, default=10000)
     parser.add_argument("--contribution-cheat-audits", type=int, default=40)
@@ -306,12 +365,22 @@ def main() -> None:
     args = parser.parse_args()
     spec = ExpertSpec("ffn", hidden=args.hidden, inner=4 * args.hidden)
 
-    detection = cheat_detection(spec, args.cheat_audits, args.seed, args.row_share)
+    calls = demo_call_sizes(args.call_steps)
+    print(json.dumps({"demo_calls": {str(k): v for k, v in sorted(calls.items())}}), flush=True)
+    # on calls of the sizes the demo sends, and on small calls only (1-64 rows: fewer
+    # values per audit, the hardest case for a cheat that hides in the codec's rounding)
+    detection = cheat_detection(spec, args.cheat_audits, args.seed, args.row_share, calls)
+    small = cheat_detection(spec, args.cheat_audits, args.seed, args.row_share)
     for line in detection:
         line["catch_probability_100"] = 1 - (1 - args.rate * float(line["detected"])) ** 100
         print(json.dumps(line), flush=True)
-    costs = [overhead(spec, rows, args.rate, "q4z", args.row_share) for rows in (4, 16, 64, 256)]
+    for line in small:
+        line["catch_probability_100"] = 1 - (1 - args.rate * float(line["detected"])) ** 100
+        print(json.dumps({"calls": "1-64 rows", **line}), flush=True)
+    worst_small = min(small, key=lambda d: float(d["detected"]))
+    costs = [overhead(spec, rows, args.rate, "q4z", args.row_share) for rows in sorted(calls)]
     for line in costs:
+        line["calls"] = calls[int(line["rows"])]
         print(json.dumps({"overhead": line}), flush=True)
     honest = honest_audits(spec, args.honest, args.seed)
     worst = min(detection, key=lambda d: float(d["detected"]))
@@ -333,7 +402,13 @@ def main() -> None:
         spec, args.contribution_honest, args.seed
     )
     c_worst = min(c_detection, key=lambda d: float(d["detected"]))
-    answer_overhead = max(c["audit_overhead"] for c in costs)
+    # the swarm's extra compute: over the calls the demo sends, by how often each size is
+    answer_overhead = (
+        args.rate
+        * sum(c["calls"] * c["audit_seconds"] for c in costs)
+        / sum(c["calls"] * c["served_seconds"] for c in costs)
+    )
+    worst_size = max(costs, key=lambda c: c["audit_overhead"])
     # at the largest size measured: a contribution of the demo's carries ~1,100 rows (a
     # 40-step run: 640 samples x 64 tokens x 4 experts x 2 layers over ~290 of them);
     # smaller ones pay a fixed ~3 ms per audit (every size is printed above)
@@ -351,10 +426,15 @@ def main() -> None:
         "answer_catch_probability_100": float(worst["catch_probability_100"]),
         "contribution_catch_probability_100": float(c_worst["catch_probability_100"]),
         "hardest_cheat": f"{worst['cheat']} ({worst['codec']})",
+        # on calls of 1-64 rows only
+        "answer_catch_probability_100_small_calls": float(worst_small["catch_probability_100"]),
+        "hardest_cheat_small_calls": f"{worst_small['cheat']} ({worst_small['codec']})",
         "hardest_contribution_cheat": f"{c_worst['contribution_cheat']} ({c_worst['codec']})",
         # both kinds of audit, as a share of the volunteers' work they check
         "audit_overhead": answer_overhead + contribution_overhead,
         "answer_audit_overhead": answer_overhead,
+        "answer_audit_overhead_worst_size": worst_size["audit_overhead"],
+        "answer_audit_worst_size_rows": worst_size["rows"],
         "contribution_audit_overhead": contribution_overhead,
         "contribution_audit_overhead_rows": c_costs[-1]["contribution_rows"],
         **honest,
