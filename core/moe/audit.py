@@ -10,6 +10,12 @@ the inputs the server decoded. The difference is checked against the bound of an
 answer (core/experts/tolerance.py); past it, the volunteer is excluded from this
 trainer's calls at once.
 
+Where those weights cannot be had (a version never published, or more than the memory
+budget holds), a forward answer goes to other servers of its expert, drawn at random:
+one that reproduces it passes it; two that agree with each other and not with it fail
+it; otherwise it is inconclusive (BOINC's quorum, on a share of the rows; two servers
+that collude can pass each other's cheats, which the weights would not).
+
 The audits run beside training, one at a time, in a worker thread: a queue full of
 pending audits drops new draws (counted) rather than slow a step.
 """
@@ -22,7 +28,7 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -140,8 +146,10 @@ class AuditStatistics:
     passed: int = 0
     failed: int = 0
     #: the weights of the version an answer named could not be had (an old version no
-    #: longer announced, or one never published)
+    #: longer announced, or one never published), nor other servers' opinions settle it
     unverifiable: int = 0
+    #: of the audited: settled by other servers' recomputations instead of the weights
+    by_quorum: int = 0
     #: drawn while the queue was full, or from a volunteer excluded meanwhile
     dropped: int = 0
     #: recomputing, in the worker thread
@@ -157,6 +165,7 @@ class AuditStatistics:
             "passed": self.passed,
             "failed": self.failed,
             "unverifiable": self.unverifiable,
+            "by_quorum": self.by_quorum,
             "dropped": self.dropped,
             "seconds": round(self.seconds, 3),
             "worst_passed": round(self.worst_passed, 4),
@@ -170,6 +179,30 @@ class VersionWeights(Protocol):
     async def module(self, uid: str, version: int) -> nn.Module | None:
         """The expert at ``version``, or None when those weights cannot be had."""
         ...
+
+
+#: asks one more server of ``answer``'s expert, none of ``asked``, for the forward pass of
+#: its rows at its version, uncompressed: (that server, its outputs), or None when no
+#: other server gives one
+SecondOpinion = Callable[[Answer, set[PeerID]], Awaitable[tuple[PeerID, torch.Tensor] | None]]
+
+
+def by_quorum(first: float, second: float | None, opinions_agree: bool) -> float | None:
+    """The verdict on an answer from other servers' recomputations of it, for an auditor
+    without the published weights: ``first``, ``second``: the answer's excess over each
+    server's outputs (None: no second server answered); ``opinions_agree``: those two
+    outputs are within an honest computation's bound of each other. An answer that an
+    other server reproduces passes (the second is asked only when the first does not);
+    one that two agreeing servers both put past the bound fails (with the smaller
+    excess); anything else is inconclusive (None): when the answer and one server
+    disagree, nothing says which one lies."""
+    if first <= 1:
+        return first
+    if second is None:
+        return None
+    if second <= 1:
+        return second
+    return min(first, second) if opinions_agree else None
 
 
 def recompute(module: nn.Module, answer: Answer, dtype: torch.dtype) -> torch.Tensor:
@@ -207,10 +240,14 @@ class AnswerAuditor:
         on_mismatch: Callable[[Finding], None] | None = None,
         queue: int = 32,
         rng: random.Random | None = None,
+        second_opinion: SecondOpinion | None = None,
     ) -> None:
         """``row_share``: the share of a drawn answer's rows recomputed (at least one):
         an expert computes each row (sample) on its own, so a cheat on every row shows
-        in any of them, for a fraction of the cost."""
+        in any of them, for a fraction of the cost. ``second_opinion``: where the
+        weights of an answer's version cannot be had (not published, or more than the
+        memory budget holds), a forward answer is put to other servers of its expert
+        instead (:func:`by_quorum`)."""
         if not 0 <= rate <= 1:
             raise ValueError(f"audit rate must be in [0, 1], got {rate}")
         if not 0 < row_share <= 1:
@@ -219,6 +256,7 @@ class AnswerAuditor:
         self.weights = weights
         self.dtype = dtype
         self.rate = rate
+        self.second_opinion = second_opinion
         #: told of every volunteer that fails an audit, once (e.g. to stop routing to it)
         self.listeners: list[Callable[[Finding], None]] = []
         if on_mismatch is not None:
@@ -274,11 +312,16 @@ class AnswerAuditor:
             return math.inf
         module = await self.weights.module(answer.uid, answer.version)
         if module is None:
-            self.stats.unverifiable += 1
-            return None
-        started = time.perf_counter()
-        over = await trio.to_thread.run_sync(audit, module, answer, self.dtype)
-        self.stats.seconds += time.perf_counter() - started
+            quorum = await self._by_quorum(answer)
+            if quorum is None:
+                self.stats.unverifiable += 1
+                return None
+            over = quorum
+            self.stats.by_quorum += 1
+        else:
+            started = time.perf_counter()
+            over = await trio.to_thread.run_sync(audit, module, answer, self.dtype)
+            self.stats.seconds += time.perf_counter() - started
         self.stats.audited += 1
         if over <= 1:
             self.stats.passed += 1
@@ -286,6 +329,26 @@ class AnswerAuditor:
             return over
         self._failed(answer, over)
         return over
+
+    async def _by_quorum(self, answer: Answer) -> float | None:
+        """The answer's excess as other servers of its expert judge it (forward answers:
+        a second server's backward pass would contribute gradients of its own), or None."""
+        if self.second_opinion is None or answer.kind != "forward":
+            return None
+        asked = {answer.server}
+        first = await self.second_opinion(answer, asked)
+        if first is None:
+            return None
+        asked.add(first[0])
+        over_first = excess(answer.claimed, first[1], answer.codec, self.dtype)
+        if over_first <= 1:
+            return over_first
+        second = await self.second_opinion(answer, asked)
+        if second is None:
+            return None
+        over_second = excess(answer.claimed, second[1], answer.codec, self.dtype)
+        agree = excess(first[1], second[1], "raw", self.dtype) <= 1
+        return by_quorum(over_first, over_second, agree)
 
     def _failed(self, answer: Answer, over: float) -> None:
         self.stats.failed += 1
@@ -355,6 +418,18 @@ class PublishedWeights:
         for uid in itertools.islice(signed.manifest.model.expert_uids(), max_watched):
             self._watch(uid)
         self._lock = trio.Lock()
+        # an expert's size, without its memory (parameters on the meta device): one larger
+        # than the budget is never fetched (its answers go to other servers instead)
+        with torch.device("meta"):
+            shapes = build_expert(self.spec).state_dict().values()
+        self.expert_bytes = sum(t.numel() * t.element_size() for t in shapes)
+        if self.expert_bytes > max_bytes:
+            log.warning(
+                "an expert's weights (%.1f MiB) exceed the audits' budget (%.1f MiB): "
+                "answers are audited by other servers' recomputations",
+                self.expert_bytes / 2**20,
+                max_bytes / 2**20,
+            )
 
     @property
     def cached_bytes(self) -> int:
@@ -388,6 +463,8 @@ class PublishedWeights:
         return record
 
     async def module(self, uid: str, version: int) -> nn.Module | None:
+        if self.expert_bytes > self.max_bytes:
+            return None
         key = (uid, version)
         self._watch(uid)
         async with self._lock:  # one fetch of a version, however many audits want it

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -122,6 +123,10 @@ class CallStatistics:
 
 #: Errors after which another server of the same expert is worth trying.
 _RETRYABLE = (PeerUnreachable, RpcTimeout, Overloaded, Unavailable)
+#: servers asked for one second opinion at most (each a forward pass of a few rows)
+OPINION_TRIES = 3
+# which servers give second opinions: not for a volunteer to predict
+_OPINIONS = random.SystemRandom()
 
 
 @dataclass
@@ -290,6 +295,34 @@ class ExpertCaller:
                 evidence,
             )
         )
+
+    async def opinion(
+        self, answer: Answer, servers: Sequence[ExpertServerRef], asked: set[PeerID]
+    ) -> tuple[PeerID, torch.Tensor] | None:
+        """Another server's forward pass of ``answer``'s rows at its version,
+        uncompressed: an auditor's second opinion where it lacks the weights
+        (core/moe/audit.py). The server is drawn at random among ``servers`` not in
+        ``asked`` (those that declare the answer's version first); each one tried joins
+        ``asked``. Counts in no server's load, and is not itself audited."""
+        candidates = [s for s in servers if s.peer_id not in asked]
+        _OPINIONS.shuffle(candidates)
+        candidates.sort(key=lambda s: s.version != answer.version)
+        for server in candidates[:OPINION_TRIES]:
+            asked.add(server.peer_id)
+            try:
+                reply = await self.rpc.call(
+                    server.peer_id,
+                    FORWARD,
+                    {"uid": answer.uid},
+                    activations.encode(answer.inputs, "raw"),
+                    timeout=self.forward_timeout,
+                )
+                if _version(reply) != answer.version:
+                    continue  # another version's outputs say nothing of this answer
+                return server.peer_id, self._answer(answer.uid, server, reply, answer.inputs)
+            except (RemoteError, RpcError, ExpertCallError) as exc:
+                log.info("no second opinion on %s from %s: %s", answer.uid, server.peer_id, exc)
+        return None
 
     def _evidence(
         self,

@@ -21,11 +21,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 import trio
 
 from core.errors import UserFacingError
-from core.experts.uid import Grid
-from core.moe.audit import AnswerAuditor, Finding, PublishedWeights
+from core.experts.uid import ExpertUID, Grid
+from core.moe.audit import Answer, AnswerAuditor, Finding, PublishedWeights
 from core.moe.client import ExpertCaller, Portal, ReceiptSigner
 from core.moe.finder import ExpertFinder
 from core.moe.load import ServerLoads
@@ -150,7 +151,16 @@ def remote_model(
         for finder in finders:
             finder.exclude(peer_id)
 
+    async def second_opinion(
+        answer: Answer, asked: set[PeerID]
+    ) -> tuple[PeerID, torch.Tensor] | None:
+        uid = ExpertUID.parse(answer.uid)
+        layer = next(i for i, grid in enumerate(grids) if uid in grid)
+        servers = await finders[layer].servers(answer.uid)
+        return await callers[layer].opinion(answer, servers, asked)
+
     if auditor is not None:
+        auditor.second_opinion = second_opinion
         auditor.listeners.append(lambda finding: exclude(finding.answer.server))
     if board is not None:
         board.listeners.append(lambda ban: exclude(PeerID.from_base58(ban.peer)))

@@ -137,3 +137,88 @@ async def test_a_trainer_audits_answers_on_every_version_and_excludes_a_cheater(
         assert initial is not None
         assert check_evidence(finding.answer.evidence, initial, spec.torch_dtype) > 1
         nursery.cancel_scope.cancel()
+
+
+async def test_a_trainer_without_room_for_the_weights_asks_other_servers_instead(tmp_path):
+    # the audits' memory budget holds less than one expert: the trainer never fetches
+    # weights, and puts each drawn forward answer to other servers of its expert. One
+    # honest server reproduces an honest answer; two honest servers, agreeing with each
+    # other, convict the cheater; a cheater's word against one honest server settles
+    # nothing.
+    owner = OwnerKey.generate()
+    prepared = prepare(
+        small_manifest(tmp_path, **{'activations = "q8"': 'activations = "q4z"'}),
+        owner,
+        (),
+        tmp_path / "owner",
+    )
+    pid = prepared.signed.project_id
+    spec = prepared.signed.manifest.model.expert.spec()
+    async with (
+        open_swarm(5, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        owner_peer, honest_a, honest_b, cheater, trainer = (swarm.node(i) for i in range(5))
+        await nursery.start(serve_project, owner_peer, prepared)
+        cheats = {honest_a: None, honest_b: None, cheater: ANSWER_CHEATS["scaled-answers"]}
+        for i, (peer, cheat) in enumerate(cheats.items()):
+            signed, backends = await join_project(peer, pid, [UID], data_dir=tmp_path / f"v{i}")
+            config = ServerConfig(project=pid, cheat=cheat)
+            await nursery.start(ExpertServer(peer, backends, config).run)
+        weights = PublishedWeights(
+            trainer,
+            signed,
+            ChunkStore(tmp_path / "trainer-chunks"),
+            aggregator_keys=[owner_peer.identity.public_key],
+            max_bytes=1024,
+        )
+        assert weights.expert_bytes > 1024
+        caller = ExpertCaller(trainer.rpc, codecs=signed.manifest.model.wire.codecs())
+        refs = [ExpertServerRef(p.peer_id) for p in cheats]
+        opinions: list[str] = []
+
+        async def second_opinion(answer, asked):
+            got = await caller.opinion(answer, refs, asked)
+            if got is not None:
+                opinions.append(str(got[0]))
+            return got
+
+        auditor = AnswerAuditor(weights, spec.torch_dtype, rate=1.0, second_opinion=second_opinion)
+        caller.auditor = auditor
+
+        async def forward(peer) -> None:
+            await caller.forward(UID, [ExpertServerRef(peer.peer_id)], torch.randn(8, spec.hidden))
+
+        # honest answers: honest_b reproduces each (asked first, or after the cheater)
+        for _ in range(4):
+            await forward(honest_a)
+            answer = await auditor._receive.receive()
+            over = await auditor.check(answer)
+            assert over is not None
+            assert over <= 1
+            assert opinions[-1] == str(honest_b.peer_id)
+        assert auditor.stats.passed == 4
+        assert auditor.stats.by_quorum == 4
+        assert auditor.stats.unverifiable == 0
+        # honest_a's answers were never put to honest_a itself
+        assert str(honest_a.peer_id) not in opinions
+        # the cheater's answer: both honest servers disagree with it, and agree: excluded
+        await forward(cheater)
+        answer = await auditor._receive.receive()
+        over = await auditor.check(answer)
+        assert over is not None
+        assert over > 1
+        assert auditor.stats.excluded == [str(cheater.peer_id)]
+        assert opinions[-2:] in (
+            [str(honest_a.peer_id), str(honest_b.peer_id)],
+            [str(honest_b.peer_id), str(honest_a.peer_id)],
+        )
+        # with the cheater as the only other server, an honest answer is not convicted
+        # on its word: the cheater disagrees, no second server is left, inconclusive
+        refs[:] = [ExpertServerRef(honest_a.peer_id), ExpertServerRef(cheater.peer_id)]
+        await forward(honest_a)
+        answer = await auditor._receive.receive()
+        assert await auditor.check(answer) is None
+        assert auditor.stats.unverifiable == 1
+        assert auditor.stats.excluded == [str(cheater.peer_id)]
+        nursery.cancel_scope.cancel()

@@ -25,6 +25,7 @@ from core.moe.audit import (
     EvidenceError,
     Finding,
     audit,
+    by_quorum,
     check_evidence,
     recompute,
 )
@@ -322,3 +323,20 @@ def test_the_demos_answer_cheats_fail_their_audits(name):
     # the stale cheat answers honestly while it has no older weights
     if name == "stale-answers":
         assert torch.equal(cheat(Answering("forward", y, x, None)), y)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "agree", "verdict"),
+    [
+        (0.5, None, False, 0.5),  # the first other server reproduces it: passes
+        (0.5, 30.0, True, 0.5),  # (no second is asked then; a second changes nothing)
+        (30.0, 0.7, False, 0.7),  # the second reproduces it: two of three agree
+        (30.0, 20.0, True, 20.0),  # two agreeing servers put it past the bound: fails
+        (30.0, 20.0, False, None),  # three different answers: nothing settled
+        (30.0, None, False, None),  # one server against the answer: its word alone
+    ],
+)
+def test_a_quorum_of_other_servers_settles_an_answer_only_when_it_can(
+    first, second, agree, verdict
+):
+    assert by_quorum(first, second, agree) == verdict
