@@ -257,7 +257,7 @@ class AggregatorCore:
             raise Rejected(
                 "waiting_for_contributors",
                 f"{c.uid}'s round waits for {self.contributors_short(c.uid)} more "
-                "contributor(s); send again later",
+                "contributor(s) and holds enough of yours (this one is dropped)",
             )
 
     def refused(

@@ -258,6 +258,10 @@ class ContributionSender:
                     self._forget_residual(uid, contribution)
                     if exc.code == "banned_by_project":
                         self._pause_for_ban(exc)
+                    elif exc.code == "waiting_for_contributors":
+                        # not an offence: the round has enough of ours and waits for
+                        # other volunteers; what this one carried would change little
+                        log.info("contribution to %s not needed: %s", uid, exc)
                     else:
                         log.warning("aggregator refused our contribution to %s: %s", uid, exc)
                     return
