@@ -31,6 +31,10 @@ from typing import TypeVar
 
 K = TypeVar("K")
 
+#: a server's recent rows of an expert below this count as none (and are forgotten:
+#: volunteers come and go, and a trainer runs for weeks)
+FORGOTTEN_ROWS = 0.01
+
 
 @dataclass
 class ExpertVoices:
@@ -54,8 +58,10 @@ class ExpertVoices:
             return
         per_server = self._rows[uid]
         decay = 0.5 ** (rows / self.half_life_rows)
-        for other in per_server:
+        for other in list(per_server):
             per_server[other] *= decay
+            if per_server[other] < FORGOTTEN_ROWS:  # a server gone long ago: forgotten
+                del per_server[other]
         per_server[server] += rows
 
     def floor(self, servers: int) -> float:

@@ -84,6 +84,15 @@ def test_a_router_that_always_prefers_one_server_still_reaches_enough_voices():
     assert got["d"] == 0, got  # a fourth voice is not needed, and gets nothing
 
 
+def test_servers_gone_long_ago_are_forgotten():
+    v = ExpertVoices(3, half_life_rows=100)
+    for i in range(50):
+        v.sent("e", f"gone{i}", 10)
+    for _ in range(100):
+        v.sent("e", "a", 100)  # 100 half-lives later
+    assert set(v._rows["e"]) == {"a"}
+
+
 @pytest.mark.parametrize(("voices", "half_life"), [(0, 10.0), (3, 0.0)])
 def test_nonsense_settings_are_refused(voices, half_life):
     with pytest.raises(ValueError, match="need voices"):
