@@ -148,10 +148,14 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     )
     audits = summary.get("audits") or {}
     if audits:
+        # settled by other servers' recomputations, where the weights could not be had
+        by_quorum = audits.get("by_quorum", 0)
+        quorum = f" ({by_quorum} by other servers)" if by_quorum else ""
         console.print(
-            f"answer audits: {audits['audited']} recomputed ({audits['seconds']:.1f} s), "
-            f"{audits['failed']} failed, {audits['unverifiable']} without their version's "
-            f"weights; {len(audits['excluded'])} volunteer(s) excluded"
+            f"answer audits: {audits['audited']} recomputed{quorum} "
+            f"({audits['seconds']:.1f} s), {audits['failed']} failed, "
+            f"{audits['unverifiable']} without their version's weights; "
+            f"{len(audits['excluded'])} volunteer(s) excluded"
         )
     drawn = summary.get("contribution_audits") or {}
     if drawn:
