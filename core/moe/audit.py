@@ -28,7 +28,7 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -422,7 +422,7 @@ class PublishedWeights:
         # than the budget is never fetched (its answers go to other servers instead)
         with torch.device("meta"):
             shapes = build_expert(self.spec).state_dict().values()
-        self.expert_bytes = sum(t.numel() * t.element_size() for t in shapes)
+        self.expert_bytes = _nbytes(shapes)
         if self.expert_bytes > max_bytes:
             log.warning(
                 "an expert's weights (%.1f MiB) exceed the audits' budget (%.1f MiB): "
@@ -483,7 +483,7 @@ class PublishedWeights:
                 if final:  # an old version is not announced again: no lookup per answer
                     self._missing.add(key)
                 return None
-            size = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+            size = _nbytes(module.state_dict().values())
             self._cache[key] = (module, size)
             while self.cached_bytes > self.max_bytes and len(self._cache) > 1:
                 self._cache.popitem(last=False)
@@ -516,3 +516,7 @@ class PublishedWeights:
         info = load_weights_bytes(module, blob)
         module.requires_grad_(False)
         return module, info.version
+
+
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

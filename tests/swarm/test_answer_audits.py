@@ -22,7 +22,8 @@ from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore, split_file
 from core.project.joining import join_project
 from core.project.keys import OwnerKey
-from core.project.publish import prepare, serve_project
+from core.project.publish import Prepared, prepare, serve_project
+from core.project.signed import SignedManifest
 from core.protocol.versions import version_key
 from net.testing import open_swarm
 from net.wire import pack
@@ -47,14 +48,27 @@ async def announce(aggregator, store: ChunkStore, project: str, module, version:
     await aggregator.dht.put(version_key(project, UID), pack(record), 600)
 
 
-async def test_a_trainer_audits_answers_on_every_version_and_excludes_a_cheater(tmp_path):
-    owner = OwnerKey.generate()
-    prepared = prepare(
+def q4z_project(tmp_path: Path) -> Prepared:
+    """The test project with answers in q4z (quantized: the bound's hardest case)."""
+    return prepare(
         small_manifest(tmp_path, **{'activations = "q8"': 'activations = "q4z"'}),
-        owner,
+        OwnerKey.generate(),
         (),
         tmp_path / "owner",
     )
+
+
+async def serve_expert(
+    nursery: trio.Nursery, peer, pid: str, cheat, data_dir: Path
+) -> tuple[SignedManifest, ExpertServer]:
+    """``peer`` joins the project and serves UID, cheating with ``cheat`` (None: honest)."""
+    signed, backends = await join_project(peer, pid, [UID], data_dir=data_dir)
+    config = ServerConfig(project=pid, cheat=cheat)
+    return signed, await nursery.start(ExpertServer(peer, backends, config).run)
+
+
+async def test_a_trainer_audits_answers_on_every_version_and_excludes_a_cheater(tmp_path):
+    prepared = q4z_project(tmp_path)
     pid = prepared.signed.project_id
     spec = prepared.signed.manifest.model.expert.spec()
     async with (
@@ -68,9 +82,9 @@ async def test_a_trainer_audits_answers_on_every_version_and_excludes_a_cheater(
         agg_store = service.store
         servers = {}
         for peer, cheat in ((honest, None), (cheater, ANSWER_CHEATS["scaled-answers"])):
-            signed, backends = await join_project(peer, pid, [UID], data_dir=tmp_path / str(cheat))
-            config = ServerConfig(project=pid, cheat=cheat)
-            servers[peer] = await nursery.start(ExpertServer(peer, backends, config).run)
+            signed, servers[peer] = await serve_expert(
+                nursery, peer, pid, cheat, tmp_path / str(cheat)
+            )
         weights = PublishedWeights(
             trainer,
             signed,
@@ -145,13 +159,7 @@ async def test_a_trainer_without_room_for_the_weights_asks_other_servers_instead
     # honest server reproduces an honest answer; two honest servers, agreeing with each
     # other, convict the cheater; a cheater's word against one honest server settles
     # nothing.
-    owner = OwnerKey.generate()
-    prepared = prepare(
-        small_manifest(tmp_path, **{'activations = "q8"': 'activations = "q4z"'}),
-        owner,
-        (),
-        tmp_path / "owner",
-    )
+    prepared = q4z_project(tmp_path)
     pid = prepared.signed.project_id
     spec = prepared.signed.manifest.model.expert.spec()
     async with (
@@ -162,9 +170,7 @@ async def test_a_trainer_without_room_for_the_weights_asks_other_servers_instead
         await nursery.start(serve_project, owner_peer, prepared)
         cheats = {honest_a: None, honest_b: None, cheater: ANSWER_CHEATS["scaled-answers"]}
         for i, (peer, cheat) in enumerate(cheats.items()):
-            signed, backends = await join_project(peer, pid, [UID], data_dir=tmp_path / f"v{i}")
-            config = ServerConfig(project=pid, cheat=cheat)
-            await nursery.start(ExpertServer(peer, backends, config).run)
+            signed, _ = await serve_expert(nursery, peer, pid, cheat, tmp_path / f"v{i}")
         weights = PublishedWeights(
             trainer,
             signed,
