@@ -369,6 +369,16 @@ class ExpertBackend:
         assert x.grad is not None
         return x.grad.cpu()
 
+    def input_gradients(self, x: torch.Tensor, grad_outputs: torch.Tensor) -> torch.Tensor:
+        """Input gradients alone, for an auditor's second opinion on another server's
+        backward answer: no parameter gradient is computed, so nothing reaches the
+        accumulator or a contribution."""
+        x = x.to(self.device).detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = self.module(x)
+            (grad_x,) = torch.autograd.grad(out, x, grad_outputs.to(self.device))
+        return grad_x.cpu()
+
     def _accumulate(
         self,
         samples: int,

@@ -426,6 +426,8 @@ class ExpertServer:
         handle = ctx.request.meta.get("handle")
         if handle is not None:
             return await self._backward_kept(ctx, backend, handle)
+        if ctx.request.meta.get("recompute") is True:
+            return await self._recompute_backward(ctx, backend)
         x, grad = self._tensors(ctx, backend, 2)
         self._answer_codec(ctx)
         try:
@@ -441,6 +443,34 @@ class ExpertServer:
             grad_x = self.config.cheat(Answering("backward", grad_x, grad, _older(backend)))
         return self._reply(
             ctx, backend, grad_x, version, "backward", inputs_sha256, grad, gradient=True
+        )
+
+    async def _recompute_backward(self, ctx: CallContext, backend: ExpertBackend) -> Reply:
+        """Input gradients at the current weights that go into no contribution: a
+        trainer's second opinion on another server's backward answer (core/moe/audit.py),
+        for a trainer without the room for the weights. Only the manifest's trainers
+        may ask: the work earns the volunteer nothing."""
+        if not self._is_trainer(ctx.peer_id):
+            raise BadRequest("only the project's trainers may ask for a recomputation")
+        x, grad = self._tensors(ctx, backend, 2)
+        self._answer_codec(ctx)
+        try:
+            backend.check_grad_outputs(x, grad)
+        except InvalidInput as exc:
+            raise BadRequest(str(exc)) from exc
+        per_row = 3 * self.config.emulated_seconds_per_row  # forward, then backward
+
+        def run() -> tuple[torch.Tensor, int]:
+            # the device is held: no new weights are swapped in while this runs
+            return backend.input_gradients(x, grad), backend.version
+
+        (grad_x, version), _ = await on_device(
+            self._device, run, emulated_seconds=x.shape[0] * per_row if per_row > 0 else None
+        )
+        if self.config.cheat is not None:
+            grad_x = self.config.cheat(Answering("backward", grad_x, grad, _older(backend)))
+        return self._reply(
+            ctx, backend, grad_x, version, "backward", tensor_digest([x]), grad, gradient=True
         )
 
     def _receipt(

@@ -246,8 +246,8 @@ class AnswerAuditor:
         an expert computes each row (sample) on its own, so a cheat on every row shows
         in any of them, for a fraction of the cost. ``second_opinion``: where the
         weights of an answer's version cannot be had (not published, or more than the
-        memory budget holds), a forward answer is put to other servers of its expert
-        instead (:func:`by_quorum`)."""
+        memory budget holds), the answer is put to other servers of its expert instead
+        (:func:`by_quorum`)."""
         if not 0 <= rate <= 1:
             raise ValueError(f"audit rate must be in [0, 1], got {rate}")
         if not 0 < row_share <= 1:
@@ -331,9 +331,8 @@ class AnswerAuditor:
         return over
 
     async def _by_quorum(self, answer: Answer) -> float | None:
-        """The answer's excess as other servers of its expert judge it (forward answers:
-        a second server's backward pass would contribute gradients of its own), or None."""
-        if self.second_opinion is None or answer.kind != "forward":
+        """The answer's excess as other servers of its expert judge it, or None."""
+        if self.second_opinion is None:
             return None
         asked = {answer.server}
         first = await self.second_opinion(answer, asked)

@@ -299,24 +299,30 @@ class ExpertCaller:
     async def opinion(
         self, answer: Answer, servers: Sequence[ExpertServerRef], asked: set[PeerID]
     ) -> tuple[PeerID, torch.Tensor] | None:
-        """Another server's forward pass of ``answer``'s rows at its version,
-        uncompressed: an auditor's second opinion where it lacks the weights
-        (core/moe/audit.py). The server is drawn at random among ``servers`` not in
-        ``asked`` (those that declare the answer's version first); each one tried joins
-        ``asked``. Counts in no server's load, and is not itself audited."""
+        """Another server's answer to ``answer``'s rows at its version, uncompressed:
+        an auditor's second opinion where it lacks the weights (core/moe/audit.py). A
+        forward answer is put as a plain forward pass; a backward answer as a
+        recomputation, whose parameter gradients go into no contribution. The server is
+        drawn at random among ``servers`` not in ``asked`` (those that declare the
+        answer's version first); each one tried joins ``asked``. Counts in no server's
+        load, and is not itself audited."""
         candidates = [s for s in servers if s.peer_id not in asked]
         _OPINIONS.shuffle(candidates)
         candidates.sort(key=lambda s: s.version != answer.version)
+        meta: dict[str, Any] = {"uid": answer.uid}
+        if answer.kind == "forward":
+            method, timeout = FORWARD, self.forward_timeout
+            tensors = [answer.inputs]
+        else:
+            assert answer.grad_outputs is not None
+            method, timeout = BACKWARD, self.backward_timeout
+            meta["recompute"] = True
+            tensors = [answer.inputs, answer.grad_outputs]
+        wires = [part for t in tensors for part in activations.encode(t, "raw")]
         for server in candidates[:OPINION_TRIES]:
             asked.add(server.peer_id)
             try:
-                reply = await self.rpc.call(
-                    server.peer_id,
-                    FORWARD,
-                    {"uid": answer.uid},
-                    activations.encode(answer.inputs, "raw"),
-                    timeout=self.forward_timeout,
-                )
+                reply = await self.rpc.call(server.peer_id, method, meta, wires, timeout=timeout)
                 if _version(reply) != answer.version:
                     continue  # another version's outputs say nothing of this answer
                 return server.peer_id, self._answer(answer.uid, server, reply, answer.inputs)

@@ -9,14 +9,16 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 import trio
 
+from core.experts import activations
 from core.experts.cheats import ANSWER_CHEATS
 from core.experts.registry import build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.weights import save_weights, weights_hash
-from core.moe.audit import AnswerAuditor, PublishedWeights, check_evidence
+from core.moe.audit import Answer, AnswerAuditor, PublishedWeights, check_evidence
 from core.moe.client import ExpertCaller, ExpertServerRef
 from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore, split_file
@@ -24,7 +26,9 @@ from core.project.joining import join_project
 from core.project.keys import OwnerKey
 from core.project.publish import Prepared, prepare, serve_project
 from core.project.signed import SignedManifest
+from core.protocol.expert_methods import BACKWARD
 from core.protocol.versions import version_key
+from net import BadRequest
 from net.testing import open_swarm
 from net.wire import pack
 from tests.swarm.test_project import small_manifest
@@ -59,11 +63,12 @@ def q4z_project(tmp_path: Path) -> Prepared:
 
 
 async def serve_expert(
-    nursery: trio.Nursery, peer, pid: str, cheat, data_dir: Path
+    nursery: trio.Nursery, peer, pid: str, cheat, data_dir: Path, trainers=frozenset()
 ) -> tuple[SignedManifest, ExpertServer]:
-    """``peer`` joins the project and serves UID, cheating with ``cheat`` (None: honest)."""
+    """``peer`` joins the project and serves UID, cheating with ``cheat`` (None: honest);
+    ``trainers``: the public keys it serves as the project's trainers."""
     signed, backends = await join_project(peer, pid, [UID], data_dir=data_dir)
-    config = ServerConfig(project=pid, cheat=cheat)
+    config = ServerConfig(project=pid, cheat=cheat, trainers=frozenset(trainers))
     return signed, await nursery.start(ExpertServer(peer, backends, config).run)
 
 
@@ -227,4 +232,86 @@ async def test_a_trainer_without_room_for_the_weights_asks_other_servers_instead
         assert await auditor.check(answer) is None
         assert auditor.stats.unverifiable == 1
         assert auditor.stats.excluded == [str(cheater.peer_id)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_backward_answers_without_the_weights_are_recomputed_by_other_servers(tmp_path):
+    # as above for backward answers: another server is asked for the input gradients
+    # alone (a recomputation: nothing reaches its accumulator, so the audit earns it no
+    # contribution), two honest servers convict a cheater, and only the project's
+    # trainers may ask for a recomputation
+    prepared = q4z_project(tmp_path)
+    pid = prepared.signed.project_id
+    spec = prepared.signed.manifest.model.expert.spec()
+    async with (
+        open_swarm(6, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        owner_peer, honest_a, honest_b, cheater, trainer, stranger = (
+            swarm.node(i) for i in range(6)
+        )
+        await nursery.start(serve_project, owner_peer, prepared)
+        cheats = {honest_a: None, honest_b: None, cheater: ANSWER_CHEATS["scaled-answers"]}
+        servers = {}
+        for i, (peer, cheat) in enumerate(cheats.items()):
+            signed, servers[peer] = await serve_expert(
+                nursery, peer, pid, cheat, tmp_path / f"v{i}", [trainer.identity.public_key]
+            )
+        weights = PublishedWeights(
+            trainer,
+            signed,
+            ChunkStore(tmp_path / "trainer-chunks"),
+            aggregator_keys=[owner_peer.identity.public_key],
+            max_bytes=1024,
+        )
+        caller = ExpertCaller(trainer.rpc, codecs=signed.manifest.model.wire.codecs())
+        refs = [ExpertServerRef(p.peer_id) for p in cheats]
+        opinions: list[str] = []
+
+        async def second_opinion(answer, asked):
+            got = await caller.opinion(answer, refs, asked)
+            if got is not None:
+                opinions.append(str(got[0]))
+            return got
+
+        auditor = AnswerAuditor(weights, spec.torch_dtype, rate=1.0, second_opinion=second_opinion)
+        caller.auditor = auditor
+
+        def samples(peer) -> int:
+            return servers[peer].backends[UID].accumulator.samples
+
+        async def backward(peer) -> Answer:
+            x, grad = torch.randn(8, spec.hidden), torch.randn(8, spec.hidden)
+            await caller.backward(UID, [ExpertServerRef(peer.peer_id)], x, grad)
+            answer = await auditor._receive.receive()
+            assert answer.kind == "backward"
+            return answer
+
+        # an honest answer: honest_b reproduces it, and accumulates nothing for it
+        for _ in range(3):
+            answer = await backward(honest_a)
+            over = await auditor.check(answer)
+            assert over is not None
+            assert over <= 1
+            assert opinions[-1] == str(honest_b.peer_id)
+        assert auditor.stats.passed == 3
+        assert auditor.stats.by_quorum == 3
+        assert samples(honest_a) == 3 * 8  # its own backward passes, contributed
+        assert samples(honest_b) == 0
+        # the cheater's scaled input gradients: both honest servers disagree, and agree
+        answer = await backward(cheater)
+        over = await auditor.check(answer)
+        assert over is not None
+        assert over > 1
+        assert auditor.stats.excluded == [str(cheater.peer_id)]
+        assert sorted(opinions[-2:]) == sorted([str(honest_a.peer_id), str(honest_b.peer_id)])
+        assert samples(honest_a) == 3 * 8
+        assert samples(honest_b) == 0
+        # a stranger cannot ask for a recomputation (work that earns the volunteer nothing)
+        x = torch.randn(2, spec.hidden)
+        wires = [*activations.encode(x, "raw"), *activations.encode(x, "raw")]
+        with pytest.raises(BadRequest, match="only the project's trainers"):
+            await stranger.rpc.call(
+                honest_a.peer_id, BACKWARD, {"uid": UID, "recompute": True}, wires, timeout=30
+            )
         nursery.cancel_scope.cancel()
