@@ -4,11 +4,12 @@ summary with the activation codec and the demo's slow-link ratio measured beside
 
     python benchmarks/swarm_scaling.py [--runs V:MS:T:F ...] [--grid] [--samples N]
                                        [--speed 0.125] [--wire q4z] [--skip-local]
-                                       [--skip-demo]
+                                       [--skip-demo] [--slow N --slow-ms 250]
 
 ``--runs``: configurations as volunteers:delay_ms:trainers:in_flight (default: the
 goals' sizes, 4, 16 and 32 volunteers at 100 ms); ``--grid``: every volunteers (4, 8,
-16, 32) x delay (0, 100, 200) x trainers (1, 4) with ``in_flight_for``'s batches.
+16, 32) x delay (0, 100, 200) x trainers (1, 4) with ``in_flight_for``'s batches;
+``--slow N``: the last N volunteers of each configuration sit ``--slow-ms`` away instead.
 
 One JSON line per configuration: ``samples_per_s`` (all trainers, after the first fifth
 of the samples), ``capacity_samples_per_s`` (the sum of the emulated volunteers'
@@ -114,6 +115,8 @@ def measure(options: EmulationOptions) -> dict[str, Any]:
     return {
         "volunteers": options.volunteers,
         "delay_ms": options.delay_ms,
+        "slow": options.slow,
+        "slow_delay_ms": options.slow_delay_ms,
         "upload_mbit": options.upload_mbit,
         "trainers": options.trainers,
         "in_flight": options.in_flight,
@@ -241,6 +244,13 @@ def main() -> None:
     parser.add_argument("--upload-mbit", type=float, default=20.0)
     parser.add_argument("--wire", default="q4z")
     parser.add_argument("--round-samples", type=float, default=64.0)
+    parser.add_argument(
+        "--slow",
+        type=int,
+        default=0,
+        help="the last this many volunteers sit behind a longer link (--slow-ms)",
+    )
+    parser.add_argument("--slow-ms", type=float, default=EmulationOptions.slow_delay_ms)
     parser.add_argument("--rule", default="centered_clip", help="the aggregators' rule")
     parser.add_argument(
         "--trunk-momentum",
@@ -288,6 +298,8 @@ def main() -> None:
         upload_mbit=args.upload_mbit,
         wire=args.wire,
         round_samples=args.round_samples,
+        slow=args.slow,
+        slow_delay_ms=args.slow_ms,
         announce_seconds=args.announce_seconds,
         volunteer_processes=args.volunteer_processes,
         demo=DemoOptions(rule=args.rule, trunk_outer_momentum=args.trunk_momentum),
