@@ -428,17 +428,37 @@ class ExpertServer:
             return await self._backward_kept(ctx, backend, handle)
         if ctx.request.meta.get("recompute") is True:
             return await self._recompute_backward(ctx, backend)
+        x, grad = self._backward_inputs(ctx, backend)
+        inputs_sha256 = tensor_digest([x])
+        receipt = self._receipt(ctx, backend, inputs_sha256, grad)
+        grad_x, _, version = await self._backward_pools[str(backend.uid)].submit(
+            x, grad, owner=ctx.peer_id, extra=receipt
+        )
+        return self._backward_reply(ctx, backend, grad_x, version, inputs_sha256, grad)
+
+    def _backward_inputs(
+        self, ctx: CallContext, backend: ExpertBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A backward request's inputs and output gradients, checked (its answer's codec
+        too: refused before the work, not after)."""
         x, grad = self._tensors(ctx, backend, 2)
         self._answer_codec(ctx)
         try:
             backend.check_grad_outputs(x, grad)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        inputs_sha256 = tensor_digest([x])
-        receipt = self._receipt(ctx, backend, inputs_sha256, grad)
-        grad_x, _, version = await self._backward_pools[str(backend.uid)].submit(
-            x, grad, owner=ctx.peer_id, extra=receipt
-        )
+        return x, grad
+
+    def _backward_reply(
+        self,
+        ctx: CallContext,
+        backend: ExpertBackend,
+        grad_x: torch.Tensor,
+        version: int,
+        inputs_sha256: bytes,
+        grad: torch.Tensor,
+    ) -> Reply:
+        """The signed answer of a backward pass (altered first by a demo cheat)."""
         if self.config.cheat is not None:
             grad_x = self.config.cheat(Answering("backward", grad_x, grad, _older(backend)))
         return self._reply(
@@ -452,12 +472,7 @@ class ExpertServer:
         may ask: the work earns the volunteer nothing."""
         if not self._is_trainer(ctx.peer_id):
             raise BadRequest("only the project's trainers may ask for a recomputation")
-        x, grad = self._tensors(ctx, backend, 2)
-        self._answer_codec(ctx)
-        try:
-            backend.check_grad_outputs(x, grad)
-        except InvalidInput as exc:
-            raise BadRequest(str(exc)) from exc
+        x, grad = self._backward_inputs(ctx, backend)
         per_row = 3 * self.config.emulated_seconds_per_row  # forward, then backward
 
         def run() -> tuple[torch.Tensor, int]:
@@ -467,11 +482,7 @@ class ExpertServer:
         (grad_x, version), _ = await on_device(
             self._device, run, emulated_seconds=x.shape[0] * per_row if per_row > 0 else None
         )
-        if self.config.cheat is not None:
-            grad_x = self.config.cheat(Answering("backward", grad_x, grad, _older(backend)))
-        return self._reply(
-            ctx, backend, grad_x, version, "backward", tensor_digest([x]), grad, gradient=True
-        )
+        return self._backward_reply(ctx, backend, grad_x, version, tensor_digest([x]), grad)
 
     def _receipt(
         self,
@@ -541,9 +552,7 @@ class ExpertServer:
             raise GraphGone(f"forward graph {handle} is gone; send the inputs again") from None
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        if self.config.cheat is not None:
-            grad_x = self.config.cheat(Answering("backward", grad_x, grad, _older(backend)))
-        return self._reply(ctx, backend, grad_x, version, "backward", digest, grad, gradient=True)
+        return self._backward_reply(ctx, backend, grad_x, version, digest, grad)
 
     async def _kept_on_device(self, run: Callable[[], torch.Tensor], *, rows: int) -> torch.Tensor:
         """A backward pass through a kept graph on the device (emulated like the pools'

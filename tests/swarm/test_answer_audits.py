@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -70,6 +71,37 @@ async def serve_expert(
     signed, backends = await join_project(peer, pid, [UID], data_dir=data_dir)
     config = ServerConfig(project=pid, cheat=cheat, trainers=frozenset(trainers))
     return signed, await nursery.start(ExpertServer(peer, backends, config).run)
+
+
+def auditing_by_opinions(
+    tmp_path: Path, trainer, owner_peer, signed: SignedManifest, servers: list[Any]
+) -> tuple[ExpertCaller, AnswerAuditor, list[ExpertServerRef], list[str]]:
+    """A trainer's caller and its auditor (every answer drawn), with an audit budget
+    smaller than one expert: no weights are fetched, each drawn answer is put to other
+    servers among ``servers``. Returns with them the list of those servers' refs (a test
+    may change it) and the peer ids that gave opinions, in order."""
+    weights = PublishedWeights(
+        trainer,
+        signed,
+        ChunkStore(tmp_path / "trainer-chunks"),
+        aggregator_keys=[owner_peer.identity.public_key],
+        max_bytes=1024,
+    )
+    assert weights.expert_bytes > 1024
+    caller = ExpertCaller(trainer.rpc, codecs=signed.manifest.model.wire.codecs())
+    refs = [ExpertServerRef(p.peer_id) for p in servers]
+    opinions: list[str] = []
+
+    async def second_opinion(answer, asked):
+        got = await caller.opinion(answer, refs, asked)
+        if got is not None:
+            opinions.append(str(got[0]))
+        return got
+
+    dtype = signed.manifest.model.expert.spec().torch_dtype
+    auditor = AnswerAuditor(weights, dtype, rate=1.0, second_opinion=second_opinion)
+    caller.auditor = auditor
+    return caller, auditor, refs, opinions
 
 
 async def test_a_trainer_audits_answers_on_every_version_and_excludes_a_cheater(tmp_path):
@@ -176,26 +208,9 @@ async def test_a_trainer_without_room_for_the_weights_asks_other_servers_instead
         cheats = {honest_a: None, honest_b: None, cheater: ANSWER_CHEATS["scaled-answers"]}
         for i, (peer, cheat) in enumerate(cheats.items()):
             signed, _ = await serve_expert(nursery, peer, pid, cheat, tmp_path / f"v{i}")
-        weights = PublishedWeights(
-            trainer,
-            signed,
-            ChunkStore(tmp_path / "trainer-chunks"),
-            aggregator_keys=[owner_peer.identity.public_key],
-            max_bytes=1024,
+        caller, auditor, refs, opinions = auditing_by_opinions(
+            tmp_path, trainer, owner_peer, signed, list(cheats)
         )
-        assert weights.expert_bytes > 1024
-        caller = ExpertCaller(trainer.rpc, codecs=signed.manifest.model.wire.codecs())
-        refs = [ExpertServerRef(p.peer_id) for p in cheats]
-        opinions: list[str] = []
-
-        async def second_opinion(answer, asked):
-            got = await caller.opinion(answer, refs, asked)
-            if got is not None:
-                opinions.append(str(got[0]))
-            return got
-
-        auditor = AnswerAuditor(weights, spec.torch_dtype, rate=1.0, second_opinion=second_opinion)
-        caller.auditor = auditor
 
         async def forward(peer) -> None:
             await caller.forward(UID, [ExpertServerRef(peer.peer_id)], torch.randn(8, spec.hidden))
@@ -257,25 +272,9 @@ async def test_backward_answers_without_the_weights_are_recomputed_by_other_serv
             signed, servers[peer] = await serve_expert(
                 nursery, peer, pid, cheat, tmp_path / f"v{i}", [trainer.identity.public_key]
             )
-        weights = PublishedWeights(
-            trainer,
-            signed,
-            ChunkStore(tmp_path / "trainer-chunks"),
-            aggregator_keys=[owner_peer.identity.public_key],
-            max_bytes=1024,
+        caller, auditor, _, opinions = auditing_by_opinions(
+            tmp_path, trainer, owner_peer, signed, list(cheats)
         )
-        caller = ExpertCaller(trainer.rpc, codecs=signed.manifest.model.wire.codecs())
-        refs = [ExpertServerRef(p.peer_id) for p in cheats]
-        opinions: list[str] = []
-
-        async def second_opinion(answer, asked):
-            got = await caller.opinion(answer, refs, asked)
-            if got is not None:
-                opinions.append(str(got[0]))
-            return got
-
-        auditor = AnswerAuditor(weights, spec.torch_dtype, rate=1.0, second_opinion=second_opinion)
-        caller.auditor = auditor
 
         def samples(peer) -> int:
             return servers[peer].backends[UID].accumulator.samples
