@@ -504,8 +504,15 @@ class ExpertServer:
             receipt = Receipt.decode(raw)
         except MessageError as exc:
             raise BadRequest(f"receipt: {exc}") from exc
+        if not receipt.verify():
+            raise BadRequest("receipt does not match the request: signature")
+        signer = peer_id_from_public_key(receipt.trainer)
         problems = [
-            (not receipt.verify(), "signature"),
+            # a receipt is what makes a gradient count: one of anyone but the project's
+            # trainers would be refused with the volunteer's whole contribution, a strike
+            # against the volunteer that a stranger could buy with one small request
+            (bool(self._trainers) and signer not in self._trainers, "signer is no trainer"),
+            (signer != ctx.peer_id, "sent by someone other than its signer"),
             (receipt.project != self.config.project, "project"),
             (receipt.uid != str(backend.uid), "uid"),
             (receipt.version != (backend.version if version is None else version), "version"),

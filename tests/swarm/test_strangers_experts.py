@@ -16,8 +16,10 @@ from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.experts.wire import from_wire, to_wire
 from core.namespaces import moehome_validator
+from core.protocol.contributions import Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD
 from net import (
+    BadRequest,
     Identity,
     Overloaded,
     Peer,
@@ -157,3 +159,43 @@ async def test_without_a_trainer_list_keep_forwards_of_a_crowd_leave_others_grap
                     timeout=30,
                 )
         n.cancel_scope.cancel()
+
+
+async def test_receipts_of_anyone_but_the_trainer_calling_are_refused_and_never_accumulated():
+    """Issue 35, finding 1: a stranger's backward request with a receipt it signed itself
+    was accumulated; the volunteer's next contribution carried a receipt of no trainer,
+    was refused whole and counted as the volunteer's strike (6 one-row requests got an
+    honest volunteer of the demo banned in under 15 s)."""
+    trainer = Identity.generate()
+    config = ServerConfig(
+        project="p" * 32, require_receipts=True, trainers=frozenset({trainer.public_key})
+    )
+    x = torch.randn(1, FFN.hidden)
+    grad = torch.ones(1, FFN.hidden)
+
+    def meta(signer: Identity) -> dict[str, object]:
+        receipt = Receipt.sign(signer, config.project, UID, 0, [x], [grad], 1)
+        return {"uid": UID, "receipt": receipt.encode()}
+
+    async with expert_server(config) as (peer, server):
+        backend = server.backends[UID]
+        async with stranger("127.0.0.2") as host:
+            host.remember(peer.peer_id, peer.addrs())
+            rpc = RpcService(host)
+            for signer, refusal in [
+                (host.identity, "signer is no trainer"),  # its own receipt
+                (trainer, "sent by someone other than its signer"),  # a trainer's, replayed
+            ]:
+                with pytest.raises(BadRequest, match=refusal):
+                    await rpc.call(
+                        peer.peer_id, BACKWARD, meta(signer), [to_wire(x), to_wire(grad)]
+                    )
+        assert backend.accumulator.samples == 0
+        assert backend.accumulator.receipts == []
+        async with SwarmHost(trainer, listen=[]).running() as host:  # the trainer's own
+            host.remember(peer.peer_id, peer.addrs())
+            await RpcService(host).call(
+                peer.peer_id, BACKWARD, meta(trainer), [to_wire(x), to_wire(grad)]
+            )
+        assert backend.accumulator.samples == 1
+        assert [r.trainer for r in backend.accumulator.receipts] == [trainer.public_key]
