@@ -151,9 +151,32 @@ class ProjectPicker(QWidget):
     # ------------------------------------------------------------ what the user does
 
     def set_invite_text(self, text: str) -> None:
-        """Fill in an invite (from the tray's command line) and look it up."""
-        self.invite_edit.setText(text.strip())
-        self.look_up()
+        """Fill in an invite that came from outside (a link on a web page, the tray's
+        command line) without looking it up: a look-up makes the node contact the peers
+        the invite names, which a web page must not be able to do without a click."""
+        self._quiet = True
+        try:
+            self.invite_edit.setText(text.strip())
+        finally:
+            self._quiet = False
+        self._looking += 1  # an answer to an earlier look-up no longer counts
+        self._set_chosen(None)
+        try:
+            invite = parse_invite(text)
+        except InviteError as exc:
+            self.summary.hide()
+            self.look_up_button.setEnabled(False)
+            show_problems(self.invite_error, [_sentence(str(exc))])
+            return
+        show_problems(self.invite_error, [])
+        n = len(invite.peers)
+        self.summary.setText(
+            "An invite from a link. Look up asks "
+            + (f"the {n} peer{'s' if n != 1 else ''} it names" if n else "known peers")
+            + " for the project, and shows it before anything is joined."
+        )
+        self.summary.show()
+        self.look_up_button.setEnabled(True)
 
     def invite(self) -> Invite | None:
         try:

@@ -368,7 +368,8 @@ class Tray(QObject):
 
     def open_project(self, invite: str = "") -> None:
         """The project dialog; with ``invite`` (the tray's command line, another tray
-        handing one over) filled in and looked up. Nothing is joined without a click."""
+        handing one over) filled in, looked up when the volunteer clicks (a look-up contacts
+        the peers an invite names). Nothing is joined without a click."""
         if self.project_dialog is None or not self.project_dialog.isVisible():
             self.project_dialog = ProjectDialog(self.link, self.status)
             self.project_dialog.picker.refresh()

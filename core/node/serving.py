@@ -10,7 +10,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -56,6 +56,10 @@ from core.protocol.bans import Ban
 from net import Identity, Peer
 
 log = logging.getLogger(__name__)
+#: Experts whose coverage a volunteer looks up when it chooses, besides its own, and
+#: how many lookups run at once.
+COVERAGE_SAMPLE = 256
+COVERAGE_LOOKUPS = 16
 
 
 def project_summary(signed: SignedManifest) -> ProjectSummary:
@@ -66,7 +70,7 @@ def project_summary(signed: SignedManifest) -> ProjectSummary:
         name=manifest.project.name,
         description=manifest.project.description,
         owner=fingerprint(signed.origin_key),
-        experts=sum(1 for _ in manifest.model.expert_uids()),
+        experts=manifest.model.expert_count,
         mixture_layers=manifest.model.mixture_layers,
         expert_kind=manifest.model.expert.kind,
         expert_parameters=parameter_count(manifest.model.expert.spec()),
@@ -275,7 +279,7 @@ class ProjectService:
         every = self.options.rebalance_every
         while True:
             await trio.sleep(every * random.uniform(0.8, 1.2))
-            coverage = await self._coverage(project, uids)
+            coverage = await self._coverage(project, uids, serving)
             # our own declarations are withdrawn while paused: count us as serving
             for uid in serving:
                 coverage[uid] = max(coverage.get(uid, 0), 1)
@@ -284,17 +288,27 @@ class ProjectService:
                 log.info("rebalancing: %s -> %s", sorted(serving), sorted(better))
                 return better
 
-    async def _coverage(self, project: str, uids: list[str]) -> dict[str, int]:
-        """How many volunteers declare each expert (including this node)."""
+    async def _coverage(
+        self, project: str, uids: list[str], serving: Sequence[str] = ()
+    ) -> dict[str, int]:
+        """How many volunteers declare each expert (including this node): the ones
+        ``serving`` and at most COVERAGE_SAMPLE others drawn anew each time (a project
+        may have tens of thousands of experts; each volunteer's draws differ, so the
+        swarm still spreads over all of them), looked up a few at a time."""
         peer = self.peer
         coverage: dict[str, int] = {}
+        mine = set(serving)
+        others = [u for u in uids if u not in mine]
+        sample = [*serving, *random.sample(others, min(len(others), COVERAGE_SAMPLE))]
+        limiter = trio.CapacityLimiter(COVERAGE_LOOKUPS)
 
         async def count(uid: str) -> None:
-            announcers = await peer.dht.announcers(expert_key(project, uid))
+            async with limiter:
+                announcers = await peer.dht.announcers(expert_key(project, uid))
             coverage[uid] = sum(1 for r in announcers.values() if _serving(r.value))
 
         async with trio.open_nursery() as lookups:
-            for uid in uids:
+            for uid in sample:
                 lookups.start_soon(count, uid)
         return coverage
 

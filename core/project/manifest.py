@@ -6,6 +6,7 @@ all at once, before anything is signed or published.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,12 @@ from core.experts.uid import ExpertUID, Grid
 RuleName = Literal["centered_clip", "median", "trimmed_mean", "mean"]
 
 MAX_MANIFEST_BYTES = 64 * 1024
+#: Experts a project may have in one mixture layer and in all. A manifest comes from
+#: the network: every count made of its fields is bounded before anything is sized by
+#: it (a grid of 4096^4 x 64 layers fits in 24 KiB and froze the node that counted it).
+#: 16,384 per layer is 64x the largest datacenter MoE (DeepSeek-V3: 256 routed).
+MAX_EXPERTS_PER_LAYER = 16_384
+MAX_EXPERTS = 65_536
 NAME = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]
 
 
@@ -85,11 +92,30 @@ class ModelSection(_Strict):
             )
         if self.k_min > self.k_best:
             raise ValueError(f"k_min ({self.k_min}) must not exceed k_best ({self.k_best})")
+        if self.experts_per_layer > MAX_EXPERTS_PER_LAYER:
+            raise ValueError(
+                f"grid {self.grid} holds {self.experts_per_layer} experts per layer; "
+                f"at most {MAX_EXPERTS_PER_LAYER}"
+            )
+        if self.expert_count > MAX_EXPERTS:
+            raise ValueError(
+                f"{self.mixture_layers} layers of {self.experts_per_layer} experts make "
+                f"{self.expert_count}; at most {MAX_EXPERTS}"
+            )
         try:
             self.expert.spec()
         except SpecError as exc:
             raise ValueError(f"expert.{exc}") from exc
         return self
+
+    @property
+    def experts_per_layer(self) -> int:
+        """Counted, not listed (the grid's sizes are bounded, so is their product)."""
+        return math.prod(self.grid)
+
+    @property
+    def expert_count(self) -> int:
+        return self.experts_per_layer * self.mixture_layers
 
     def grids(self) -> list[Grid]:
         return [
@@ -263,7 +289,8 @@ hidden = 64                        # width of the trainer-side layers and of eve
 context = 64                       # tokens per training sample
 expert_prefix = "ffn"              # experts are named <prefix><layer>.<i>.<j>, e.g. ffn0.3.1
 mixture_layers = 2                 # mixture-of-experts layers in the model
-grid = [4, 4]                      # experts per layer, as a grid (beam search runs over it)
+grid = [4, 4]                      # experts per layer, as a grid (beam search runs over it;
+                                   #   at most 16384 a layer, 65536 in all)
 k_best = 4                         # experts asked per token group
 k_min = 1                          # answers needed before the trainer goes on
 

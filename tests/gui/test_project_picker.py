@@ -272,3 +272,23 @@ def test_a_node_that_is_not_up_yet_is_said_in_words(wizard, node):
     picker.refresh()
     assert "node is not running yet" in picker.list_status.text()
     assert "/home/x" not in picker.list_status.text()
+
+
+def test_an_invite_from_a_link_is_looked_up_only_after_a_click(wizard, node):
+    """Issue 35, finding 2: a `moehome://` link opened from a web page was looked up at
+    once, so that a page could make the node dial what its invite names (and feed it a
+    manifest) without the volunteer doing anything."""
+    picker = wizard.project_page.picker
+    picker.set_invite_text(INVITE.link())
+    assert node.found == []
+    assert "Look up asks the 1 peer it names" in picker.summary.text()
+    assert picker.look_up_button.isEnabled()
+    assert not wizard.project_page.isComplete()
+    picker.look_up_button.click()
+    assert node.found == [INVITE]
+    assert "tiny-lm" in picker.summary.text()
+    assert wizard.project_page.isComplete()
+    picker.set_invite_text("moehome://join/nope")  # what is no invite: said, never sent
+    assert node.found == [INVITE]
+    assert picker.invite_error.isVisible()
+    assert not picker.look_up_button.isEnabled()

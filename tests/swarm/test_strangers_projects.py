@@ -1,0 +1,96 @@
+"""Projects as strangers make them (issue 35): what a volunteer's node is handed through
+an invite or the swarm's directory is untrusted input until the volunteer joins."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import trio
+
+from core.control import find_node
+from core.node.node import Node
+from core.node.probes import FakeProbes
+from core.project import records as project_records
+from core.project.distribution import ProjectNotFound
+from core.project.keys import OwnerKey
+from core.project.manifest import ManifestError, load_manifest, parse_manifest
+from core.project.signed import SignedManifest, canonical, project_id
+from net import Identity, NamespacedValidator, Peer
+from net.dht.node import DhtError
+from net.wire import pack
+from tests.swarm.test_node import options
+from tests.swarm.test_project import small_manifest
+
+#: The largest grid the schema allowed at 8609050: 4096^4 experts in each of 64 layers.
+BOMB = {"mixture_layers": 64, "grid": [4096, 4096, 4096, 4096]}
+
+
+def bomb(tmp_path: Path, owner: OwnerKey) -> SignedManifest:
+    """A validly signed manifest whose grid is the bomb (signed by hand: our own
+    publishing code refuses to sign it)."""
+    obj = load_manifest(small_manifest(tmp_path, name="bomb")).to_obj()
+    obj["model"].update(BOMB)
+    unsigned = SignedManifest(
+        pack(canonical(obj)),
+        owner.public_key,
+        owner.public_key,
+        (),
+        "0" * 64,
+        time.time_ns() // 1000,
+        b"",
+    )
+    return replace(unsigned, signature=owner.sign(unsigned.payload()))
+
+
+def test_the_schema_bounds_experts_per_layer_and_in_all(tmp_path):
+    obj = load_manifest(small_manifest(tmp_path)).to_obj()
+    for model, says in [
+        (BOMB, "experts per layer"),
+        ({"grid": [128, 129]}, "16512 experts per layer; at most 16384"),
+        ({"grid": [128, 128], "mixture_layers": 5}, "make 81920; at most 65536"),
+    ]:
+        with pytest.raises(ManifestError, match=says):
+            parse_manifest({**obj, "model": {**obj["model"], **model}})
+    largest = parse_manifest(
+        {**obj, "model": {**obj["model"], "grid": [128, 128], "mixture_layers": 4}}
+    )
+    assert largest.model.expert_count == 65_536
+
+
+async def test_a_manifest_bomb_from_a_stranger_is_refused_and_the_node_stays_responsive(
+    tmp_path,
+):
+    """Issue 35, finding 2: the node counted the bomb's experts one by one on its event
+    loop: its control API and RPC answered 0 of 6 for as long as it ran, at 92-94% CPU."""
+    owner = OwnerKey.generate()
+    signed = bomb(tmp_path, owner)
+    # the stranger's own DHT node keeps the record without checking it
+    lax = {**project_records.RULES}
+    lax["project"] = replace(lax["project"], check=None)
+    validator = NamespacedValidator().with_rules(lax)
+    async with trio.open_nursery() as nursery:
+        attacker: Peer = await nursery.start(Peer(Identity.generate(), validator=validator).run)
+        pid = project_id(owner.public_key, "bomb")
+        for key, value in [
+            (project_records.project_key(pid), signed.encode()),
+            (project_records.DIRECTORY_KEY, pack([pid])),
+        ]:
+            with contextlib.suppress(DhtError):  # no other peer yet: kept at home
+                await attacker.dht.put(key, value, 3600)
+        node = await nursery.start(
+            Node(Identity.generate(), options(tmp_path, 0, attacker), probes=FakeProbes()).run
+        )
+        client = await trio.to_thread.run_sync(find_node, tmp_path / "node0")
+        with trio.fail_after(60):
+            with pytest.raises(ProjectNotFound, match="no valid manifest"):
+                await node.find_project(pid, [attacker.addrs()[0]])
+            assert await node.announced_projects() == []  # the directory lists it
+        with trio.fail_after(5):  # the control API answers at once
+            status = await trio.to_thread.run_sync(client.status)
+        assert status.project is None
+        client.close()
+        nursery.cancel_scope.cancel()
