@@ -7,6 +7,7 @@ import contextlib
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -26,7 +27,7 @@ from tests.swarm.test_node import options
 from tests.swarm.test_project import small_manifest
 
 #: The largest grid the schema allowed at 8609050: 4096^4 experts in each of 64 layers.
-BOMB = {"mixture_layers": 64, "grid": [4096, 4096, 4096, 4096]}
+BOMB: dict[str, Any] = {"mixture_layers": 64, "grid": [4096, 4096, 4096, 4096]}
 
 
 def bomb(tmp_path: Path, owner: OwnerKey) -> SignedManifest:
@@ -48,11 +49,12 @@ def bomb(tmp_path: Path, owner: OwnerKey) -> SignedManifest:
 
 def test_the_schema_bounds_experts_per_layer_and_in_all(tmp_path):
     obj = load_manifest(small_manifest(tmp_path)).to_obj()
-    for model, says in [
+    cases: list[tuple[dict[str, Any], str]] = [
         (BOMB, "experts per layer"),
         ({"grid": [128, 129]}, "16512 experts per layer; at most 16384"),
         ({"grid": [128, 128], "mixture_layers": 5}, "make 81920; at most 65536"),
-    ]:
+    ]
+    for model, says in cases:
         with pytest.raises(ManifestError, match=says):
             parse_manifest({**obj, "model": {**obj["model"], **model}})
     largest = parse_manifest(
