@@ -131,12 +131,26 @@ def check_evidence(evidence: Evidence, module: nn.Module, dtype: torch.dtype) ->
     return audit(module, answer, dtype)
 
 
+#: How long a server whose answer other servers convicted is left out of a trainer's
+#: calls. Servers are free identities: two that agree can convict anyone, so a quorum's
+#: verdict is never a ban, and it lapses.
+QUORUM_EXCLUSION_S = 1800.0
+
+
 @dataclass(frozen=True)
 class Finding:
-    """A failed audit: ``excess`` > 1 is how far past an honest answer's bound it was."""
+    """A failed audit: ``excess`` > 1 is how far past an honest answer's bound it was.
+    ``by_quorum``: settled by other servers' recomputations, not by the published
+    weights: evidence for this trainer alone (a local exclusion that lapses), never
+    for a ban, which must be checkable by anyone from published weights."""
 
     answer: Answer
     excess: float
+    by_quorum: bool = False
+
+    @property
+    def exclusion_seconds(self) -> float:
+        return QUORUM_EXCLUSION_S if self.by_quorum else math.inf
 
 
 @dataclass
@@ -266,7 +280,8 @@ class AnswerAuditor:
         self._send, self._receive = trio.open_memory_channel[Answer](queue)
         self.stats = AuditStatistics()
         self.findings: list[Finding] = []
-        self._excluded: set[PeerID] = set()
+        #: who failed an audit, until when (trio's clock; inf: for good)
+        self._excluded: dict[PeerID, float] = {}
 
     def draw(self) -> bool:
         """Whether to audit the answer that just arrived."""
@@ -280,7 +295,7 @@ class AnswerAuditor:
     def submit(self, answer: Answer) -> None:
         """Queue a drawn answer (dropped, counted, when the queue is full)."""
         self.stats.drawn += 1
-        if answer.server in self._excluded:
+        if self.is_excluded(answer.server):
             self.stats.dropped += 1
             return
         try:
@@ -293,12 +308,13 @@ class AnswerAuditor:
         self._send.close()
 
     def is_excluded(self, peer_id: PeerID) -> bool:
-        return peer_id in self._excluded
+        until = self._excluded.get(peer_id)
+        return until is not None and until > trio.current_time()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         async for answer in self._receive:
-            if answer.server in self._excluded:
+            if self.is_excluded(answer.server):
                 self.stats.dropped += 1
                 continue
             await self.check(answer)
@@ -311,12 +327,13 @@ class AnswerAuditor:
             self._failed(answer, math.inf)
             return math.inf
         module = await self.weights.module(answer.uid, answer.version)
+        quorum = module is None
         if module is None:
-            quorum = await self._by_quorum(answer)
-            if quorum is None:
+            settled = await self._by_quorum(answer)
+            if settled is None:
                 self.stats.unverifiable += 1
                 return None
-            over = quorum
+            over = settled
             self.stats.by_quorum += 1
         else:
             started = time.perf_counter()
@@ -327,7 +344,7 @@ class AnswerAuditor:
             self.stats.passed += 1
             self.stats.worst_passed = max(self.stats.worst_passed, over)
             return over
-        self._failed(answer, over)
+        self._failed(answer, over, by_quorum=quorum)
         return over
 
     async def _by_quorum(self, answer: Answer) -> float | None:
@@ -349,22 +366,24 @@ class AnswerAuditor:
         agree = excess(first[1], second[1], "raw", self.dtype) <= 1
         return by_quorum(over_first, over_second, agree)
 
-    def _failed(self, answer: Answer, over: float) -> None:
+    def _failed(self, answer: Answer, over: float, *, by_quorum: bool = False) -> None:
         self.stats.failed += 1
-        finding = Finding(answer, over)
+        finding = Finding(answer, over, by_quorum)
         self.findings.append(finding)
         del self.findings[:-16]  # the latest, as evidence
-        if answer.server not in self._excluded:
-            self._excluded.add(answer.server)
+        if not self.is_excluded(answer.server):
+            self._excluded[answer.server] = trio.current_time() + finding.exclusion_seconds
             self.stats.excluded.append(str(answer.server))
             log.warning(
                 "%s answered %s of %s (version %d) %.3g times past an honest answer's "
-                "bound: excluded",
+                "bound%s: excluded%s",
                 answer.server,
                 answer.kind,
                 answer.uid,
                 answer.version,
                 over,
+                " by two other servers' recomputations" if by_quorum else "",
+                f" for {QUORUM_EXCLUSION_S / 60:.0f} min, here only" if by_quorum else "",
             )
             for listener in self.listeners:
                 listener(finding)

@@ -112,13 +112,20 @@ class ExpertFinder:
     _skipped: dict[PeerID, Skip] = field(default_factory=dict)
     #: smoothed seconds per call of each server (slow links, busy GPUs)
     _latency: dict[PeerID, float] = field(default_factory=dict)
-    #: servers never called again (a failed audit): their declarations are ignored
-    excluded: set[PeerID] = field(default_factory=set)
+    #: servers not called (a failed audit), until when (trio's clock; inf: never
+    #: again): their declarations are ignored
+    excluded: dict[PeerID, float] = field(default_factory=dict)
 
-    def exclude(self, peer_id: PeerID) -> None:
-        """Never call ``peer_id`` again, nor route to experts only it declares."""
-        self.excluded.add(peer_id)
+    def exclude(self, peer_id: PeerID, seconds: float = math.inf) -> None:
+        """Do not call ``peer_id`` for ``seconds`` (never again by default), nor route to
+        experts only it declares."""
+        until = trio.current_time() + seconds
+        self.excluded[peer_id] = max(until, self.excluded.get(peer_id, -math.inf))
         self._forget_author(peer_id)
+
+    def is_excluded(self, peer_id: PeerID) -> bool:
+        until = self.excluded.get(peer_id)
+        return until is not None and until > trio.current_time()
 
     def report_failure(self, server: ExpertServerRef) -> None:
         """Called when a server failed a call: skip it for a while, and look again at
@@ -164,7 +171,7 @@ class ExpertFinder:
         self.stats.lookups += 1
         records = await self.dht.get(expert_key(self.project, name))
         values = [
-            (r.value, r.author_peer_id) for r in records if r.author_peer_id not in self.excluded
+            (r.value, r.author_peer_id) for r in records if not self.is_excluded(r.author_peer_id)
         ]
         self._cache[name] = _Cached(values, now + self.cache_ttl)
         return values

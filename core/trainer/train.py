@@ -147,9 +147,9 @@ def remote_model(
         for _ in grids
     ]
 
-    def exclude(peer_id: PeerID) -> None:
+    def exclude(peer_id: PeerID, seconds: float = math.inf) -> None:
         for finder in finders:
-            finder.exclude(peer_id)
+            finder.exclude(peer_id, seconds)
 
     async def second_opinion(
         answer: Answer, asked: set[PeerID]
@@ -161,7 +161,9 @@ def remote_model(
 
     if auditor is not None:
         auditor.second_opinion = second_opinion
-        auditor.listeners.append(lambda finding: exclude(finding.answer.server))
+        auditor.listeners.append(
+            lambda finding: exclude(finding.answer.server, finding.exclusion_seconds)
+        )
     if board is not None:
         board.listeners.append(lambda ban: exclude(PeerID.from_base58(ban.peer)))
 
@@ -305,8 +307,11 @@ async def train_on(
 
 
 def _accuse(board: BanBoard, finding: Finding) -> None:
-    """Publish the ban of a volunteer whose answer failed an audit, with its signed
-    statement of that answer."""
+    """Publish the ban of a volunteer whose answer failed an audit against the published
+    weights, with its signed statement of that answer. Other servers' verdicts (a
+    quorum) ban nobody: two free identities that agree could otherwise ban anyone."""
+    if finding.by_quorum:
+        return
     answer, evidence = finding.answer, finding.answer.evidence
     board.accuse(
         str(answer.server),

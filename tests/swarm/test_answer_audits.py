@@ -19,7 +19,13 @@ from core.experts.cheats import ANSWER_CHEATS
 from core.experts.registry import build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.weights import save_weights, weights_hash
-from core.moe.audit import Answer, AnswerAuditor, PublishedWeights, check_evidence
+from core.moe.audit import (
+    QUORUM_EXCLUSION_S,
+    Answer,
+    AnswerAuditor,
+    PublishedWeights,
+    check_evidence,
+)
 from core.moe.client import ExpertCaller, ExpertServerRef
 from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore, split_file
@@ -29,6 +35,7 @@ from core.project.publish import Prepared, prepare, serve_project
 from core.project.signed import SignedManifest
 from core.protocol.expert_methods import BACKWARD
 from core.protocol.versions import version_key
+from core.trainer.train import _accuse
 from net import BadRequest
 from net.testing import open_swarm
 from net.wire import pack
@@ -313,4 +320,44 @@ async def test_backward_answers_without_the_weights_are_recomputed_by_other_serv
             await stranger.rpc.call(
                 honest_a.peer_id, BACKWARD, {"uid": UID, "recompute": True}, wires, timeout=30
             )
+        nursery.cancel_scope.cancel()
+
+
+async def test_two_agreeing_sybils_never_get_an_honest_server_banned(tmp_path):
+    """Issue 35, finding 3: servers are free identities; two running the same cheat
+    convicted every honest volunteer by quorum, with a 24-hour project-wide ban. A
+    quorum's verdict now excludes locally, for a while, and bans nobody."""
+    prepared = q4z_project(tmp_path)
+    pid = prepared.signed.project_id
+    spec = prepared.signed.manifest.model.expert.spec()
+    async with (
+        open_swarm(5, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        owner_peer, honest, sybil_a, sybil_b, trainer = (swarm.node(i) for i in range(5))
+        await nursery.start(serve_project, owner_peer, prepared)
+        scaled = ANSWER_CHEATS["scaled-answers"]
+        cheats = {honest: None, sybil_a: scaled, sybil_b: scaled}
+        for i, (peer, cheat) in enumerate(cheats.items()):
+            signed, _ = await serve_expert(nursery, peer, pid, cheat, tmp_path / f"v{i}")
+        caller, auditor, _, opinions = auditing_by_opinions(
+            tmp_path, trainer, owner_peer, signed, list(cheats)
+        )
+        await caller.forward(UID, [ExpertServerRef(honest.peer_id)], torch.randn(8, spec.hidden))
+        over = await auditor.check(await auditor._receive.receive())
+        assert over is not None
+        assert over > 1  # the Sybils agree with each other, not with the honest answer
+        assert sorted(opinions) == sorted([str(sybil_a.peer_id), str(sybil_b.peer_id)])
+        (finding,) = auditor.findings
+        assert finding.by_quorum
+        assert auditor.is_excluded(honest.peer_id)  # here, for a while
+        assert finding.exclusion_seconds == QUORUM_EXCLUSION_S
+        accused: list[tuple[Any, ...]] = []
+
+        class Board:
+            def accuse(self, *args: Any) -> None:
+                accused.append(args)
+
+        _accuse(Board(), finding)  # type: ignore[arg-type]
+        assert accused == []  # no ban in the project
         nursery.cancel_scope.cancel()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import trio
 from torch import nn
 
 from core.experts import activations
@@ -19,6 +20,7 @@ from core.experts.cheats import ANSWER_CHEATS, Answering
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.tolerance import excess
 from core.moe.audit import (
+    QUORUM_EXCLUSION_S,
     Answer,
     AnswerAuditor,
     Evidence,
@@ -340,3 +342,35 @@ def test_a_quorum_of_other_servers_settles_an_answer_only_when_it_can(
     first, second, agree, verdict
 ):
     assert by_quorum(first, second, agree) == verdict
+
+
+async def test_a_quorums_exclusion_lapses_and_the_weights_exclusion_does_not(autojump_clock):
+    """Other servers' verdict (a quorum of free identities) leaves a server out for
+    QUORUM_EXCLUSION_S; the published weights' verdict for good."""
+    module = expert()
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        y = module(x)
+
+    async def convicted_by_two(answer: Answer, asked: set[Any]) -> tuple[Any, torch.Tensor]:
+        return (f"sybil-{len(asked)}", y * 1.1)  # two servers that agree, not with it
+
+    auditor = AnswerAuditor(
+        Versions({("ffn.0.0", 1): module}), torch.float32, rate=1.0, on_mismatch=print
+    )
+    auditor.second_opinion = convicted_by_two
+    for answer in [
+        signed("forward", y, x, version=0),  # no weights of version 0: put to others
+        signed("forward", y * 1.1, x, by=CHEATER_ID, version=1),
+    ]:
+        over = await auditor.check(answer)
+        assert over is not None
+        assert over > 1
+    by_quorum, by_weights = auditor.findings
+    assert (by_quorum.by_quorum, by_weights.by_quorum) == (True, False)
+    assert by_weights.exclusion_seconds == math.inf
+    assert auditor.is_excluded(HONEST)
+    assert auditor.is_excluded(CHEATER)
+    await trio.sleep(QUORUM_EXCLUSION_S + 1)
+    assert not auditor.is_excluded(HONEST)
+    assert auditor.is_excluded(CHEATER)
