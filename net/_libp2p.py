@@ -139,7 +139,7 @@ __all__ = [
 ]
 
 
-def connection_config(dial_timeout: float = 10.0) -> ConnectionConfig:
+def connection_config(dial_timeout: float = 10.0, max_connections: int = 300) -> ConnectionConfig:
     """Connection settings without the fixed 250 ms dial delay.
 
     ``Swarm.dial_peer`` only ends its happy-eyeballs wait early on failure or once
@@ -148,7 +148,15 @@ def connection_config(dial_timeout: float = 10.0) -> ConnectionConfig:
     """
     # two: a relayed connection and the direct one that hole punching makes (libp2p
     # trims the extra one otherwise); streams go to the direct one ("best" strategy)
-    return ConnectionConfig(max_connections_per_peer=2, dial_timeout=dial_timeout)
+    # ``max_connections``: libp2p refuses every connection past it, inbound and our own
+    # dials alike (300 by default: 5 addresses x 62 idle connections shut a node off).
+    # Our admission (net/admission.py) bounds inbound connections below it, fairly.
+    return ConnectionConfig(
+        max_connections_per_peer=2,
+        dial_timeout=dial_timeout,
+        max_connections=max_connections,
+        high_watermark=max_connections,
+    )
 
 
 def key_pair_from_seed(seed: bytes) -> KeyPair:

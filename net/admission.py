@@ -19,7 +19,7 @@ the others.
 from __future__ import annotations
 
 import ipaddress
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -34,8 +34,21 @@ class AdmissionLimits:
     max_handshakes_per_source: int = 8
     #: The longest a handshake may take (honest ones take a few round trips).
     handshake_seconds: float = 5.0
-    #: Established inbound connections from one source.
+    #: Established inbound connections from one source, and from all together; past
+    #: the total, the oldest connection of the source holding the most is closed (a
+    #: newcomer is never the one refused). libp2p's own cap sits above this plus
+    #: ``outbound_reserve`` (net/_libp2p.py): it refused everyone, in and out, at 300.
     max_inbound_per_source: int = 64
+    max_inbound: int = 1024
+    #: Connections kept free for our own dials and the handshakes in progress, however
+    #: many inbound connections there are.
+    outbound_reserve: int = 512
+
+    @property
+    def libp2p_max_connections(self) -> int:
+        """What libp2p's swarm may hold in all: never the limit that bites."""
+        return self.max_inbound + self.max_handshakes + self.outbound_reserve
+
     #: New connections accepted from one source per second, and in a burst (a refusal
     #: costs an accept and a close; a handshake costs far more).
     connections_per_second: float = 16.0
@@ -75,6 +88,9 @@ class AdmissionStatistics:
     handshakes_failed: int = 0
     #: connections refused at once because their source has its share already
     refused_per_source: int = 0
+    #: established connections closed to make room for a newcomer from another source
+    #: (all inbound connections together at max_inbound)
+    connections_evicted: int = 0
     #: connections refused at once because their source opens them too fast
     refused_rate: int = 0
     offences: int = 0
@@ -151,7 +167,9 @@ class InboundAdmission(Generic[H]):
         self._pending: FairSlots[str, H] = FairSlots(
             self.limits.max_handshakes_per_source, self.limits.max_handshakes
         )
-        self._inbound: Counter[str] = Counter()
+        self._inbound: FairSlots[str, H] = FairSlots(
+            self.limits.max_inbound_per_source, self.limits.max_inbound
+        )
         self._rates: OrderedDict[str, TokenBucket] = OrderedDict()
         # source -> times of its recent offences; source -> end of its ban
         self._offences: OrderedDict[str, list[float]] = OrderedDict()
@@ -163,8 +181,8 @@ class InboundAdmission(Generic[H]):
 
     def inbound(self, source: str | None = None) -> int:
         if source is None:
-            return sum(self._inbound.values())
-        return self._inbound[source]
+            return len(self._inbound)
+        return self._inbound.held(source)
 
     def begin_handshake(self, source: str, handle: H) -> list[H]:
         """A connection arrived from ``source``. Returns the handshakes to abort to make
@@ -214,7 +232,7 @@ class InboundAdmission(Generic[H]):
         if self.banned(source, now):
             self.stats.refused_banned += 1
             return False
-        if self._inbound[source] >= self.limits.max_inbound_per_source:
+        if self._inbound.held(source) >= self.limits.max_inbound_per_source:
             self.stats.refused_per_source += 1
             return False
         bucket = self._rates.pop(source, None)
@@ -229,14 +247,16 @@ class InboundAdmission(Generic[H]):
             return False
         return True
 
-    def connection_opened(self, source: str) -> None:
-        """A handshake completed; the connection counts until connection_closed."""
-        self._inbound[source] += 1
-        self.stats.inbound_open += 1
+    def connection_opened(self, source: str, handle: H) -> list[H]:
+        """A handshake completed; the connection counts until connection_closed.
+        Returns the connections to close to make room (the heaviest source's oldest;
+        never ``handle``, unless its own source is over its share)."""
+        evicted = self._inbound.add(source, handle)
+        self.stats.inbound_open = len(self._inbound)
+        self.stats.connections_evicted += len(evicted)
+        return evicted
 
-    def connection_closed(self, source: str) -> None:
-        if self._inbound[source] > 0:
-            self._inbound[source] -= 1
-            self.stats.inbound_open -= 1
-        if not self._inbound[source]:
-            del self._inbound[source]
+    def connection_closed(self, source: str, handle: H) -> None:
+        """The connection closed (idempotent: an evicted one may be closed again)."""
+        self._inbound.remove(source, handle)
+        self.stats.inbound_open = len(self._inbound)

@@ -160,7 +160,10 @@ class SwarmHost:
         self.resolver: Resolver | None = None
         self._host = new_host(
             key_pair=identity.key_pair(),
-            connection_config=connection_config(dial_timeout=dial_timeout),
+            connection_config=connection_config(
+                dial_timeout=dial_timeout,
+                max_connections=(admission or AdmissionLimits()).libp2p_max_connections,
+            ),
             listen_addrs=self._listen,
             # Identify tells peers what we announce, never the raw listeners: libp2p
             # sent /ip4/0.0.0.0/... and peers dialled themselves (net/dialing.py)

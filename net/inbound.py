@@ -121,20 +121,21 @@ class InboundGate:
         if not _is_loopback(source):
             # another computer reached us: what the node can say about its reachability
             self.policy.stats.inbound_from_network += 1
-        self.policy.connection_opened(source)
         watch = trio.CancelScope()
+        for old in self.policy.connection_opened(source, watch):
+            old.cancel()  # all inbound connections at their total: the heaviest's oldest
         self._connections.setdefault(source, set()).add(watch)
         try:
             with watch:
                 await _wait_closed(muxed)
         finally:
-            self.policy.connection_closed(source)
+            self.policy.connection_closed(source, watch)
             held = self._connections.get(source)
             if held is not None:
                 held.discard(watch)
                 if not held:
                     del self._connections[source]
-        if watch.cancelled_caught:  # banned: the connection goes
+        if watch.cancelled_caught:  # banned or evicted: the connection goes
             await _close_quietly(muxed)
 
     def _punch_from(self, stream: Any) -> Any | None:

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from net.admission import AdmissionLimits
-from net.host import SwarmHost, parse_peer_addr
+from net.host import DialError, SwarmHost, parse_peer_addr
 from net.identity import Identity
 from net.rpc import Reply, RpcService
 from net.wire import KIND_RESPONSE, FrameReader, Limits, build_response
@@ -118,6 +118,73 @@ async def test_300_connections_opened_and_closed_then_a_newcomer_gets_in():
         stats = server.admission_statistics()
         assert stats.handshakes_completed >= 311
         await eventually(lambda: stats.inbound_open == 0)
+
+
+async def hold_connections(
+    server: SwarmHost, sources: int, each: int, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
+    """``sources`` addresses, each holding ``each`` idle connections of fresh
+    identities (within a source's share and connection burst) until cancelled."""
+    opened = 0
+
+    async def one(source: str, up: trio.Event, dialing: trio.CapacityLimiter) -> None:
+        nonlocal opened
+        async with stranger(source) as host:
+            async with dialing:  # within the source's share of handshakes in progress
+                while True:  # as an attacker would: a handshake lost under load is redone
+                    try:
+                        await host.connect(server.peer_id, server.listen_addrs(), timeout=30)
+                        break
+                    except DialError:
+                        await trio.sleep(0.1)
+            opened += 1
+            if opened == sources * each:
+                up.set()
+            await trio.sleep_forever()
+
+    up = trio.Event()
+    async with trio.open_nursery() as nursery:
+        for i in range(sources):
+            dialing = trio.CapacityLimiter(4)
+            for _ in range(each):
+                nursery.start_soon(one, f"127.0.0.{20 + i}", up, dialing)
+        with trio.fail_after(120):
+            await up.wait()
+        task_status.started()
+
+
+@pytest.mark.slow
+async def test_libp2ps_connection_cap_is_never_the_limit_that_bites():
+    """Issue 35, finding 5: py-libp2p 0.8.1 refuses every connection past 300, inbound
+    and outbound: 5 addresses x 62 idle connections (each address within its share)
+    kept every newcomer out (0 of 6) and failed the node's own dials. Here 8 x 40 (a
+    source's handshakes that fail under load leave connections behind for a while, and
+    62 of a source could then pass its share of 64)."""
+    async with echo_server() as (server, _), trio.open_nursery() as nursery:
+        await nursery.start(hold_connections, server, 8, 40)
+        assert server.admission_statistics().inbound_open >= 320
+        for _ in range(3):
+            assert await honest_call(server, timeout=10) == {"n": 1}
+        async with echo_server() as (other, _):  # the node dials out
+            server.remember(other.peer_id, other.listen_addrs())
+            reply = await RpcService(server).call(other.peer_id, "echo", {"n": 2}, timeout=10)
+            assert reply.meta == {"n": 2}
+        nursery.cancel_scope.cancel()
+
+
+async def test_past_the_inbound_total_a_newcomer_gets_in_and_the_heaviest_source_gives_way():
+    limits = AdmissionLimits(max_inbound=12)
+    host = SwarmHost(Identity.generate(), admission=limits)
+    async with host.running(), trio.open_nursery() as nursery:
+        rpc = RpcService(host)
+        rpc.register("echo", echo)
+        rpc.attach()
+        await nursery.start(hold_connections, host, 2, 6)
+        assert await honest_call(host, timeout=10) == {"n": 1}
+        stats = host.admission_statistics()
+        assert stats.connections_evicted >= 1
+        assert stats.inbound_open <= 12
+        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.slow

@@ -66,17 +66,35 @@ def test_a_finished_handshake_frees_its_place_and_ending_twice_is_harmless():
 def test_connections_per_source_are_capped_and_freed_when_they_close():
     gate: InboundAdmission[str] = InboundAdmission(LIMITS)
     assert gate.admits("a", now=0.0)
-    gate.connection_opened("a")
-    gate.connection_opened("a")
+    assert gate.connection_opened("a", "a1") == []
+    assert gate.connection_opened("a", "a2") == []
     assert not gate.admits("a", now=0.0)
     assert gate.admits("b", now=0.0)  # another source is not affected
-    gate.connection_closed("a")
+    gate.connection_closed("a", "a1")
     assert gate.admits("a", now=0.0)
     assert gate.stats.refused_per_source == 1
-    gate.connection_closed("a")
-    gate.connection_closed("a")  # closing more than opened never goes negative
+    gate.connection_closed("a", "a2")
+    gate.connection_closed("a", "a2")  # closing more than opened never goes negative
     assert gate.inbound("a") == 0
     assert gate.inbound() == 0
+
+
+def test_past_the_total_the_heaviest_sources_oldest_connection_makes_room():
+    """Issue 35, finding 5: all inbound connections together are bounded by us, fairly,
+    well below libp2p's own cap (which refused everyone, both ways, at 300)."""
+    limits = AdmissionLimits(max_inbound_per_source=3, max_inbound=5, outbound_reserve=7)
+    gate: InboundAdmission[str] = InboundAdmission(limits)
+    opened = [("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("b", "b2")]
+    assert [gate.connection_opened(*o) for o in opened] == [[]] * 5
+    assert gate.connection_opened("c", "c1") == ["a1"]  # a holds the most
+    assert gate.connection_opened("d", "d1") == ["a2"]  # still a's turn (2 against b's 2)
+    assert gate.connection_opened("e", "e1") == ["b1"]
+    assert gate.inbound() == 5
+    assert gate.stats.connections_evicted == 3
+    for source, handle in [("a", "a1"), ("a", "a2"), ("b", "b1")]:  # their handlers end
+        gate.connection_closed(source, handle)
+    assert (gate.inbound("a"), gate.inbound("b"), gate.inbound()) == (1, 1, 5)
+    assert limits.libp2p_max_connections == 5 + limits.max_handshakes + 7
 
 
 def test_a_source_opening_connections_too_fast_is_refused_until_its_bucket_refills():
