@@ -13,15 +13,19 @@ import pytest
 import trio
 
 from core.control import find_node
+from core.namespaces import moehome_validator
 from core.node.node import Node
 from core.node.probes import FakeProbes
 from core.project import records as project_records
-from core.project.distribution import ProjectNotFound
+from core.project.chunks import ChunkStore
+from core.project.distribution import GET_CHUNK, HEDGE_S, ProjectNotFound, WeightsFetcher
 from core.project.keys import OwnerKey
 from core.project.manifest import ManifestError, load_manifest, parse_manifest
+from core.project.publish import prepare, serve_project
 from core.project.signed import SignedManifest, canonical, project_id
-from net import Identity, NamespacedValidator, Peer
+from net import CallContext, Identity, NamespacedValidator, Peer, Reply
 from net.dht.node import DhtError
+from net.testing import open_swarm
 from net.wire import pack
 from tests.swarm.test_node import options
 from tests.swarm.test_project import small_manifest
@@ -95,4 +99,50 @@ async def test_a_manifest_bomb_from_a_stranger_is_refused_and_the_node_stays_res
             status = await trio.to_thread.run_sync(client.status)
         assert status.project is None
         client.close()
+        nursery.cancel_scope.cancel()
+
+
+async def silent(ctx: CallContext) -> Reply:
+    """A provider that takes chunk requests and never answers them."""
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+async def test_silent_providers_neither_hold_up_a_join_nor_each_chunk(tmp_path):
+    """Issue 35, finding 6: anyone may announce itself a provider of a project's
+    weights; providers were asked in one shuffled order, 30 s each, and only a hash
+    mismatch marked one bad: 8 silent Sybils stretched a join from 1.8 s to 65-365 s."""
+    prepared = prepare(small_manifest(tmp_path), OwnerKey.generate(), (), tmp_path / "owner")
+    pid, index = prepared.signed.project_id, prepared.index.sha256
+    uids = list(prepared.signed.manifest.model.expert_uids())
+    async with (
+        open_swarm(8, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        owner, volunteer, again, *sybils = (swarm.node(i) for i in range(8))
+        await nursery.start(serve_project, owner, prepared)
+        for sybil in sybils:
+            sybil.rpc.register(GET_CHUNK, silent)
+            await sybil.dht.put(
+                project_records.providers_key(pid),
+                project_records.ProviderAnnouncement(index, ()).encode(),
+                600,
+            )
+        fetcher = WeightsFetcher(volunteer, ChunkStore(tmp_path / "v-chunks"))
+        found = await fetcher.providers(pid, index)
+        assert len(found) == 6
+        # the silent ones answer no probe: the owner goes first, whatever the shuffle
+        with trio.fail_after(15):
+            ranked = await fetcher.rank(found, index)
+            assert ranked[0] == owner.peer_id
+            files = await fetcher.fetch(prepared.signed, uids)
+        assert sorted(files) == sorted(uids)
+        # asked in the worst order (every silent one first), each chunk waits HEDGE_S
+        # per silent provider at most, and only until they are known to be slow
+        fetcher = WeightsFetcher(again, ChunkStore(tmp_path / "again-chunks"))
+        with trio.fail_after(len(sybils) * HEDGE_S + 15):
+            files = await fetcher.fetch(
+                prepared.signed, uids, providers=[*(s.peer_id for s in sybils), owner.peer_id]
+            )
+        assert sorted(files) == sorted(uids)
         nursery.cancel_scope.cancel()
