@@ -18,10 +18,14 @@ import logging
 import random
 from collections.abc import Collection, Sequence
 
+from net.admission import source_of
+
 log = logging.getLogger(__name__)
 
 #: A peer's record may name many addresses; a dial tries at most this many.
 MAX_DIAL_ADDRS = 8
+#: ... and at most this many ports of one IP address.
+MAX_PORTS_PER_IP = 2
 #: The next address is dialled when the previous one failed, or after this long
 #: (Happy Eyeballs: a silent address must not hold back the next one for a whole
 #: connect timeout).
@@ -37,12 +41,14 @@ def dial_order(addrs: Sequence[str], own: Collection[str] = ()) -> list[str]:
 
     Left out: addresses that cannot name a peer (the unspecified ``0.0.0.0`` / ``::``,
     which reach whoever dials), our own listen addresses (``own``: the dial would reach
-    us), relay circuits (dialled by the relay client, not here), and duplicates. The
+    us), relay circuits (dialled by the relay client, not here), duplicates, and ports of
+    an IP address past the first MAX_PORTS_PER_IP. The
     peer's own order is kept (it puts what outsiders reached first), except that loopback
     goes last: it reaches a peer only on this same computer."""
     usable: list[str] = []
     loopback: list[str] = []
     seen: set[str] = set()
+    per_ip: dict[str, int] = {}
     own_set = set(own)
     for addr in addrs:
         base = addr.split("/p2p/", 1)[0]
@@ -59,6 +65,11 @@ def dial_order(addrs: Sequence[str], own: Collection[str] = ()) -> list[str]:
             continue
         if ip.is_unspecified or ip.is_multicast:
             continue
+        # a peer listens on a port or two of an address; a record naming many ports
+        # of one address aims our dials at whoever is there
+        per_ip[str(ip)] = per_ip.get(str(ip), 0) + 1
+        if per_ip[str(ip)] > MAX_PORTS_PER_IP:
+            continue
         (loopback if ip.is_loopback else usable).append(base)
     return [*usable, *loopback][:MAX_DIAL_ADDRS]
 
@@ -71,3 +82,25 @@ def relayed_candidates(addrs: Sequence[str]) -> list[str]:
     unique = list(dict.fromkeys(circuits))
     random.shuffle(unique)
     return unique[:4]
+
+
+def address_source(addr: str) -> str | None:
+    """The source (net.admission.source_of: IPv4 address, IPv6 /64) an ``/ip4`` or
+    ``/ip6`` address dials; None for anything else (dns names prove nothing)."""
+    parts = addr.split("/")
+    if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
+        return None
+    try:
+        ipaddress.ip_address(parts[2])
+    except ValueError:
+        return None
+    return source_of(parts[2])
+
+
+def proven_addrs(claimed: Sequence[str], source: str) -> tuple[str, ...]:
+    """The addresses a peer claims that its connection proves: those on the address
+    (IPv4) or network (IPv6 /64) the connection came from. A peer that came through a
+    relay proves that relay's circuits. Anything else is the peer's word, which a
+    stranger uses to aim others' dials at a third party (issue 35: 60 DHT requests
+    naming 8 ports of a third party brought 5,659 connections on it)."""
+    return tuple(a for a in claimed if address_source(a) == source)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -29,6 +30,7 @@ from net._libp2p import PeerID
 from net.dht.records import NamespacedValidator, RecordRejected, SignedRecord, sign_record
 from net.dht.routing import Contact, RoutingTable, key_id_of, node_id_of
 from net.dht.store import RecordStore, StoreLimits
+from net.dialing import address_source, proven_addrs
 from net.host import DialError, SwarmHost
 from net.identity import Identity
 from net.ratelimit import Admission, PeerRateLimiter, RateLimits
@@ -51,6 +53,9 @@ STORE: Final = "dht.store"
 _MAX_ADDRS: Final = 8
 _MAX_ADDR_CHARS: Final = 200
 _MAX_PEER_ID_BYTES: Final = 64
+#: Contacts not in our routing table that one lookup adopts from replies at one address
+#: (IPv4, IPv6 /64): more would let a reply aim our dials at a third party's ports.
+MAX_VOUCHED_PER_SOURCE: Final = 2
 
 
 class DhtError(Exception):
@@ -266,6 +271,9 @@ class DhtNode:
         }
         asked: set[PeerID] = set()
         answered: dict[PeerID, Contact[PeerID]] = {}
+        # contacts a reply vouches for are its word: at most a few at one address, so a
+        # reply naming many ports of a third party does not aim our dials at it
+        vouched: Counter[str | None] = Counter()
         method = GET if key is not None else FIND
         meta: dict[str, Any] = (
             {"key": key} if key is not None else {"target": target.to_bytes(32, "big")}
@@ -279,9 +287,14 @@ class DhtNode:
                 return
             answered[contact.peer] = contact
             for peer, node_id, addrs in self._parse_contacts(reply.meta.get("peers")):
-                if peer not in candidates and peer not in asked and node_id != self.node_id:
-                    candidates[peer] = Contact(peer, node_id, addrs)
-                    self.host.remember(peer, addrs)
+                if peer in candidates or peer in asked or node_id == self.node_id:
+                    continue
+                where = address_source(addrs[0])
+                if vouched[where] >= MAX_VOUCHED_PER_SOURCE and peer not in self.routing:
+                    continue
+                vouched[where] += 1
+                candidates[peer] = Contact(peer, node_id, addrs)
+                self.host.remember(peer, addrs)
             if key is not None and found is not None:
                 await self._merge(self._decode_records(reply.tensors), key, found)
 
@@ -368,8 +381,10 @@ class DhtNode:
     # ------------------------------------------------------------ serving
 
     def _note_sender(self, ctx: CallContext) -> None:
-        addrs = _parse_addrs(ctx.request.meta.get("addrs"))
-        if addrs:  # peers without listen addresses are clients: never route to them
+        # only the addresses its connection proves: the rest are its word, and others
+        # would be told of them and dial them (net/dialing.py: proven_addrs)
+        addrs = proven_addrs(_parse_addrs(ctx.request.meta.get("addrs")), ctx.source)
+        if addrs:  # peers without (proven) listen addresses are clients: never route to them
             self.host.remember(ctx.peer_id, addrs)
             self.routing.add(
                 ctx.peer_id, node_id_of(ctx.peer_id.to_bytes()), addrs, trio.current_time()
@@ -476,7 +491,8 @@ class DhtNode:
                 continue
             if len(item[0]) > _MAX_PEER_ID_BYTES:
                 continue
-            addrs = _parse_addrs(item[1])
+            # one address a contact: the peer that vouches for it may be lying
+            addrs = _parse_addrs(item[1])[:1]
             if not addrs:
                 continue
             try:

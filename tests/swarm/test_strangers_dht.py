@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 
 import psutil
 import pytest
+import trio
 
 from net.dht import SignedRecord, sign_record
-from net.dht.node import STORE
+from net.dht.node import FIND, STORE
 from net.identity import Identity
 from net.rpc import PeerUnreachable, RateLimited, RpcService
 from net.testing import open_swarm
@@ -143,3 +145,50 @@ async def test_large_batches_of_signatures_are_checked_off_the_event_loop():
             )
         assert threads
         assert loop_thread not in threads
+
+
+async def count_connections(
+    ip: str, ports: int, counts: list[int], *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
+    """A third party: ``ports`` TCP listeners on ``ip`` counting who connects."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        counts[0] += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = []
+        for _ in range(ports):
+            listeners += await trio.open_tcp_listeners(0, host=ip)
+        for listener in listeners:
+            nursery.start_soon(trio.serve_listeners, handler, [listener])
+        task_status.started([lst.socket.getsockname()[1] for lst in listeners])
+
+
+async def test_dht_requests_cannot_aim_the_swarms_dials_at_a_third_party():
+    """Issue 35, finding 9: a DHT request's ``addrs`` were the sender's unsigned claim;
+    they entered routing tables and every reply, and each node that learned them dialled
+    them: 60 `dht.find` messages naming 8 ports of a third party brought 5,659
+    connections on it from a 5-node swarm (94 per message)."""
+    counts = [0]
+    async with open_swarm(5) as swarm, trio.open_nursery() as nursery:
+        ports = await nursery.start(count_connections, "127.0.0.50", 8, counts)
+        claimed = [f"/ip4/127.0.0.50/tcp/{p}" for p in ports]
+        messages = 60
+        for i in range(messages):
+            async with stranger("127.0.0.2") as attacker:  # a fresh identity each time
+                victim = swarm.node(i % 5)
+                attacker.remember(victim.host.peer_id, victim.host.listen_addrs())
+                await RpcService(attacker).call(
+                    victim.host.peer_id,
+                    FIND,
+                    {"target": os.urandom(32), "addrs": claimed},
+                    timeout=10,
+                )
+        for _ in range(4):  # the swarm goes about its lookups (refreshes, gets)
+            async with trio.open_nursery() as lookups:
+                for peer in swarm.peers:
+                    lookups.start_soon(peer.dht.get, f"/moehome/demo/{os.urandom(4).hex()}")
+        assert counts[0] / messages <= 1  # third_party_connections_per_message
+        assert counts[0] == 0
+        nursery.cancel_scope.cancel()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from net.dialing import MAX_DIAL_ADDRS, dial_order
+from net.dialing import MAX_DIAL_ADDRS, dial_order, proven_addrs
 from net.peer import network_config
 
 PUB = "/ip4/198.18.0.10/tcp/4001"
@@ -55,3 +55,45 @@ def test_roles_learn_their_reachability_only_beyond_loopback(listen, relay, reac
     assert (config.reachability is not None) is reach
     assert (config.relay_client is not None) is reach  # places on relays when needed
     assert (config.relay is not None) is relays
+
+
+@pytest.mark.parametrize(
+    ("claimed", "source", "proven"),
+    [
+        (["/ip4/198.18.0.7/tcp/4001"], "198.18.0.7", ["/ip4/198.18.0.7/tcp/4001"]),
+        # a third party's ports, claimed by someone at another address
+        (["/ip4/198.18.0.9/tcp/22", "/ip4/198.18.0.9/tcp/80"], "198.18.0.7", []),
+        # another port of the address the connection came from: proven as far as
+        # addresses go (what the peer itself listens on)
+        (
+            ["/ip4/198.18.0.7/tcp/9/p2p/x", "/ip4/10.0.0.2/tcp/4001"],
+            "198.18.0.7",
+            ["/ip4/198.18.0.7/tcp/9/p2p/x"],
+        ),
+        # IPv6: the /64 the connection came from
+        (
+            ["/ip6/2001:db8::1/tcp/4001", "/ip6/2001:db9::1/tcp/1"],
+            "2001:db8::/64",
+            ["/ip6/2001:db8::1/tcp/4001"],
+        ),
+        # circuits through the relay the connection came through
+        (
+            ["/ip4/198.18.0.1/tcp/4001/p2p/R/p2p-circuit"],
+            "198.18.0.1",
+            ["/ip4/198.18.0.1/tcp/4001/p2p/R/p2p-circuit"],
+        ),
+        (["/dns4/example.org/tcp/4001", "/ip4/not-an-ip/tcp/1"], "198.18.0.7", []),
+    ],
+)
+def test_only_the_addresses_a_connection_proves_are_taken_from_a_peers_claim(
+    claimed, source, proven
+):
+    assert list(proven_addrs(claimed, source)) == proven
+
+
+def test_a_record_naming_many_ports_of_one_address_is_dialled_at_two():
+    ports = [f"/ip4/198.18.0.9/tcp/{p}" for p in (22, 80, 443, 8080)]
+    assert dial_order([*ports, "/ip4/198.18.0.10/tcp/4001"]) == [
+        *ports[:2],
+        "/ip4/198.18.0.10/tcp/4001",
+    ]
