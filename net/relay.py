@@ -48,9 +48,9 @@ from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeer
 from libp2p.relay.circuit_v2.pb.circuit_pb2 import Status as Code
 
 from net._libp2p import PeerID
-from net.admission import source_of
+from net.admission import FairSlots, source_of
 from net.host import DialError, SwarmHost, parse_peer_addr
-from net.ratelimit import TokenBucket
+from net.ratelimit import FairRate
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,9 @@ STOP = "/libp2p/circuit/relay/0.2.0/stop"
 #: The longest hop or stop message we read (a few addresses and ids).
 MAX_MESSAGE_BYTES = 4096
 _CHUNK = 64 * 1024
+#: A read this small through a circuit is a keepalive (a Noise-sealed yamux ping is 30
+#: bytes), not traffic: it does not keep an idle circuit open.
+_KEEPALIVE_BYTES = 64
 
 
 class RelayError(DialError):
@@ -76,6 +79,14 @@ class RelayLimits:
     max_circuits: int = 64
     #: circuits to one reserved peer at once
     circuits_per_peer: int = 8
+    #: circuits opened from one source address (the initiator's), through the relay
+    #: and to one reserved peer; past a limit, the oldest circuit of the source holding
+    #: the most is closed, never the newcomer (16 idle circuits from one address kept a
+    #: volunteer behind NAT unreachable)
+    circuits_per_source: int = 16
+    circuits_per_source_per_peer: int = 2
+    #: a circuit that carried nothing (beyond keepalives) this long is closed
+    circuit_idle_s: float = 20.0
     #: a circuit ends after this long, and when this many bytes went one way
     circuit_s: float = 600.0
     circuit_bytes: int = 64 * 1024 * 1024
@@ -85,6 +96,9 @@ class RelayLimits:
     #: is received and sent again): the relay's own line is never filled by others.
     #: 4 MiB/s for public peers; a volunteer's node gives it a home uplink's share.
     bytes_per_s: float = 4 * 1024 * 1024
+    #: It is shared fairly between the sources (initiators' addresses) of the circuits
+    #: that carry bytes (net/ratelimit.py: FairRate): one bucket for all let a hog
+    #: drain what an honest caller needed (1 MiB fell from 21 MB/s to 0.11 MB/s).
 
 
 @dataclass
@@ -96,6 +110,9 @@ class RelayStatistics:
     #: circuits ended because they reached a limit
     circuits_cut_bytes: int = 0
     circuits_cut_time: int = 0
+    circuits_cut_idle: int = 0
+    #: closed to make room for a circuit from another source
+    circuits_evicted: int = 0
     bytes_relayed: int = 0
 
 
@@ -197,11 +214,17 @@ class RelayService:
         self.limits = limits or RelayLimits()
         self._enabled = enabled
         self._reservations: dict[PeerID, _Reservation] = {}
-        self._circuits = 0
+        lim = self.limits
+        # circuits by the initiator's source: through the relay, and to each target
+        self._circuits: FairSlots[str, trio.CancelScope] = FairSlots(
+            lim.circuits_per_source, lim.max_circuits
+        )
+        self._to_target: dict[PeerID, FairSlots[str, trio.CancelScope]] = {}
+        self._evicted: set[trio.CancelScope] = set()
         self.stats = RelayStatistics()
-        # a burst of a second, and at least one chunk (else a chunk never passes)
-        burst = max(self.limits.bytes_per_s, _CHUNK)
-        self._rate = TokenBucket.full(self.limits.bytes_per_s, burst, 0.0)  # full from the start
+        # a burst of a second of each source's share, and at least one chunk (else a
+        # chunk never passes)
+        self._rate = FairRate(lim.bytes_per_s, min_burst=_CHUNK)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host.set_stream_handler(HOP, self._on_hop)
@@ -232,6 +255,11 @@ class RelayService:
             gone = r.expires <= now or not self.host.is_connected(peer)
             if gone and not r.circuits:
                 del self._reservations[peer]
+                self._to_target.pop(peer, None)
+
+    @property
+    def circuits(self) -> int:
+        return len(self._circuits)
 
     async def _reserve(self, stream: Any, peer: PeerID) -> None:
         now = trio.current_time()
@@ -285,25 +313,38 @@ class RelayService:
         if reservation is None or not self.host.is_connected(target):
             await self._refuse_circuit(stream, Code.NO_RESERVATION)
             return
-        if (
-            self._circuits >= self.limits.max_circuits
-            or reservation.circuits >= self.limits.circuits_per_peer
-        ):
-            await self._refuse_circuit(stream, Code.RESOURCE_LIMIT_EXCEEDED)
-            return
-        self._circuits += 1
+        lim = self.limits
+        source = source_of(_remote_ip(stream))
+        to_target = self._to_target.setdefault(
+            target, FairSlots(lim.circuits_per_source_per_peer, lim.circuits_per_peer)
+        )
+        scope = trio.CancelScope()
+        # room for the newcomer: the oldest circuit of the source holding the most goes
+        for old in [*self._circuits.add(source, scope), *to_target.add(source, scope)]:
+            if old is not scope:
+                self._evicted.add(old)
+                old.cancel()
         reservation.circuits += 1
         try:
-            await self._open_circuit(stream, initiator, target)
+            with scope:
+                await self._open_circuit(stream, initiator, target, source)
+            if scope.cancelled_caught:
+                if scope in self._evicted:
+                    self.stats.circuits_evicted += 1
+                await reset_quietly(stream)
         finally:
-            self._circuits -= 1
+            self._evicted.discard(scope)
+            self._circuits.remove(source, scope)
+            to_target.remove(source, scope)
             reservation.circuits -= 1
 
     async def _refuse_circuit(self, stream: Any, code: Any) -> None:
         self.stats.circuits_refused += 1
         await _answer_hop(stream, code)
 
-    async def _open_circuit(self, stream: Any, initiator: PeerID, target: PeerID) -> None:
+    async def _open_circuit(
+        self, stream: Any, initiator: PeerID, target: PeerID, source: str
+    ) -> None:
         try:
             with trio.fail_after(self.limits.message_s):
                 far = await self.host.new_stream(target, STOP, timeout=self.limits.message_s)
@@ -332,19 +373,25 @@ class RelayService:
             await reset_quietly(far)
             return
         self.stats.circuits_opened += 1
-        await self._splice(stream, far)
+        try:
+            await self._splice(stream, far, source)
+        finally:
+            await reset_quietly(far)  # evicted or ended: the far side is told at once
 
-    async def _spend(self, nbytes: int) -> None:
-        """Wait until the relay's shared rate lets ``nbytes`` more through."""
+    async def _spend(self, nbytes: int, source: str) -> None:
+        """Wait until ``source``'s share of the relay's rate lets ``nbytes`` through."""
         while True:
-            if self._rate.try_take(nbytes, trio.current_time()):
+            now = trio.current_time()
+            if self._rate.try_take(source, nbytes, now):
                 return
-            # exactly as long as the missing tokens take to come back
-            await trio.sleep((nbytes - self._rate.tokens) / self._rate.rate)
+            # as long as the missing tokens take to come back at today's share
+            await trio.sleep(self._rate.wait_s(source, nbytes, now))
 
-    async def _splice(self, a: Any, b: Any) -> None:
-        """Copy both ways until both ends closed, a limit is reached or one end fails."""
+    async def _splice(self, a: Any, b: Any, source: str) -> None:
+        """Copy both ways until both ends closed, a limit is reached, nothing but
+        keepalives passed for ``circuit_idle_s``, or one end fails."""
         cut = False
+        idle = trio.CancelScope(deadline=trio.current_time() + self.limits.circuit_idle_s)
 
         async def pump(src: Any, dst: Any, cancel: trio.CancelScope) -> None:
             nonlocal cut
@@ -359,6 +406,8 @@ class RelayService:
                         await dst.close()  # half-close: the other way may go on
                         return
                     sent += len(chunk)
+                    if len(chunk) > _KEEPALIVE_BYTES:  # traffic, not a yamux ping
+                        idle.deadline = trio.current_time() + self.limits.circuit_idle_s
                     if sent > self.limits.circuit_bytes:
                         self.stats.circuits_cut_bytes += 1
                         log.info(
@@ -367,20 +416,24 @@ class RelayService:
                         cut = True
                         cancel.cancel()
                         return
-                    await self._spend(len(chunk))
+                    await self._spend(len(chunk), source)
                     await dst.write(chunk)
                     self.stats.bytes_relayed += len(chunk)
             except (BaseLibp2pError, OSError):
                 cut = True
                 cancel.cancel()
 
-        with trio.move_on_after(self.limits.circuit_s) as timer:
+        with trio.move_on_after(self.limits.circuit_s) as timer, idle:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pump, a, b, nursery.cancel_scope)
                 nursery.start_soon(pump, b, a, nursery.cancel_scope)
         if timer.cancelled_caught:
             self.stats.circuits_cut_time += 1
             log.info("a circuit reached %.0f s: cut", self.limits.circuit_s)
+            cut = True
+        if idle.cancelled_caught:
+            self.stats.circuits_cut_idle += 1
+            log.debug("a circuit idle for %.0f s: closed", self.limits.circuit_idle_s)
             cut = True
         if cut:
             await reset_quietly(a)

@@ -28,6 +28,7 @@ from net.relay import (
     split_circuit,
 )
 from net.rpc import RpcError
+from net.testing import dial_from
 from net.wire import Tensor
 from tests.waiting import eventually
 
@@ -280,7 +281,7 @@ class TamperingRelay(RelayService):
 
     after = 0
 
-    async def _splice(self, a: Any, b: Any) -> None:
+    async def _splice(self, a: Any, b: Any, source: str) -> None:
         after = self.after
 
         class Flipping:
@@ -297,7 +298,7 @@ class TamperingRelay(RelayService):
             def __getattr__(self, name: str) -> Any:
                 return getattr(self.inner, name)
 
-        await super()._splice(a, Flipping(b))
+        await super()._splice(a, Flipping(b), source)
 
 
 @pytest.mark.parametrize("after", [0, 16 * 1024])
@@ -327,3 +328,84 @@ def test_circuit_addresses_name_their_relay():
     assert split_circuit(addr) == (f"/ip4/198.18.0.10/tcp/4001/p2p/{relay}", relay)
     assert split_circuit("/ip4/198.18.0.10/tcp/4001") is None
     assert split_circuit("/p2p-circuit") is None
+
+
+async def peer_from(nursery: trio.Nursery, source_ip: str) -> Peer:
+    """A peer whose dials leave from ``source_ip`` (a caller at an address of its own)."""
+    peer = Peer(Identity.generate())
+    dial_from(peer.host, source_ip)
+    started: Peer = await nursery.start(peer.run)
+    return started
+
+
+async def test_circuits_from_one_address_never_crowd_out_a_peers_other_callers():
+    """Issue 35, finding 7: 8 circuits per reserved peer and 64 per relay, none per
+    initiator or address, each living 10 minutes: 16 idle relayed connections from one
+    address left a volunteer behind NAT unreachable (0 of 3 callers)."""
+    async with trio.open_nursery() as nursery, relay_peer(nursery) as (relay, service):
+        target = await relayed_peer(nursery, lambda: [relay.peer_id])
+        await target.peer.host.connect(relay.peer_id, relay.host.listen_addrs())
+        await eventually(lambda: target.client.relayed_addrs(), 10)
+        (circuit,) = target.client.relayed_addrs()
+        for _ in range(16):  # idle relayed connections, fresh identities, one address
+            squatter = await peer_from(nursery, "127.0.0.2")
+            with contextlib.suppress(DialError):
+                await squatter.host.connect(target.peer.peer_id, [circuit])
+        assert service.circuits <= RelayLimits().circuits_per_source_per_peer
+        for i in range(3):  # callers at addresses of their own get in
+            caller = await peer_from(nursery, f"127.0.0.{3 + i}")
+            await caller.host.connect(target.peer.peer_id, [circuit])
+            assert await ping(caller, target.peer.peer_id, 1000) == 1000
+        assert service.stats.circuits_evicted >= 16 - 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_circuit_is_closed_in_seconds():
+    limits = RelayLimits(circuit_idle_s=1.0)
+    async with trio.open_nursery() as nursery, relay_peer(nursery, limits) as (relay, service):
+        target = await relayed_peer(nursery, lambda: [relay.peer_id])
+        await target.peer.host.connect(relay.peer_id, relay.host.listen_addrs())
+        await eventually(lambda: target.client.relayed_addrs(), 10)
+        caller: Peer = await nursery.start(Peer(Identity.generate()).run)
+        await caller.host.connect(target.peer.peer_id, target.client.relayed_addrs())
+        for _ in range(4):  # traffic keeps it open past its idle time
+            assert await ping(caller, target.peer.peer_id, 1000) == 1000
+            await trio.sleep(0.5)
+        assert service.stats.circuits_cut_idle == 0
+        await eventually(lambda: not caller.host.is_connected(target.peer.peer_id), 10)
+        assert service.stats.circuits_cut_idle == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hog_never_drains_what_another_callers_first_bytes_need():
+    """Issue 35, finding 8: the relay's rate was one bucket for everyone: behind a hog,
+    an honest 1 MiB through the relay fell from 21-23 MB/s to 0.11 MB/s."""
+    rate = 256 * 1024
+    limits = RelayLimits(bytes_per_s=rate, circuit_bytes=1 << 40)
+    async with trio.open_nursery() as nursery, relay_peer(nursery, limits) as (relay, _):
+        targets = []
+        for _ in range(3):
+            target = await relayed_peer(nursery, lambda: [relay.peer_id])
+            await target.peer.host.connect(relay.peer_id, relay.host.listen_addrs())
+            await eventually(lambda: target.client.relayed_addrs(), 10)  # noqa: B023
+            targets.append(target)
+
+        async def hog(target: Relayed) -> None:
+            hogger = await peer_from(nursery, "127.0.0.2")
+            await hogger.host.connect(target.peer.peer_id, target.client.relayed_addrs())
+            while True:
+                with contextlib.suppress(RpcError):
+                    await ping(hogger, target.peer.peer_id, 64 * 1024)
+
+        for target in targets:  # 6 circuits from one address, pushing all they can
+            for _ in range(2):
+                nursery.start_soon(hog, target)
+        await trio.sleep(3.0)  # the hog has drained whatever a single bucket held
+        honest = await peer_from(nursery, "127.0.0.3")
+        await honest.host.connect(targets[0].peer.peer_id, targets[0].client.relayed_addrs())
+        # half the relay's rate is the honest caller's now, and a second of it at once:
+        # 512 KiB take (512 - 128) / 128 = 3 s, where a share of one bucket with the
+        # hog's six circuits took more than the call's 10 s
+        with trio.fail_after(8):
+            assert await ping(honest, targets[0].peer.peer_id, 512 * 1024) == 512 * 1024
+        nursery.cancel_scope.cancel()

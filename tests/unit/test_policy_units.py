@@ -18,7 +18,7 @@ from net.dht.records import (
 from net.dht.routing import RoutingTable, key_id_of
 from net.dht.store import RecordStore, StoreLimits
 from net.identity import Identity
-from net.ratelimit import Admission, PeerRateLimiter, RateLimits, TokenBucket
+from net.ratelimit import Admission, FairRate, PeerRateLimiter, RateLimits, TokenBucket
 from net.wire import pack
 
 NOW = 1_700_000_000_000
@@ -255,3 +255,33 @@ def test_record_encoding_round_trip_and_bounds():
         SignedRecord.decode(r.encode(), 10)
     with pytest.raises(RecordRejected, match="malformed"):
         SignedRecord.decode(b"\x92\x01\x02", 4096)
+
+
+def test_a_fair_rate_gives_a_newcomer_its_first_bytes_at_once_beside_a_hog():
+    """Issue 35, finding 8: a relay's one bucket let a hog drain what an honest
+    caller's first megabyte needed."""
+    fair = FairRate(4.0, min_burst=1.0)
+    assert fair.share("hog", 0.0) == 4.0  # alone: the whole rate
+    spent = 0.0
+    for tick in range(100):  # the hog drains its bucket as fast as it refills
+        now = tick * 0.1
+        while fair.try_take("hog", 0.1, now):
+            spent += 0.1
+    assert 4.0 * 9.9 <= spent <= 4.0 * 10.0 + 4.0 + 1e-6  # a second's burst, then the rate
+    # a newcomer: half the rate, and a full second of it at once
+    assert fair.share("new", 10.0) == 2.0
+    assert fair.try_take("new", 2.0, 10.0)
+    assert not fair.try_take("new", 0.5, 10.0)
+    assert fair.wait_s("new", 0.5, 10.0) == 0.25
+    # the hog now refills at half the rate: 0.4 in 0.2 s (0.8 alone)
+    assert not fair.try_take("hog", 0.6, 10.1)
+    assert fair.try_take("hog", 0.35, 10.1)
+    # a source quiet for active_s no longer counts: the hog has the whole rate again
+    assert fair.share("hog", 12.5) == 4.0
+
+
+def test_a_fair_rate_lets_a_chunk_pass_however_many_share_it():
+    fair = FairRate(1.0, min_burst=0.5, max_sources=3)
+    for i in range(5):
+        assert fair.try_take(f"s{i}", 0.5, 0.0)  # each newcomer: one chunk at once
+    assert len(fair._sources) == 3  # the least recently used forgotten
