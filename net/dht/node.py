@@ -381,11 +381,16 @@ class DhtNode:
     # ------------------------------------------------------------ serving
 
     def _note_sender(self, ctx: CallContext) -> None:
-        # only the addresses its connection proves: the rest are its word, and others
-        # would be told of them and dial them (net/dialing.py: proven_addrs)
-        addrs = proven_addrs(_parse_addrs(ctx.request.meta.get("addrs")), ctx.source)
+        claimed = _parse_addrs(ctx.request.meta.get("addrs"))
+        # routed to, and handed on to others, only at the addresses its connection
+        # proves: the rest are its word, which others would dial (net/dialing.py)
+        addrs = proven_addrs(claimed, ctx.source)
+        # for our own calls, one of the others too (a peer behind NAT is reached at its
+        # relay circuits, which its connection cannot prove): one dial at most
+        unproven = [a for a in claimed if a not in addrs][:1]
+        if addrs or unproven:
+            self.host.remember(ctx.peer_id, [*addrs, *unproven])
         if addrs:  # peers without (proven) listen addresses are clients: never route to them
-            self.host.remember(ctx.peer_id, addrs)
             self.routing.add(
                 ctx.peer_id, node_id_of(ctx.peer_id.to_bytes()), addrs, trio.current_time()
             )
