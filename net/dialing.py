@@ -104,3 +104,16 @@ def proven_addrs(claimed: Sequence[str], source: str) -> tuple[str, ...]:
     stranger uses to aim others' dials at a third party (issue 35: 60 DHT requests
     naming 8 ports of a third party brought 5,659 connections on it)."""
     return tuple(a for a in claimed if address_source(a) == source)
+
+
+def circuit_relay(addr: str) -> tuple[str, str] | None:
+    """(source of the relay's address, the relay's id) of a relay circuit address
+    ``/ip4/<relay ip>/tcp/<port>/p2p/<relay id>/p2p-circuit...``; None for any other."""
+    head, sep, _ = addr.partition("/p2p-circuit")
+    if not sep or "/p2p/" not in head:
+        return None
+    base, _, relay_id = head.rpartition("/p2p/")
+    where = address_source(base)
+    if where is None or not relay_id or "/" in relay_id:
+        return None
+    return where, relay_id

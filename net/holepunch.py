@@ -23,6 +23,13 @@ be turned off once run (docs/decisions/007), so this is ours; its swarm's
 
 A NAT that picks a new port for every destination (symmetric, many carrier NATs)
 defeats this; the relayed connection then stays (within the relay's limits).
+
+Anyone can open a circuit to a peer behind NAT (issue 35): its punch used to dial
+whatever the other side named (a third party, its own router's LAN port, the relay's
+host on any port) and told that side the home's public address. So each side dials
+only addresses on the IP the relay saw the other at (the relay is in the circuit
+message: net/relay.py), and B punches (and names its address) only for the peers
+``allowed`` says it chose to talk to.
 """
 
 from __future__ import annotations
@@ -82,6 +89,9 @@ class HolePuncher:
         self.observed = observed
         self.config = config or HolePunchConfig()
         self.stats = HolePunchStatistics()
+        #: the peers whose relayed connections we punch (and tell our address to): a
+        #: node serving a project sets it to the project's trainers and aggregators
+        self.allowed: Callable[[PeerID], bool] = lambda peer: True
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host.set_stream_handler(PROTOCOL, self._answer)
@@ -90,8 +100,12 @@ class HolePuncher:
 
     # ---------------------------------------------------------------- side B
 
-    async def punch(self, peer: PeerID) -> bool:
-        """Try to replace our relayed connection to ``peer`` with a direct one."""
+    async def punch(self, peer: PeerID, seen_at: str | None = None) -> bool:
+        """Try to replace our relayed connection to ``peer`` with a direct one; only
+        addresses on ``seen_at`` (the IP its relay saw it at) are dialled."""
+        if not self.allowed(peer) or seen_at is None:
+            log.debug("no hole punch for %s (not a peer we talk to, or not seen)", peer)
+            return False
         attempt = 0
         wait, patience = 1.0, trio.current_time() + self.config.address_patience_s
         while attempt < self.config.attempts and self.host.is_connected(peer):
@@ -100,7 +114,7 @@ class HolePuncher:
             no_address = False
             with trio.move_on_after(self.config.attempt_s):
                 try:
-                    await self._attempt(peer)
+                    await self._attempt(peer, seen_at)
                 except _NoAddress:
                     no_address = True
                 except (RelayError, OSError, Exception) as exc:  # noqa: BLE001 - a failed
@@ -130,7 +144,7 @@ class HolePuncher:
         await self._close_relayed(peer)
         return True
 
-    async def _attempt(self, peer: PeerID) -> None:
+    async def _attempt(self, peer: PeerID, seen_at: str) -> None:
         stream = await self.host.libp2p_host.new_stream(peer, [PROTOCOL])
         try:
             started = trio.current_time()
@@ -139,7 +153,7 @@ class HolePuncher:
             rtt = trio.current_time() - started
             if answer.type != HolePunch.CONNECT:
                 raise RelayError("expected CONNECT")
-            theirs = _addrs(answer.ObsAddrs)
+            theirs = _on(_addrs(answer.ObsAddrs), seen_at)
             if not theirs:  # no SYNC: it does not dial either
                 raise _NoAddress("the peer gave no address to punch to")
             await write_message(stream, HolePunch(type=HolePunch.SYNC))
@@ -164,7 +178,8 @@ class HolePuncher:
                 sync = await read_message(stream, HolePunch)
                 if sync.type != HolePunch.SYNC:
                     raise RelayError("expected SYNC")
-                theirs = _addrs(offer.ObsAddrs)
+                # only where the relay we reached it through saw it
+                theirs = _on(_addrs(offer.ObsAddrs), self.host.seen_by_relay(peer))
                 await _close(stream)
                 if theirs:
                     # B's SYN may reach us before ours leaves (we are slow, or our NAT
@@ -241,6 +256,11 @@ def _addrs(raw: Sequence[bytes]) -> list[str]:
             continue
         out.append(f"/ip4/{ip}/tcp/{int(parts[4])}")
     return out
+
+
+def _on(addrs: list[str], ip: str | None) -> list[str]:
+    """The addresses on ``ip`` (none when it is not known)."""
+    return [a for a in addrs if ip is not None and a.split("/")[2] == ip]
 
 
 def _raw_of(muxed: Any) -> Any:

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import math
 import socket
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from net._libp2p import (
     info_from_p2p_addr,
     new_host,
 )
-from net.admission import AdmissionLimits, AdmissionStatistics
+from net.admission import AdmissionLimits, AdmissionStatistics, source_of
 from net.dialing import (
     CIRCUIT_AFTER_S,
     CIRCUIT_TIMEOUT_S,
@@ -190,6 +191,7 @@ class SwarmHost:
         #: dials in flight, so that concurrent callers share one; they run in this
         #: nursery while the host runs
         self._dialing: dict[PeerID, _Dial] = {}
+        self._seen_by_relay: OrderedDict[PeerID, str] = OrderedDict()
         self._dials: trio.Nursery | None = None
 
     @property
@@ -317,6 +319,36 @@ class SwarmHost:
         conns = self._host.get_network().connections.get(peer_id, [])
         # the muxer sees the end of a connection before the swarm's task that drops it
         return [c for c in conns if not c.is_closed and not c.muxed_conn.is_closed]
+
+    def note_seen_by_relay(self, peer_id: PeerID, ip: str | None) -> None:
+        """The relay we reached ``peer_id`` through saw it at ``ip`` (net/relay.py):
+        the one address a hole punch may dial for it (net/holepunch.py)."""
+        self._seen_by_relay.pop(peer_id, None)
+        if ip is not None:
+            self._seen_by_relay[peer_id] = ip
+            while len(self._seen_by_relay) > 1024:
+                self._seen_by_relay.popitem(last=False)
+
+    def seen_by_relay(self, peer_id: PeerID) -> str | None:
+        return self._seen_by_relay.get(peer_id)
+
+    async def arrival(self, peer_id: PeerID, since: float, timeout: float) -> int | None:
+        """Our port that ``peer_id`` connected to directly (not through a relay) since
+        ``since`` (trio's clock), waiting up to ``timeout``; None when it did not (-1: it
+        did, the port is not known)."""
+        return await self._gate.arrival(peer_id, since, timeout)
+
+    def source_of_peer(self, peer_id: PeerID) -> str | None:
+        """The source address (net.admission.source_of) of a direct connection to
+        ``peer_id``; None when there is none."""
+        for conn in self._open_connections(peer_id):
+            if conn.get_connection_type() == ConnectionType.RELAYED:
+                continue
+            with contextlib.suppress(Exception):  # a connection without a socket address
+                remote = conn.muxed_conn.secured_conn.get_remote_address()
+                if remote:
+                    return source_of(str(remote[0]))
+        return None
 
     def relayed_only(self, peer_id: PeerID) -> bool:
         """Whether every open connection to ``peer_id`` goes through a relay (and there

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: hole punches awaited at once (each lasts one attempt)
 _MAX_PUNCHES = 64
+#: direct inbound connections remembered (peer, when, port)
+_MAX_ARRIVALS = 256
 
 
 class InboundGate:
@@ -57,12 +60,41 @@ class InboundGate:
         #: side's SYN came before ours left, our listener accepted it, and must not
         #: take the responder's part the other side takes too.
         self._punches: dict[tuple[str, int], tuple[Any, float]] = {}
+        #: peer -> (when, our port) of the latest direct inbound connections: a dial-back
+        #: claimed by a peer is believed only when its dialer really came in
+        #: (net/reachability.py)
+        self._arrivals: OrderedDict[Any, tuple[float, int | None]] = OrderedDict()
+        self._arrived = trio.Event()
 
     def expect_punch(self, endpoint: tuple[str, int], peer: Any, seconds: float) -> None:
         now = trio.current_time()
         self._punches = {k: v for k, v in self._punches.items() if v[1] > now}
         if len(self._punches) < _MAX_PUNCHES:
             self._punches[endpoint] = (peer, now + seconds)
+
+    def _note_arrival(self, peer: Any, stream: Any) -> None:
+        if peer is None:
+            return
+        local: int | None = None
+        with contextlib.suppress(Exception):  # not a TCP socket (tests, exotic transports)
+            local = int(stream.stream.socket.getsockname()[1])
+        self._arrivals.pop(peer, None)
+        self._arrivals[peer] = (trio.current_time(), local)
+        while len(self._arrivals) > _MAX_ARRIVALS:
+            self._arrivals.popitem(last=False)
+        self._arrived.set()
+        self._arrived = trio.Event()
+
+    async def arrival(self, peer: Any, since: float, timeout: float) -> int | None:
+        """The port of ours that ``peer`` connected to directly since ``since`` (trio's
+        clock), waiting up to ``timeout`` for it; None when it did not."""
+        with trio.move_on_after(timeout):
+            while True:
+                seen = self._arrivals.get(peer)
+                if seen is not None and seen[0] >= since:
+                    return seen[1] if seen[1] is not None else -1
+                await self._arrived.wait()
+        return None
 
     def install(self) -> None:
         # The listener's callback looks the method up on the instance at each connection.
@@ -118,6 +150,7 @@ class InboundGate:
             await _close_quietly(read_write_closer)
             return
         self.policy.stats.handshakes_completed += 1
+        self._note_arrival(getattr(muxed, "peer_id", None), read_write_closer)
         if not _is_loopback(source):
             # another computer reached us: what the node can say about its reachability
             self.policy.stats.inbound_from_network += 1

@@ -15,6 +15,13 @@ see docs/decisions/007-reachability.md):
    It asks again every few minutes, and soon when the observed address changes (a new
    address from the provider, another network).
 
+Answers are a peer's word, and peers are free identities (issue 35: a volunteer behind
+NAT was told it was public at an address an attacker chose, and a relay put such an
+address into its own signed record). So a port counts as reachable only when the
+peer's dialer (its identity is in the answer) really came in on it, directly; and our
+public address is taken only from two sources (peers at different addresses) that
+agree, or when it is one of our own interfaces' addresses.
+
 Reachable nodes announce ``/ip4/<observed>/tcp/<port>`` first, so a peer outside their
 LAN dials what works.
 """
@@ -26,7 +33,7 @@ import ipaddress
 import logging
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -81,8 +88,11 @@ class DialBackAnswer:
 
     server: PeerID
     observed_ip: str
+    #: the ports the server's dialer was seen to come in on (its word alone: none)
     reachable_ports: tuple[int, ...]
     tried_ports: tuple[int, ...]
+    #: the address (net.admission.source_of) the server answered from, as we see it
+    source: str = "?"
 
 
 @dataclass(frozen=True)
@@ -94,29 +104,46 @@ class Verdict:
     public_addrs: tuple[str, ...]
 
 
+def most_reported(answers: Sequence[DialBackAnswer]) -> tuple[str | None, int]:
+    """The address most sources (peers at distinct addresses) saw us at, and how many."""
+    sources: dict[str, set[str]] = {}
+    for a in answers:
+        sources.setdefault(a.observed_ip, set()).add(a.source)
+    if not sources:
+        return None, 0
+    observed = max(sorted(sources), key=lambda ip: len(sources[ip]))
+    return observed, len(sources[observed])
+
+
 def judge(
-    answers: Sequence[DialBackAnswer], own_ips: Collection[str] = (), *, min_failures: int = 2
+    answers: Sequence[DialBackAnswer],
+    own_ips: Collection[str] = (),
+    *,
+    min_failures: int = 2,
+    min_sources: int = 2,
 ) -> Verdict:
     """The verdict of one round of answers (a pure function: see its table test).
 
-    One successful dial-back is proof enough (the requester's peer id was checked by
-    the handshake). Failures need ``min_failures`` distinct peers, since one peer's own
-    network may be what failed. Peers that saw us at one of our own interface addresses
-    (``own_ips``) share our network, or we have no NAT: when other peers saw us at
-    another address (through a NAT), only those others speak for the internet, and a
+    One verified dial-back is proof enough that we can be reached (its dialer came in,
+    and the requester's peer id was checked by the handshake). The address we are seen
+    at is a peer's word: it is taken when ``min_sources`` sources (distinct addresses)
+    report it, or when it is one of our own (``own_ips``); else the verdict is UNKNOWN
+    and no address is announced. Failures need ``min_failures`` distinct peers, since
+    one peer's own network may be what failed. Peers that saw us at one of our own
+    interface addresses share our network, or we have no NAT: when other peers saw us
+    at another address (through a NAT), only those others speak for the internet, and a
     neighbour on the LAN who got through proves nothing."""
     outside = [a for a in answers if a.observed_ip not in own_ips]
     if outside:
         answers = outside
-    if not answers:
+    observed, sources = most_reported(answers)
+    if observed is None:
         return Verdict(Reachability.UNKNOWN, None, ())
-    counts: dict[str, int] = {}
-    for a in answers:
-        counts[a.observed_ip] = counts.get(a.observed_ip, 0) + 1
-    observed = max(sorted(counts), key=lambda ip: counts[ip])
-    ok = sorted({(a.observed_ip, p) for a in answers for p in a.reachable_ports})
+    if observed not in own_ips and sources < min_sources:
+        return Verdict(Reachability.UNKNOWN, None, ())
+    ok = sorted({p for a in answers if a.observed_ip == observed for p in a.reachable_ports})
     if ok:
-        addrs = tuple(f"/ip4/{ip}/tcp/{port}" for ip, port in ok)
+        addrs = tuple(f"/ip4/{observed}/tcp/{port}" for port in ok)
         return Verdict(Reachability.PUBLIC, observed, addrs)
     failed_servers = {a.server for a in answers if a.tried_ports}
     if len(failed_servers) >= min_failures:
@@ -137,7 +164,8 @@ def pool_answers(
     pooled = dict(recent)
     for a in answers:
         pooled[a.server] = (now, a)
-    current = judge(answers, own_ips=own_ips).observed_ip
+    outside = [a for a in answers if a.observed_ip not in own_ips]
+    current, _ = most_reported(outside or answers)
     return {
         server: (when, a)
         for server, (when, a) in pooled.items()
@@ -215,7 +243,15 @@ class DialBackService:
                 if await self._dial_back(ctx.peer_id, f"/ip4/{ip}/tcp/{port}"):
                     reachable.append(port)
         self.served += 1
-        return Reply({"observed": str(ip), "reachable": reachable, "tried": sorted(set(ports))})
+        return Reply(
+            {
+                "observed": str(ip),
+                "reachable": reachable,
+                "tried": sorted(set(ports)),
+                # who dialled: the requester believes a port only if this peer came in
+                "dialer": self._dialer.peer_id.to_bytes(),
+            }
+        )
 
     async def _dial_back(self, peer_id: PeerID, addr: str) -> bool:
         # each dial-back is a real dial: an earlier failure (the same peer behind its
@@ -362,6 +398,7 @@ class ReachabilityMonitor:
     ) -> DialBackAnswer | None:
         # a dial-back takes up to dial_timeout_s per port; a bare question, one exchange
         timeout = self.config.dial_timeout_s * (len(ports) + 1)
+        asked = trio.current_time()
         try:
             reply = await self.rpc.call(
                 peer, DIAL_BACK, {"ports": ports}, timeout=timeout, dial_attempts=dial_attempts
@@ -369,10 +406,35 @@ class ReachabilityMonitor:
         except RpcError as exc:
             log.debug("dial-back request to %s failed: %s", peer, exc)
             return None
-        return _answer(peer, reply.meta, ports)
+        answer = _answer(peer, reply.meta, ports, self.host.source_of_peer(peer) or "?")
+        if answer is None or not answer.reachable_ports:
+            return answer
+        # believed only if its dialer came in (the answer may overtake its arrival)
+        dialer = _peer_id(reply.meta.get("dialer"))
+        port = None if dialer is None else await self.host.arrival(dialer, asked, 2.0)
+        proven = tuple(p for p in answer.reachable_ports if port in (p, -1))
+        if proven == answer.reachable_ports:
+            return answer
+        log.info("%s says it dialled us back, but nobody came in: not believed", peer)
+        # neither a success nor a failure: a liar's word must not turn a public node
+        # private either
+        unproven = set(answer.reachable_ports) - set(proven)
+        tried = tuple(p for p in answer.tried_ports if p not in unproven)
+        return replace(answer, reachable_ports=proven, tried_ports=tried)
 
 
-def _answer(peer: PeerID, meta: Mapping[str, object], asked: list[int]) -> DialBackAnswer | None:
+def _peer_id(raw: object) -> PeerID | None:
+    if not isinstance(raw, bytes) or len(raw) > 64:
+        return None
+    try:
+        return PeerID(raw)
+    except Exception:  # noqa: BLE001 - a malformed id from a peer: not believed
+        return None
+
+
+def _answer(
+    peer: PeerID, meta: Mapping[str, object], asked: list[int], source: str = "?"
+) -> DialBackAnswer | None:
     """A peer's answer, checked: an answer that is not well formed is ignored."""
     observed, reachable, tried = meta.get("observed"), meta.get("reachable"), meta.get("tried")
     if not isinstance(observed, str) or not isinstance(reachable, list):
@@ -385,7 +447,7 @@ def _answer(peer: PeerID, meta: Mapping[str, object], asked: list[int]) -> DialB
         return None
     ports = tuple(p for p in reachable if isinstance(p, int) and p in asked)
     tried_ports = tuple(p for p in tried if isinstance(p, int) and p in asked)
-    return DialBackAnswer(peer, str(ip), ports, tried_ports)
+    return DialBackAnswer(peer, str(ip), ports, tried_ports, source)
 
 
 def _is_port(value: object) -> bool:

@@ -26,6 +26,7 @@ its client renews reservations only after they expired (docs/decisions/007).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -352,7 +353,9 @@ class RelayService:
                     far,
                     StopMessage(
                         type=StopMessage.CONNECT,
-                        peer=CircuitPeer(id=initiator.to_bytes()),
+                        # where the initiator's connection came from: the only address
+                        # the target may dial for it (hole punching, net/holepunch.py)
+                        peer=CircuitPeer(id=initiator.to_bytes(), addrs=_seen(_remote_ip(stream))),
                         limit=self._limit(),
                     ),
                 )
@@ -366,8 +369,18 @@ class RelayService:
             await self._refuse_circuit(stream, Code.CONNECTION_FAILED)
             return
         try:
+            target_seen = (
+                self._reservations[target].source if target in self._reservations else None
+            )
             await write_message(
-                stream, HopMessage(type=HopMessage.STATUS, status=Code.OK, limit=self._limit())
+                stream,
+                HopMessage(
+                    type=HopMessage.STATUS,
+                    status=Code.OK,
+                    limit=self._limit(),
+                    # where the target's reservation came from, likewise
+                    peer=CircuitPeer(id=target.to_bytes(), addrs=_seen(target_seen)),
+                ),
             )
         except (BaseLibp2pError, OSError):
             await reset_quietly(far)
@@ -462,6 +475,24 @@ async def reset_quietly(stream: Any) -> None:
         await stream.reset()
 
 
+def _seen(ip: str | None) -> list[bytes]:
+    """An address as the relay saw it, for a circuit message (none when not IPv4)."""
+    try:
+        return [multiaddr.Multiaddr(f"/ip4/{ipaddress.IPv4Address(ip or '')}").to_bytes()]
+    except ValueError:
+        return []
+
+
+def seen_ip(peer: Any) -> str | None:
+    """The IPv4 address a relay said it saw a peer at (a circuit message's ``peer``)."""
+    for raw in list(getattr(peer, "addrs", []))[:1]:
+        addr = _readable_addr(raw)
+        parts = (addr or "").split("/")
+        if len(parts) == 3 and parts[1] == "ip4":
+            return parts[2]
+    return None
+
+
 def _remote_ip(stream: Any) -> str | None:
     try:
         address = stream.muxed_conn.secured_conn.get_remote_address()
@@ -509,8 +540,9 @@ class RelayClient:
     wanted: Callable[[], bool]
     config: RelayClientConfig = field(default_factory=RelayClientConfig)
     on_change: Callable[[list[str]], None] | None = None
-    #: run for each circuit accepted, while it lasts (hole punching: net/holepunch.py)
-    on_circuit: Callable[[PeerID], Awaitable[Any]] | None = None
+    #: run for each circuit accepted, while it lasts, with the address the relay saw
+    #: its initiator at (hole punching: net/holepunch.py)
+    on_circuit: Callable[[PeerID, str | None], Awaitable[Any]] | None = None
     held: dict[PeerID, _Held] = field(default_factory=dict)
     circuits_accepted: int = 0
     circuits_refused: int = 0
@@ -606,6 +638,7 @@ class RelayClient:
             with trio.fail_after(10):
                 message = await read_message(stream, StopMessage)
                 initiator = PeerID(message.peer.id)
+                initiator_ip = seen_ip(message.peer)
                 if message.type != StopMessage.CONNECT:
                     raise RelayError("unexpected stop message")
                 await write_message(stream, StopMessage(type=StopMessage.STATUS, status=Code.OK))
@@ -627,7 +660,7 @@ class RelayClient:
                 if conn.muxed_conn is muxed:
                     async with trio.open_nursery() as nursery:
                         if self.on_circuit is not None:
-                            nursery.start_soon(self.on_circuit, initiator)
+                            nursery.start_soon(self.on_circuit, initiator, initiator_ip)
                         await conn.event_closed.wait()
                         nursery.cancel_scope.cancel()
         except (BaseLibp2pError, OSError, RelayError) as exc:
@@ -668,6 +701,7 @@ async def dial_relayed(host: SwarmHost, target: PeerID, circuit: str, timeout: f
             answer = await read_message(stream, HopMessage)
             if answer.type != HopMessage.STATUS or answer.status != Code.OK:
                 raise RelayError(f"relay {relay} refused the circuit: {_status(answer.status)}")
+            host.note_seen_by_relay(target, seen_ip(answer.peer))
             addr = multiaddr.Multiaddr(f"{circuit}/p2p/{target}")
             raw = RawConnection(stream, True, ConnectionType.RELAYED, [addr])
             return await host.libp2p_host.upgrade_outbound_connection(raw, target)

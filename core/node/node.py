@@ -160,6 +160,9 @@ class Node:
         # the peer stops last: on the way out the expert server still withdraws its
         # declarations over it (else trainers keep calling a node that is gone)
         peer = Peer(self.identity, config, validator=moehome_validator())
+        # a volunteer punches holes (and tells its address) only to the peers of the
+        # project it serves (core/node/serving.py), never to whoever opens a circuit
+        peer.holepunch.allowed = lambda other: False
         async with running_last(peer):
             self.peer = peer
             await self._run_parts(peer, task_status)

@@ -54,6 +54,7 @@ from core.project.signed import SignedManifest
 from core.project.versions import pull_interval
 from core.protocol.bans import Ban
 from net import Identity, Peer
+from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)
 #: Experts whose coverage a volunteer looks up when it chooses, besides its own, and
@@ -140,6 +141,7 @@ class ProjectService:
             self._scope = None
             self.events.publish(ProjectEvent(project=self.project, joined=False))
         self.project, self.project_name, self.project_error, self.banned = None, "", "", ""
+        self.peer.holepunch.allowed = lambda other: False
         if remember:
             self._save_project(None)
 
@@ -174,6 +176,10 @@ class ProjectService:
         )
         manifest = signed.manifest
         self.project_name = manifest.project.name
+        # hole punches for the project's trainers and aggregators alone (net/holepunch.py)
+        keys = [t.key for t in manifest.trainers] + [a.key for a in manifest.aggregators]
+        ours = frozenset(peer_id_from_public_key(bytes.fromhex(k)) for k in keys)
+        self.peer.holepunch.allowed = ours.__contains__
         uids = list(manifest.model.expert_uids())
         order = list(uids)
         random.Random(self.identity.public_key).shuffle(order)  # volunteers spread out

@@ -30,7 +30,7 @@ from net._libp2p import PeerID
 from net.dht.records import NamespacedValidator, RecordRejected, SignedRecord, sign_record
 from net.dht.routing import Contact, RoutingTable, key_id_of, node_id_of
 from net.dht.store import RecordStore, StoreLimits
-from net.dialing import address_source, proven_addrs
+from net.dialing import address_source, circuit_relay, proven_addrs
 from net.host import DialError, SwarmHost
 from net.identity import Identity
 from net.ratelimit import Admission, PeerRateLimiter, RateLimits
@@ -383,17 +383,33 @@ class DhtNode:
     def _note_sender(self, ctx: CallContext) -> None:
         claimed = _parse_addrs(ctx.request.meta.get("addrs"))
         # routed to, and handed on to others, only at the addresses its connection
-        # proves: the rest are its word, which others would dial (net/dialing.py)
-        addrs = proven_addrs(claimed, ctx.source)
-        # for our own calls, one of the others too (a peer behind NAT is reached at its
-        # relay circuits, which its connection cannot prove): one dial at most
-        unproven = [a for a in claimed if a not in addrs][:1]
-        if addrs or unproven:
-            self.host.remember(ctx.peer_id, [*addrs, *unproven])
-        if addrs:  # peers without (proven) listen addresses are clients: never route to them
+        # proves (the rest are its word, which others would dial: net/dialing.py), or, for
+        # a peer behind NAT, at a circuit through a relay we know at that address
+        addrs = proven_addrs(claimed, ctx.source) or self._known_circuits(claimed)[:1]
+        if addrs:  # peers without such addresses are clients: never route to them
+            self.host.remember(ctx.peer_id, addrs)
             self.routing.add(
                 ctx.peer_id, node_id_of(ctx.peer_id.to_bytes()), addrs, trio.current_time()
             )
+
+    def _known_circuits(self, addrs: Sequence[str]) -> list[str]:
+        """The relay circuits among ``addrs`` whose relay is a peer in our routing table
+        at the circuit's address: dialling one reaches a peer we know, never a third
+        party a stranger named."""
+        out = []
+        for addr in addrs:
+            relay = circuit_relay(addr)
+            if relay is None:
+                continue
+            relay_source, relay_id = relay
+            contact = next(
+                (c for c in self.routing.contacts() if c.peer.to_base58() == relay_id), None
+            )
+            if contact is not None and any(
+                address_source(a) == relay_source for a in contact.addrs
+            ):
+                out.append(addr)
+        return out
 
     def _closest_contacts(self, target: int, requester: PeerID) -> list[list[Any]]:
         return [
@@ -496,8 +512,11 @@ class DhtNode:
                 continue
             if len(item[0]) > _MAX_PEER_ID_BYTES:
                 continue
-            # one address a contact: the peer that vouches for it may be lying
-            addrs = _parse_addrs(item[1])[:1]
+            # one address a contact (the peer that vouches for it may be lying): a direct
+            # one, or a circuit through a relay we know
+            raw = _parse_addrs(item[1])
+            direct = [a for a in raw if "/p2p-circuit" not in a]
+            addrs = tuple(direct[:1] or self._known_circuits(raw)[:1])
             if not addrs:
                 continue
             try:

@@ -9,7 +9,7 @@ import socket
 import pytest
 import trio
 
-from net import BadRequest, Identity, Peer, PeerConfig, RateLimited
+from net import BadRequest, CallContext, Identity, Peer, PeerConfig, RateLimited, Reply
 from net.reachability import (
     DIAL_BACK,
     DialBackService,
@@ -42,7 +42,11 @@ async def test_a_dial_back_reaches_a_listening_peer_and_not_a_closed_port():
         # a failure first: the next dial-back to the same peer must still really dial
         # (libp2p would answer it from its 60-second negative cache)
         reply = await client.rpc.call(server.peer_id, DIAL_BACK, {"ports": [dead]})
-        assert reply.meta == {"observed": "127.0.0.1", "reachable": [], "tried": [dead]}
+        assert {k: v for k, v in reply.meta.items() if k != "dialer"} == {
+            "observed": "127.0.0.1",
+            "reachable": [],
+            "tried": [dead],
+        }
         reply = await client.rpc.call(server.peer_id, DIAL_BACK, {"ports": [port, dead]})
         assert reply.meta["reachable"] == [port]
         assert service.served == 2
@@ -94,4 +98,50 @@ async def test_peers_with_reachability_on_learn_they_are_reachable():
         (port,) = tcp_ports(second.host.listen_addrs())
         assert monitor.verdict.public_addrs == (f"/ip4/127.0.0.1/tcp/{port}",)
         assert second.host.announce_addrs()[0] == f"/ip4/127.0.0.1/tcp/{port}"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_dial_back_that_never_came_is_not_believed():
+    """Issue 35, finding 4: one answer was proof, on the answering peer's word: a
+    volunteer behind NAT was told it was public at an address the attacker chose, took
+    no relay place and was unreachable. A port counts only when the dialer named in the
+    answer came in on it, and an address only when two sources agree on it."""
+
+    async def liar(ctx: CallContext) -> Reply:
+        ports = list(ctx.request.meta.get("ports") or [])
+        # "reached you" with nobody dialling (its own id as the dialer, a plausible one)
+        return Reply(
+            {
+                "observed": "198.18.0.66",
+                "reachable": ports,
+                "tried": ports,
+                "dialer": ctx.peer_id.to_bytes(),
+            }
+        )
+
+    config = ReachabilityConfig(dial_timeout_s=3)
+    async with trio.open_nursery() as nursery:
+        liars = []
+        for _ in range(2):
+            peer: Peer = await nursery.start(Peer(Identity.generate()).run)
+            peer.rpc.register(DIAL_BACK, liar)
+            liars.append(peer)
+        client: Peer = await nursery.start(Peer(Identity.generate()).run)
+        monitor = ReachabilityMonitor(client.rpc, client.host, config)
+        for peer in liars:
+            await client.host.connect(peer.peer_id, peer.host.listen_addrs())
+        verdict = await monitor.check_once()
+        assert verdict.reachability is Reachability.UNKNOWN
+        assert verdict.public_addrs == ()
+        # an honest server's dial-back is believed, and with a second source the
+        # address it saw is ours
+        honest: Peer = await nursery.start(Peer(Identity.generate()).run)
+        await nursery.start(DialBackService(honest.rpc, config).run)
+        await client.host.connect(honest.peer_id, honest.host.listen_addrs())
+        answer = await monitor._ask(honest.peer_id, tcp_ports(client.host.listen_addrs()))
+        assert answer is not None
+        assert answer.reachable_ports == tuple(tcp_ports(client.host.listen_addrs()))
+        (lie,) = [await monitor._ask(liars[0].peer_id, [answer.tried_ports[0]])]
+        assert lie is not None
+        assert lie.reachable_ports == ()
         nursery.cancel_scope.cancel()

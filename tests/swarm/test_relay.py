@@ -9,14 +9,18 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import multiaddr
 import pytest
 import trio
 from libp2p.connection_types import ConnectionType
+from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
 from net import Identity, Peer
+from net.holepunch import PROTOCOL as HOLE_PUNCH
+from net.holepunch import HolePunchConfig, HolePuncher
 from net.host import DialError
 from net.peer import PING
 from net.relay import (
@@ -25,11 +29,14 @@ from net.relay import (
     RelayClientConfig,
     RelayLimits,
     RelayService,
+    read_message,
     split_circuit,
+    write_message,
 )
 from net.rpc import RpcError
 from net.testing import dial_from
 from net.wire import Tensor
+from tests.strangers import count_connections
 from tests.waiting import eventually
 
 
@@ -408,4 +415,58 @@ async def test_a_hog_never_drains_what_another_callers_first_bytes_need():
         # hog's six circuits took more than the call's 10 s
         with trio.fail_after(8):
             assert await ping(honest, targets[0].peer.peer_id, 512 * 1024) == 512 * 1024
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hole_punch_dials_only_where_the_relay_saw_the_other_side():
+    """Issue 35, finding 10: a stranger that opened a circuit to a peer behind NAT made
+    it dial whatever the stranger named (a third party, its own router's LAN port, the
+    relay's host on chosen ports) and learnt the home's public address."""
+    counts = [0]
+    heard: dict[bool, list[list[str]]] = {True: [], False: []}
+    async with trio.open_nursery() as nursery, relay_peer(nursery) as (relay, _):
+        ports = await nursery.start(count_connections, "127.0.0.50", 4, counts)
+        third_party = [f"/ip4/127.0.0.50/tcp/{p}" for p in ports]
+        target: Peer = await nursery.start(Peer(Identity.generate()).run)
+        puncher = HolePuncher(
+            target.host, lambda: ["/ip4/198.18.0.100/tcp/4001"], HolePunchConfig(attempt_s=1)
+        )
+        await nursery.start(puncher.run)
+        client = RelayClient(
+            target.host,
+            candidates=lambda: [relay.peer_id],
+            wanted=lambda: True,
+            config=RelayClientConfig(check_s=0.1, unreachable_s=0.2),
+            on_circuit=puncher.punch,
+        )
+        await nursery.start(client.run)
+        await target.host.connect(relay.peer_id, relay.host.listen_addrs())
+        await eventually(lambda: client.relayed_addrs(), 10)
+
+        async def aim(stream: Any, allowed: bool) -> None:
+            """Answers a punch with a third party's ports."""
+            offer = await read_message(stream, HolePunch)
+            heard[allowed].append([str(multiaddr.Multiaddr(a)) for a in offer.ObsAddrs])
+            await write_message(
+                stream,
+                HolePunch(
+                    type=HolePunch.CONNECT,
+                    ObsAddrs=[multiaddr.Multiaddr(a).to_bytes() for a in third_party],
+                ),
+            )
+            with contextlib.suppress(Exception):
+                await read_message(stream, HolePunch)
+
+        for allowed in (True, False):
+            puncher.allowed = (lambda peer: True) if allowed else (lambda peer: False)
+            stranger = await peer_from(nursery, "127.0.0.2")
+            stranger.host.set_stream_handler(HOLE_PUNCH, partial(aim, allowed=allowed))
+            await stranger.host.connect(target.peer_id, client.relayed_addrs())
+            await trio.sleep(3)  # the punch's attempts
+        assert counts[0] == 0  # the third party was never dialled
+        # our address goes only to a peer we chose to talk to (asked again while it
+        # gives no address of its own)
+        assert heard[True]
+        assert all(addrs == ["/ip4/198.18.0.100/tcp/4001"] for addrs in heard[True])
+        assert heard[False] == []
         nursery.cancel_scope.cancel()

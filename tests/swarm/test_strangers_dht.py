@@ -18,7 +18,7 @@ from net.identity import Identity
 from net.rpc import PeerUnreachable, RateLimited, RpcService
 from net.testing import open_swarm
 from net.wire import Tensor, pack
-from tests.strangers import stranger
+from tests.strangers import count_connections, stranger
 
 MiB = 1024 * 1024
 
@@ -145,24 +145,6 @@ async def test_large_batches_of_signatures_are_checked_off_the_event_loop():
             )
         assert threads
         assert loop_thread not in threads
-
-
-async def count_connections(
-    ip: str, ports: int, counts: list[int], *, task_status=trio.TASK_STATUS_IGNORED
-) -> None:
-    """A third party: ``ports`` TCP listeners on ``ip`` counting who connects."""
-
-    async def handler(stream: trio.SocketStream) -> None:
-        counts[0] += 1
-        await stream.aclose()
-
-    async with trio.open_nursery() as nursery:
-        listeners = []
-        for _ in range(ports):
-            listeners += await trio.open_tcp_listeners(0, host=ip)
-        for listener in listeners:
-            nursery.start_soon(trio.serve_listeners, handler, [listener])
-        task_status.started([lst.socket.getsockname()[1] for lst in listeners])
 
 
 async def test_dht_requests_cannot_aim_the_swarms_dials_at_a_third_party():

@@ -20,25 +20,40 @@ HOME_LAN = "198.18.1.10"  # our own interface address behind a NAT
 ROUTER = "198.18.0.100"  # what peers outside see
 
 
-def ok(server: int, ip: str = ROUTER, port: int = 4001) -> DialBackAnswer:
-    return DialBackAnswer(S[server], ip, (port,), (port,))
+def source(server: int) -> str:
+    """Each server at an address of its own."""
+    return f"198.18.0.{50 + server}"
+
+
+def ok(server: int, ip: str = ROUTER, port: int = 4001, at: str | None = None) -> DialBackAnswer:
+    """A verified dial-back (its dialer came in) from ``server``, which saw us at ``ip``."""
+    return DialBackAnswer(S[server], ip, (port,), (port,), at or source(server))
 
 
 def failed(server: int, ip: str = ROUTER, port: int = 4001) -> DialBackAnswer:
-    return DialBackAnswer(S[server], ip, (), (port,))
+    return DialBackAnswer(S[server], ip, (), (port,), source(server))
 
 
 def observed_only(server: int, ip: str = ROUTER) -> DialBackAnswer:
-    return DialBackAnswer(S[server], ip, (), ())
+    return DialBackAnswer(S[server], ip, (), (), source(server))
+
+
+LIE = "198.18.0.66"  # an address an attacker chose
 
 
 @pytest.mark.parametrize(
     ("answers", "own_ips", "expected", "addrs"),
     [
         ([], (), Reachability.UNKNOWN, ()),
-        # one peer got through: proof enough
-        ([ok(0)], (HOME_LAN,), Reachability.PUBLIC, (f"/ip4/{ROUTER}/tcp/4001",)),
+        # one peer got through: proof enough that we can be reached, once a second
+        # source agrees on where we are seen from
         ([ok(0), failed(1)], (HOME_LAN,), Reachability.PUBLIC, (f"/ip4/{ROUTER}/tcp/4001",)),
+        ([ok(0), observed_only(1)], (HOME_LAN,), Reachability.PUBLIC, (f"/ip4/{ROUTER}/tcp/4001",)),
+        # ... one source alone is its word (issue 35: an attacker told a peer behind NAT
+        # it was public at an address of the attacker's choosing)
+        ([ok(0)], (HOME_LAN,), Reachability.UNKNOWN, ()),
+        ([ok(0, LIE), ok(1, LIE, at=source(0))], (HOME_LAN,), Reachability.UNKNOWN, ()),
+        ([ok(0, LIE), failed(1), failed(2)], (HOME_LAN,), Reachability.PRIVATE, ()),
         # one failure may be that peer's own network
         ([failed(0)], (HOME_LAN,), Reachability.UNKNOWN, ()),
         ([failed(0), failed(0)], (HOME_LAN,), Reachability.UNKNOWN, ()),
@@ -111,7 +126,7 @@ def test_an_answer_cannot_claim_ports_we_did_not_ask_about():
     answer = _answer(
         S[0], {"observed": ROUTER, "reachable": [4001, 22], "tried": [4001, 22]}, [4001]
     )
-    assert answer == DialBackAnswer(S[0], ROUTER, (4001,), (4001,))
+    assert answer == DialBackAnswer(S[0], ROUTER, (4001,), (4001,), "?")
 
 
 NEW_ROUTER = "198.18.0.150"
