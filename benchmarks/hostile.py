@@ -19,6 +19,19 @@ what the attacker did while measured (``actions_per_s`` started, the share
 ``refused_or_cut``, and ``in_progress``: streams or sockets it still held at the end).
 Goals (issue 14): success 1.0 during every attack, latency ratio <= 3, no exit, memory
 within the configured budgets (``budgets_mb``).
+
+The second round (issue 35) adds, against the same target (which also relays for a
+volunteer behind NAT, by assumption, and serves a small project's weights):
+``poisoned_receipts`` (backward requests with receipts the stranger signed; the line
+says how many such receipts the target's accumulators took: ``foreign_receipts``, 0 or
+the volunteer's next contribution is refused and counted against it), ``connection_cap``
+(8 addresses x 40 idle connections, past libp2p's 300), ``silent_providers`` (8 peers
+announcing the project's weights and never answering; the honest call is a newcomer's
+whole fetch), ``relay_squat`` (16 idle circuits from one address to the relayed
+volunteer), ``relay_hog`` (6 circuits from one address pushing all they can; the honest
+call is 128 KiB through the relay) and ``dht_amplifier`` (60 ``dht.find`` messages from
+fresh identities naming 8 ports of a third party while 4 honest peers go about their
+lookups; ``third_party_connections_per_message``, goal <= 1).
 """
 
 from __future__ import annotations
@@ -52,13 +65,33 @@ from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.experts.wire import from_wire, to_wire
 from core.namespaces import moehome_validator
+from core.project.chunks import ChunkStore
+from core.project.distribution import GET_CHUNK, WeightsFetcher, find_manifest
+from core.project.keys import OwnerKey
+from core.project.manifest import write_template
+from core.project.pins import PinStore
+from core.project.publish import prepare, serve_project
+from core.project.records import ProviderAnnouncement, providers_key
 from core.protocol.aggregator_methods import CONTRIBUTE
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD
-from net import Identity, Peer, PeerConfig, RemoteError, RpcService, SwarmHost, parse_peer_addr
+from net import (
+    CallContext,
+    DialError,
+    Identity,
+    Peer,
+    PeerConfig,
+    RemoteError,
+    Reply,
+    RpcService,
+    SwarmHost,
+    parse_peer_addr,
+)
+from net._libp2p import PeerID
 from net.dht import sign_record
-from net.dht.node import GET, STORE
+from net.dht.node import FIND, GET, STORE
 from net.peer import PING
+from net.relay import RelayClient, RelayClientConfig, RelayService
 from net.rpc import RPC_PROTOCOL, RpcConfig, RpcError
 from net.testing import dial_from, raw_frame
 from net.wire import Tensor, pack
@@ -81,7 +114,18 @@ ATTACKS = (
     "dht_flood",
     "expert_crowd",
     "aggregator_junk",
+    # the second round (issue 35)
+    "poisoned_receipts",
+    "connection_cap",
+    "silent_providers",
+    "relay_squat",
+    "relay_hog",
+    "dht_amplifier",
 )
+#: benchmark-only: the target says what its accumulators hold
+TARGET_STATS = "bench.stats"
+#: the third party the amplifier aims at: ports on this address (the driver listens)
+THIRD_PARTY_IP = "127.0.0.50"
 
 
 # ------------------------------------------------------------------ target process
@@ -99,6 +143,15 @@ def aggregator_settings() -> AggregatorSettings:
     )
 
 
+def small_project(workdir: Path) -> Any:
+    """A project of 4 small experts whose weights the target serves."""
+    path = workdir / "project.toml"
+    write_template(path, "hostile-bench")
+    text = path.read_text().replace("grid = [4, 4]", "grid = [2, 2]")
+    path.write_text(text.replace("mixture_layers = 2", "mixture_layers = 1"))
+    return prepare(path, OwnerKey.generate(), (), workdir / "owner")
+
+
 async def run_target(workdir: Path) -> None:
     backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1), device="cpu")
     core = AggregatorCore(aggregator_settings(), workdir / "aggregator")
@@ -107,10 +160,40 @@ async def run_target(workdir: Path) -> None:
         peer: Peer = await nursery.start(
             Peer(Identity.generate(), config, validator=moehome_validator()).run
         )
-        server_config = ServerConfig(project=PROJECT, trainers=frozenset({TRAINER.public_key}))
+        server_config = ServerConfig(
+            project=PROJECT, trainers=frozenset({TRAINER.public_key}), require_receipts=True
+        )
         await nursery.start(ExpertServer(peer, {UID: backend}, server_config).run)
         await nursery.start(AggregatorService(peer, core).run)
-        print("READY", peer.addrs()[0], flush=True)
+        # a relay, and a volunteer behind NAT (by assumption) holding a place on it
+        await nursery.start(RelayService(peer.host, enabled=lambda: True).run)
+        hidden: Peer = await nursery.start(Peer(Identity.generate()).run)
+        placed = trio.Event()
+        client = RelayClient(
+            hidden.host,
+            candidates=lambda: [peer.peer_id],
+            wanted=lambda: True,
+            config=RelayClientConfig(check_s=0.2),
+            on_change=lambda addrs: placed.set() if addrs else None,
+        )
+        await nursery.start(client.run)
+        await hidden.host.connect(peer.peer_id, peer.host.listen_addrs())
+        await placed.wait()
+        prepared = await trio.to_thread.run_sync(small_project, workdir)
+        await nursery.start(serve_project, peer, prepared)
+
+        async def stats(ctx: CallContext) -> Reply:
+            foreign = sum(
+                1
+                for _, acc in backend.accumulators()
+                for r in acc.receipts
+                if r.trainer != TRAINER.public_key
+            )
+            return Reply({"foreign_receipts": foreign, "samples": backend.accumulator.samples})
+
+        peer.rpc.register(TARGET_STATS, stats)
+        circuit = f"{client.relayed_addrs()[0]}/p2p/{hidden.peer_id}"
+        print("READY", peer.addrs()[0], circuit, prepared.signed.project_id, flush=True)
         await trio.sleep_forever()
 
 
@@ -358,12 +441,165 @@ async def attack_aggregator_junk(target: Any, started: trio.Event) -> None:
         started.set()
 
 
-async def run_attacker(name: str, target_addr: str) -> None:
+async def attack_poisoned_receipts(target: Any, started: trio.Event) -> None:
+    """One-row backward requests, each with a receipt the stranger signed itself."""
+
+    async def one(i: int) -> None:
+        async with stranger(target) as host:
+            rpc = RpcService(host)
+            x, grad = torch.randn(1, SPEC.hidden), torch.ones(1, SPEC.hidden)
+
+            async def send() -> None:
+                receipt = Receipt.sign(host.identity, PROJECT, UID, 0, [x], [grad], 1)
+                meta = {"uid": UID, "receipt": receipt.encode()}
+                await rpc.call(target.peer_id, BACKWARD, meta, [to_wire(x), to_wire(grad)])
+
+            await forever(send, 0.05)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(6):
+            nursery.start_soon(one, i)
+        started.set()
+
+
+async def attack_connection_cap(target: Any, started: trio.Event) -> None:
+    """8 addresses x 40 idle connections of fresh identities (past libp2p's 300)."""
+    up = trio.Semaphore(0)
+
+    async def one(source: str, dialing: trio.CapacityLimiter) -> None:
+        async with stranger(target, source) as host:
+            async with dialing:
+                while True:
+                    TRIED["actions"] += 1
+                    try:
+                        await host.connect(target.peer_id, timeout=10)
+                        break
+                    except DialError:
+                        TRIED["failed"] += 1
+                        await trio.sleep(0.2)
+            up.release()
+            TRIED["open"] += 1
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(8):
+            dialing = trio.CapacityLimiter(4)  # within a source's handshakes in progress
+            for _ in range(40):
+                nursery.start_soon(one, f"127.0.0.{20 + i}", dialing)
+        for _ in range(300):
+            await up.acquire()
+        started.set()
+
+
+async def attack_silent_providers(target: Any, started: trio.Event, project: str) -> None:
+    """8 peers announcing the project's weights that never answer a chunk request."""
+
+    async def silent(ctx: CallContext) -> Reply:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with trio.open_nursery() as nursery:
+        for i in range(8):
+            sybil = Peer(
+                Identity.generate(),
+                PeerConfig(
+                    listen=(f"/ip4/127.0.0.{30 + i}/tcp/0",),
+                    bootstrap=(f"{target.addrs[0]}/p2p/{target.peer_id}",),
+                ),
+                validator=moehome_validator(),
+            )
+            await nursery.start(sybil.run)
+            sybil.rpc.register(GET_CHUNK, silent)
+            index = await project_index(sybil, project)
+            await sybil.dht.put(
+                providers_key(project), ProviderAnnouncement(index, ()).encode(), 600
+            )
+            TRIED["actions"] += 1
+        started.set()
+
+
+def split_relayed(circuit: str) -> tuple[str, PeerID]:
+    """(the circuit address, the relayed peer's id) of ``.../p2p-circuit/p2p/<id>``."""
+    via, _, peer = circuit.rpartition("/p2p/")
+    return via, PeerID.from_base58(peer)
+
+
+async def project_index(peer: Peer, project: str) -> str:
+    signed = await find_manifest(peer, project, PinStore(Path(os.devnull)))
+    return signed.weights_index
+
+
+async def attack_relay_squat(target: Any, started: trio.Event, circuit: str) -> None:
+    """16 idle relayed connections, fresh identities, one address."""
+    via, hidden = split_relayed(circuit)
+
+    async def one() -> None:
+        peer = Peer(Identity.generate(), PeerConfig(listen=()))
+        dial_from(peer.host, "127.0.0.2")
+        async with trio.open_nursery() as inner:
+            await inner.start(peer.run)
+            with contextlib.suppress(DialError):
+                TRIED["actions"] += 1
+                await peer.host.connect(hidden, [via])
+            TRIED["open"] += 1
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(16):
+            nursery.start_soon(one)
+            await trio.sleep(0.05)
+        started.set()
+
+
+async def attack_relay_hog(target: Any, started: trio.Event, circuit: str) -> None:
+    """6 relayed connections from one address, each pushing 256 KiB after 256 KiB."""
+    via, hidden = split_relayed(circuit)
+    blob = Tensor("uint8", (256 * 1024,), bytes(256 * 1024))
+
+    async def one() -> None:
+        peer = Peer(Identity.generate(), PeerConfig(listen=()))
+        dial_from(peer.host, "127.0.0.2")
+        async with trio.open_nursery() as inner:
+            await inner.start(peer.run)
+            with contextlib.suppress(DialError):
+                await peer.host.connect(hidden, [via])
+
+            async def push() -> None:
+                await peer.rpc.call(hidden, PING, {}, [blob], timeout=30)
+
+            await forever(push)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(one)
+        await trio.sleep(2.0)  # whatever one shared bucket held is drained
+        started.set()
+
+
+async def attack_dht_amplifier(target: Any, started: trio.Event, third_party: str) -> None:
+    """``dht.find`` messages from fresh identities naming a third party's ports as
+    their own addresses (60 of them, then one a second)."""
+    claimed = [f"/ip4/{THIRD_PARTY_IP}/tcp/{p}" for p in third_party.split(",")]
+
+    async def send() -> None:
+        async with stranger(target) as host:
+            meta = {"target": os.urandom(32), "addrs": claimed}
+            await RpcService(host).call(target.peer_id, FIND, meta, timeout=10)
+
+    for _ in range(60):
+        await quietly(send)
+    started.set()
+    while True:
+        await quietly(send)
+        await trio.sleep(1.0)
+
+
+async def run_attacker(name: str, target_addr: str, extra: list[str]) -> None:
     target = parse_peer_addr(target_addr)
     started = trio.Event()
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(globals()[f"attack_{name}"], target, started)
+            nursery.start_soon(globals()[f"attack_{name}"], target, started, *extra)
             await started.wait()
             await trio.sleep(2.0)  # let it reach full strength
             began, tried = time.monotonic(), dict(TRIED)
@@ -379,6 +615,7 @@ async def run_attacker(name: str, target_addr: str) -> None:
                             "actions_per_s": round(actions / seconds, 1),
                             "refused_or_cut": round(failed / max(1, actions), 3),
                             "in_progress": TRIED["open"],
+                            "total_actions": TRIED["actions"],
                         }
                     ),
                     flush=True,
@@ -392,12 +629,18 @@ async def run_attacker(name: str, target_addr: str) -> None:
 class Honest:
     """The calls each attack threatens, made the way honest peers make them."""
 
-    def __init__(self, target_addr: str) -> None:
+    def __init__(self, target_addr: str, circuit: str = "", project: str = "") -> None:
+        self.target_addr = target_addr
         self.target = parse_peer_addr(target_addr)
         self.addrs = [str(a) for a in self.target.addrs]
         self.trainer = SwarmHost(TRAINER, listen=[])
         self.volunteer = SwarmHost(VOLUNTEER, listen=[])
         self.version = 0
+        self.circuit = circuit
+        self.project = project
+        #: peers that go about their DHT lookups (dht_amplifier), started by drive()
+        self.lookers: list[Peer] = []
+        self.workdir = Path(".")
 
     async def trainer_step(self) -> None:
         """Forward keeping the graph, then backward through it (a trainer's use)."""
@@ -408,7 +651,9 @@ class Honest:
         )
         handle = reply.meta.get("handle")
         grad = torch.ones_like(from_wire(reply.tensors[0]))
-        meta: dict[str, Any] = {"uid": UID}
+        # the trainer's receipt: what makes the volunteer's gradient count
+        receipt = Receipt.sign(TRAINER, PROJECT, UID, self.version, [x], [grad], x.shape[0])
+        meta: dict[str, Any] = {"uid": UID, "receipt": receipt.encode()}
         tensors = [to_wire(grad)]
         if isinstance(handle, int):
             meta["handle"] = handle
@@ -417,6 +662,47 @@ class Honest:
         await rpc.call(self.target.peer_id, BACKWARD, meta, tensors, timeout=30)
         if not isinstance(handle, int):
             raise RuntimeError("the trainer's forward graph was not kept")
+
+    async def fetch(self) -> None:
+        """A newcomer's whole fetch of the project's weights (the manifest, the index,
+        every expert), from the providers the DHT names."""
+        peer = Peer(
+            Identity.generate(),
+            PeerConfig(listen=(), bootstrap=(self.target_addr,)),
+            validator=moehome_validator(),
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(peer.run)
+            signed = await find_manifest(peer, self.project, PinStore(Path(os.devnull)))
+            store = ChunkStore(self.workdir / f"fetch-{time.monotonic_ns()}")
+            uids = list(signed.manifest.model.expert_uids())
+            files = await WeightsFetcher(peer, store).fetch(signed, uids)
+            if sorted(files) != sorted(uids):
+                raise RuntimeError("not every expert's weights came")
+            nursery.cancel_scope.cancel()
+
+    async def relay_call(self) -> None:
+        """A newcomer reaches the volunteer behind NAT through its relay: 128 KiB."""
+        via, hidden = split_relayed(self.circuit)
+        peer = Peer(Identity.generate(), PeerConfig(listen=()))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(peer.run)
+            await peer.host.connect(hidden, [via])
+            blob = Tensor("uint8", (128 * 1024,), bytes(128 * 1024))
+            reply = await peer.rpc.call(hidden, PING, {}, [blob], timeout=30)
+            if reply.meta.get("bytes") != 128 * 1024:
+                raise RuntimeError(f"the relay carried {reply.meta.get('bytes')} bytes")
+            nursery.cancel_scope.cancel()
+
+    async def lookups(self) -> None:
+        """Every honest peer of the swarm looks a key up (what refreshes and gets do)."""
+        async with trio.open_nursery() as nursery:
+            for peer in self.lookers:
+                nursery.start_soon(peer.dht.get, f"/moehome/demo/{os.urandom(4).hex()}")
+
+    async def target_stats(self) -> dict[str, Any]:
+        reply = await RpcService(self.volunteer).call(self.target.peer_id, TARGET_STATS, {})
+        return dict(reply.meta)
 
     async def newcomer(self) -> None:
         """A peer never seen before: connect and make one call."""
@@ -475,6 +761,12 @@ HONEST_CALL = {
     "dht_flood": "dht",
     "expert_crowd": "trainer_step",
     "aggregator_junk": "contribution",
+    "poisoned_receipts": "trainer_step",
+    "connection_cap": "newcomer",
+    "silent_providers": "fetch",
+    "relay_squat": "relay_call",
+    "relay_hog": "relay_call",
+    "dht_amplifier": "lookups",
 }
 
 
@@ -515,6 +807,24 @@ class MemoryWatch:
         while True:
             self.peak = max(self.peak, self.rss())
             await trio.sleep(0.02)
+
+
+async def count_connections(
+    ip: str, ports: int, counts: list[int], *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    """A third party: ``ports`` TCP listeners on ``ip`` counting who connects."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        counts[0] += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = []
+        for _ in range(ports):
+            listeners += await trio.open_tcp_listeners(0, host=ip)
+        for listener in listeners:
+            nursery.start_soon(trio.serve_listeners, handler, [listener])
+        task_status.started([lst.socket.getsockname()[1] for lst in listeners])
 
 
 def spawn(*args: str, cpu: int) -> subprocess.Popen[str]:
@@ -571,9 +881,11 @@ async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]
     target = spawn("target", "--workdir", str(workdir), cpu=0)
     results: dict[str, Any] = {}
     try:
-        addr = (await read_line(target, "READY")).split()[1]
-        honest = Honest(addr)
+        _, addr, circuit, project = (await read_line(target, "READY")).split()
+        honest = Honest(addr, circuit, project)
+        honest.workdir = workdir
         watch = MemoryWatch(target.pid)
+        third_party = [0]  # connections on the amplifier's third party
         async with (
             honest.trainer.running(),
             honest.volunteer.running(),
@@ -582,13 +894,24 @@ async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]
             for host in (honest.trainer, honest.volunteer):
                 host.remember(honest.target.peer_id, honest.addrs)
             nursery.start_soon(watch.run)
+            ports = await nursery.start(count_connections, THIRD_PARTY_IP, 8, third_party)
+            for _ in range(4):  # honest peers of the swarm, for the amplifier
+                looker = Peer(Identity.generate(), PeerConfig(bootstrap=(addr,)))
+                honest.lookers.append(await nursery.start(looker.run))
             for name in attacks:
                 call = getattr(honest, HONEST_CALL[name])
                 await call()  # warm: connections open, code paths loaded
                 watch.peak = 0
                 before = await measure(call, calls)
                 rss_before = watch.peak
-                attacker = spawn("attack", name, addr, cpu=1)
+                extra = {
+                    "silent_providers": [project],
+                    "relay_squat": [circuit],
+                    "relay_hog": [circuit],
+                    "dht_amplifier": [",".join(map(str, ports))],
+                }.get(name, [])
+                aimed_before = third_party[0]
+                attacker = spawn("attack", name, addr, *extra, cpu=1)
                 try:
                     await read_line(attacker, "ATTACKING")
                     watch.peak = 0
@@ -603,6 +926,14 @@ async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]
                     if during["median_ms"] and before["median_ms"]
                     else None
                 )
+                if name == "dht_amplifier":
+                    await honest.lookups()  # what the swarm learnt, dialled once more
+                    messages = max(1, int(tried.get("total_actions", 0)))
+                    aimed = third_party[0] - aimed_before
+                    tried["third_party_connections"] = aimed
+                    tried["third_party_connections_per_message"] = round(aimed / messages, 3)
+                if name == "poisoned_receipts":
+                    tried.update(await honest.target_stats())
                 results[name] = {
                     "honest_call": HONEST_CALL[name],
                     "before": before,
@@ -631,6 +962,7 @@ def main() -> None:
     a = sub.add_parser("attack")
     a.add_argument("name", choices=ATTACKS)
     a.add_argument("target")
+    a.add_argument("extra", nargs="*", help="what the attack needs (project, circuit, ports)")
     parser.add_argument("--quick", action="store_true", help="fewer honest calls per phase")
     parser.add_argument("--attacks", default=",".join(ATTACKS))
     args = parser.parse_args()
@@ -641,7 +973,7 @@ def main() -> None:
     if args.role == "attack":
         logging.getLogger("libp2p").setLevel(logging.CRITICAL)
         logging.getLogger("net").setLevel(logging.CRITICAL)
-        trio.run(run_attacker, args.name, args.target)
+        trio.run(run_attacker, args.name, args.target, args.extra)
         return
     import tempfile
 
