@@ -121,6 +121,7 @@ def test_random_records(data):
 # each either succeeds or raises its own error type.
 
 import time  # noqa: E402
+from functools import partial  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402
@@ -133,8 +134,10 @@ from core.project.keys import KeyRotation  # noqa: E402
 from core.project.records import ProviderAnnouncement, directory_ids  # noqa: E402
 from core.project.signed import ManifestRejected, SignedManifest  # noqa: E402
 from core.protocol.contributions import Contribution, MessageError, Receipt  # noqa: E402
+from net._libp2p import PeerID  # noqa: E402
 from net.dht.node import DhtNode  # noqa: E402
 from net.dht.records import sign_record  # noqa: E402
+from net.dht.routing import RoutingTable  # noqa: E402
 from net.identity import Identity  # noqa: E402
 
 any_value = st.recursive(
@@ -229,5 +232,9 @@ def test_every_namespace_check_refuses_any_value_with_a_record_rejected(key, dat
 @settings(max_examples=200, deadline=None)
 @given(any_value)
 def test_contacts_in_a_dht_reply_of_any_shape_are_skipped_not_raised(raw):
-    fake = SimpleNamespace(config=SimpleNamespace(k=20))
+    routing: RoutingTable[PeerID] = RoutingTable(0)
+    relay = Identity.generate().peer_id  # circuits through a relay we know are kept
+    routing.add(relay, 1, ["/ip4/198.18.0.1/tcp/4001"], 0.0)
+    fake = SimpleNamespace(config=SimpleNamespace(k=20), routing=routing)
+    fake._known_circuits = partial(DhtNode._known_circuits, fake)  # type: ignore[arg-type]
     list(DhtNode._parse_contacts(fake, raw))  # type: ignore[arg-type]
