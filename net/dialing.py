@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 #: A peer's record may name many addresses; a dial tries at most this many.
 MAX_DIAL_ADDRS = 8
-#: ... and at most this many ports of one IP address.
-MAX_PORTS_PER_IP = 2
+#: ... and at most this many ports of one IP address (a peer that restarted may have a
+#: few, old ones first; a record naming many aims our dials at whoever is there).
+MAX_PORTS_PER_IP = 4
 #: The next address is dialled when the previous one failed, or after this long
 #: (Happy Eyeballs: a silent address must not hold back the next one for a whole
 #: connect timeout).

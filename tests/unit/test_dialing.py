@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from net.dialing import MAX_DIAL_ADDRS, dial_order, proven_addrs
+from net.dialing import MAX_DIAL_ADDRS, MAX_PORTS_PER_IP, dial_order, proven_addrs
 from net.peer import network_config
 
 PUB = "/ip4/198.18.0.10/tcp/4001"
@@ -91,9 +91,9 @@ def test_only_the_addresses_a_connection_proves_are_taken_from_a_peers_claim(
     assert list(proven_addrs(claimed, source)) == proven
 
 
-def test_a_record_naming_many_ports_of_one_address_is_dialled_at_two():
-    ports = [f"/ip4/198.18.0.9/tcp/{p}" for p in (22, 80, 443, 8080)]
+def test_a_record_naming_many_ports_of_one_address_is_dialled_at_a_few():
+    ports = [f"/ip4/198.18.0.9/tcp/{p}" for p in (22, 80, 443, 8080, 8443, 9000)]
     assert dial_order([*ports, "/ip4/198.18.0.10/tcp/4001"]) == [
-        *ports[:2],
+        *ports[:MAX_PORTS_PER_IP],
         "/ip4/198.18.0.10/tcp/4001",
     ]
