@@ -45,6 +45,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -166,8 +167,10 @@ async def run_target(workdir: Path) -> None:
         await nursery.start(ExpertServer(peer, {UID: backend}, server_config).run)
         await nursery.start(AggregatorService(peer, core).run)
         # a relay, and a volunteer behind NAT (by assumption) holding a place on it
-        await nursery.start(RelayService(peer.host, enabled=lambda: True).run)
-        hidden: Peer = await nursery.start(Peer(Identity.generate()).run)
+        relay = RelayService(peer.host, enabled=lambda: True)
+        await nursery.start(relay.run)
+        # no listener: behind NAT, nothing but its relay reaches it
+        hidden: Peer = await nursery.start(Peer(Identity.generate(), PeerConfig(listen=())).run)
         placed = trio.Event()
         client = RelayClient(
             hidden.host,
@@ -176,8 +179,8 @@ async def run_target(workdir: Path) -> None:
             config=RelayClientConfig(check_s=0.2),
             on_change=lambda addrs: placed.set() if addrs else None,
         )
-        await nursery.start(client.run)
         await hidden.host.connect(peer.peer_id, peer.host.listen_addrs())
+        await nursery.start(client.run)
         await placed.wait()
         prepared = await trio.to_thread.run_sync(small_project, workdir)
         await nursery.start(serve_project, peer, prepared)
@@ -189,7 +192,15 @@ async def run_target(workdir: Path) -> None:
                 for r in acc.receipts
                 if r.trainer != TRAINER.public_key
             )
-            return Reply({"foreign_receipts": foreign, "samples": backend.accumulator.samples})
+            return Reply(
+                {
+                    "foreign_receipts": foreign,
+                    "samples": backend.accumulator.samples,
+                    "relayed_mb": round(relay.stats.bytes_relayed / MiB, 1),
+                    "circuits_evicted": relay.stats.circuits_evicted,
+                    "circuits_cut_idle": relay.stats.circuits_cut_idle,
+                }
+            )
 
         peer.rpc.register(TARGET_STATS, stats)
         circuit = f"{client.relayed_addrs()[0]}/p2p/{hidden.peer_id}"
@@ -525,7 +536,8 @@ def split_relayed(circuit: str) -> tuple[str, PeerID]:
 
 
 async def project_index(peer: Peer, project: str) -> str:
-    signed = await find_manifest(peer, project, PinStore(Path(os.devnull)))
+    with tempfile.TemporaryDirectory() as tmp:
+        signed = await find_manifest(peer, project, PinStore(Path(tmp) / "pins.json"))
     return signed.weights_index
 
 
@@ -673,8 +685,9 @@ class Honest:
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(peer.run)
-            signed = await find_manifest(peer, self.project, PinStore(Path(os.devnull)))
-            store = ChunkStore(self.workdir / f"fetch-{time.monotonic_ns()}")
+            fresh = self.workdir / f"newcomer-{time.monotonic_ns()}"
+            signed = await find_manifest(peer, self.project, PinStore(fresh / "pins.json"))
+            store = ChunkStore(fresh / "chunks")
             uids = list(signed.manifest.model.expert_uids())
             files = await WeightsFetcher(peer, store).fetch(signed, uids)
             if sorted(files) != sorted(uids):
@@ -770,6 +783,16 @@ HONEST_CALL = {
 }
 
 
+#: what an honest call may fail with (counted, not raised)
+HONEST_FAILURES = (RpcError, RemoteError, RuntimeError, DialError, trio.TooSlowError, OSError)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 async def measure(call: Callable[[], Awaitable[None]], n: int) -> dict[str, Any]:
     ok, times = 0, []
     errors: dict[str, int] = {}
@@ -780,8 +803,11 @@ async def measure(call: Callable[[], Awaitable[None]], n: int) -> dict[str, Any]
                 await call()
             ok += 1
             times.append((time.perf_counter() - t0) * 1000)
-        except (RpcError, RemoteError, RuntimeError, trio.TooSlowError, OSError) as exc:
-            errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+        except (*HONEST_FAILURES, ExceptionGroup) as exc:
+            failure = _leaf(exc)  # calls that start peers fail inside a nursery
+            if not isinstance(failure, HONEST_FAILURES):
+                raise
+            errors[type(failure).__name__] = errors.get(type(failure).__name__, 0) + 1
         await trio.sleep(0.05)
     out: dict[str, Any] = {
         "success": round(ok / n, 3),
@@ -932,7 +958,7 @@ async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]
                     aimed = third_party[0] - aimed_before
                     tried["third_party_connections"] = aimed
                     tried["third_party_connections_per_message"] = round(aimed / messages, 3)
-                if name == "poisoned_receipts":
+                if name in ("poisoned_receipts", "relay_squat", "relay_hog"):
                     tried.update(await honest.target_stats())
                 results[name] = {
                     "honest_call": HONEST_CALL[name],
@@ -975,8 +1001,6 @@ def main() -> None:
         logging.getLogger("net").setLevel(logging.CRITICAL)
         trio.run(run_attacker, args.name, args.target, args.extra)
         return
-    import tempfile
-
     attacks = [a for a in args.attacks.split(",") if a]
     unknown = [a for a in attacks if a not in ATTACKS]
     if unknown:

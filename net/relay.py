@@ -81,9 +81,10 @@ class RelayLimits:
     #: circuits to one reserved peer at once
     circuits_per_peer: int = 8
     #: circuits opened from one source address (the initiator's), through the relay
-    #: and to one reserved peer; past a limit, the oldest circuit of the source holding
-    #: the most is closed, never the newcomer (16 idle circuits from one address kept a
-    #: volunteer behind NAT unreachable)
+    #: and to one reserved peer: a source at its share is refused; past the totals, the
+    #: oldest circuit of the source holding the most is closed, never a newcomer from
+    #: another (16 idle circuits from one address kept a volunteer behind NAT
+    #: unreachable)
     circuits_per_source: int = 16
     circuits_per_source_per_peer: int = 2
     #: a circuit that carried nothing (beyond keepalives) this long is closed
@@ -319,8 +320,17 @@ class RelayService:
         to_target = self._to_target.setdefault(
             target, FairSlots(lim.circuits_per_source_per_peer, lim.circuits_per_peer)
         )
+        if (
+            to_target.held(source) >= lim.circuits_per_source_per_peer
+            or self._circuits.held(source) >= lim.circuits_per_source
+        ):
+            # a source over its share is refused at once (before any stream to the
+            # target): evicting its own oldest instead let one churn the target
+            await self._refuse_circuit(stream, Code.RESOURCE_LIMIT_EXCEEDED)
+            return
         scope = trio.CancelScope()
-        # room for the newcomer: the oldest circuit of the source holding the most goes
+        # room for a newcomer past the totals: the oldest circuit of the source holding
+        # the most goes
         for old in [*self._circuits.add(source, scope), *to_target.add(source, scope)]:
             if old is not scope:
                 self._evicted.add(old)
