@@ -94,7 +94,7 @@ from net.dht.node import FIND, GET, STORE
 from net.peer import PING
 from net.relay import RelayClient, RelayClientConfig, RelayService
 from net.rpc import RPC_PROTOCOL, RpcConfig, RpcError
-from net.testing import dial_from, raw_frame
+from net.testing import count_connections, dial_from, raw_frame
 from net.wire import Tensor, pack
 
 log = logging.getLogger("benchmarks.hostile")
@@ -833,24 +833,6 @@ class MemoryWatch:
         while True:
             self.peak = max(self.peak, self.rss())
             await trio.sleep(0.02)
-
-
-async def count_connections(
-    ip: str, ports: int, counts: list[int], *, task_status: Any = trio.TASK_STATUS_IGNORED
-) -> None:
-    """A third party: ``ports`` TCP listeners on ``ip`` counting who connects."""
-
-    async def handler(stream: trio.SocketStream) -> None:
-        counts[0] += 1
-        await stream.aclose()
-
-    async with trio.open_nursery() as nursery:
-        listeners = []
-        for _ in range(ports):
-            listeners += await trio.open_tcp_listeners(0, host=ip)
-        for listener in listeners:
-            nursery.start_soon(trio.serve_listeners, handler, [listener])
-        task_status.started([lst.socket.getsockname()[1] for lst in listeners])
 
 
 def spawn(*args: str, cpu: int) -> subprocess.Popen[str]:

@@ -104,3 +104,23 @@ async def open_swarm(
             yield swarm
         finally:
             nursery.cancel_scope.cancel()
+
+
+async def count_connections(
+    ip: str, ports: int, counts: list[int], *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    """A third party that hostile tests and benchmarks aim strangers at: ``ports`` TCP
+    listeners on ``ip`` (a loopback address of its own) counting who connects in
+    ``counts[0]``; started with ``nursery.start``, it answers the ports' numbers."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        counts[0] += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = []
+        for _ in range(ports):
+            listeners += await trio.open_tcp_listeners(0, host=ip)
+        for listener in listeners:
+            nursery.start_soon(trio.serve_listeners, handler, [listener])
+        task_status.started([lst.socket.getsockname()[1] for lst in listeners])

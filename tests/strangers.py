@@ -16,7 +16,7 @@ import trio
 from net.host import SwarmHost
 from net.identity import Identity
 from net.rpc import RPC_PROTOCOL, RpcConfig, RpcService
-from net.testing import dial_from, raw_frame
+from net.testing import count_connections, dial_from, raw_frame
 
 
 @asynccontextmanager
@@ -121,21 +121,3 @@ __all__: Sequence[str] = [
     "stranger",
     "tcp_target",
 ]
-
-
-async def count_connections(
-    ip: str, ports: int, counts: list[int], *, task_status=trio.TASK_STATUS_IGNORED
-) -> None:
-    """A third party: ``ports`` TCP listeners on ``ip`` counting who connects."""
-
-    async def handler(stream: trio.SocketStream) -> None:
-        counts[0] += 1
-        await stream.aclose()
-
-    async with trio.open_nursery() as nursery:
-        listeners = []
-        for _ in range(ports):
-            listeners += await trio.open_tcp_listeners(0, host=ip)
-        for listener in listeners:
-            nursery.start_soon(trio.serve_listeners, handler, [listener])
-        task_status.started([lst.socket.getsockname()[1] for lst in listeners])
