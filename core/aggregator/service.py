@@ -17,11 +17,19 @@ import trio
 from core.aggregator.auditor import ContributionAuditor
 from core.aggregator.core import AggregatorCore
 from core.aggregator.verify import Rejected, check_payload
+from core.experts.registry import build_expert
 from core.experts.weights import save_weights
-from core.experts.wire import from_wire
+from core.experts.wire import from_wire, to_wire
+from core.moe.audit import recompute_rows
 from core.project.chunks import ChunkStore, FileEntry, split_file
-from core.protocol.aggregator_methods import CONTRIBUTE, REVEAL, STATS
-from core.protocol.contributions import Contribution, MessageError
+from core.protocol.aggregator_methods import (
+    CONTRIBUTE,
+    MAX_REFEREE_ROWS,
+    REFEREE,
+    REVEAL,
+    STATS,
+)
+from core.protocol.contributions import TRUNK_UID, Contribution, MessageError
 from core.protocol.versions import version_key
 from net import (
     BadRequest,
@@ -89,6 +97,11 @@ class AggregatorService:
             peer.rpc.register(REVEAL, self.auditor.reveal)
         peer.rpc.register(CONTRIBUTE, self._contribute, screen=self._screen)
         peer.rpc.register(STATS, self._stats)
+        peer.rpc.register(REFEREE, self._referee)
+        self._trainers = frozenset(peer_id_from_public_key(k) for k in core.settings.trainers)
+        # a referee's recomputations, one at a time beside the rounds
+        self._refereeing = trio.CapacityLimiter(1)
+        self.refereed = 0
 
     def honour_ban(self, public_key: bytes) -> None:
         """Refuse this contributor from now on and drop what it has pending (the core is
@@ -214,6 +227,49 @@ class AggregatorService:
                 self.auditor.hold(contribution, parts)
         reply = {"accepted": True, "version": self.core.versions[contribution.uid]}
         return Reply({**reply, "audit": True} if drawn else reply)
+
+    async def _referee(self, ctx: CallContext) -> Reply:
+        """What the weights of an expert's version compute for a trainer's rows: the
+        word that settles a dispute over a server's answer (core/moe/audit.py). Only
+        the manifest's trainers may ask: the work is the aggregator's."""
+        if ctx.peer_id not in self._trainers:
+            raise BadRequest("only the project's trainers may ask the referee")
+        meta = ctx.request.meta
+        uid, version, kind = meta.get("uid"), meta.get("version"), meta.get("kind")
+        if uid not in self.core.settings.uids or uid == TRUNK_UID:
+            raise BadRequest(f"this aggregator holds no expert {uid!r}")
+        if not isinstance(version, int) or kind not in ("forward", "backward"):
+            raise BadRequest("a referee request names a version and a kind")
+        tensors = [from_wire(t) for t in ctx.request.tensors]
+        hidden = self.core.settings.spec.hidden
+        if len(tensors) != (1 if kind == "forward" else 2) or any(
+            t.ndim not in (2, 3)
+            or t.shape[-1] != hidden
+            or t.shape[0] > MAX_REFEREE_ROWS
+            or t.shape != tensors[0].shape
+            or not t.is_floating_point()
+            for t in tensors
+        ):
+            raise BadRequest(
+                f"a referee request carries inputs (and, backward, output gradients) of "
+                f"the same shape: at most {MAX_REFEREE_ROWS} rows of {hidden}"
+            )
+        weights = await trio.to_thread.run_sync(
+            self.core.weights_of, uid, version, limiter=self._engine
+        )
+        if weights is None:
+            raise BadRequest(f"the weights of {uid} version {version} are gone here")
+        spec = self.core.settings.spec
+
+        def recompute() -> torch.Tensor:
+            module = build_expert(spec)
+            module.load_state_dict(weights)
+            grad = tensors[1] if kind == "backward" else None
+            return recompute_rows(module, kind, tensors[0], grad, spec.torch_dtype)
+
+        expected = await trio.to_thread.run_sync(recompute, limiter=self._refereeing)
+        self.refereed += 1
+        return Reply({"version": version}, (to_wire(expected),))
 
     async def _stats(self, ctx: CallContext) -> Reply:
         return Reply(self.statistics())

@@ -14,7 +14,13 @@ Where those weights cannot be had (a version never published, or more than the m
 budget holds), a forward answer goes to other servers of its expert, drawn at random:
 one that reproduces it passes it; two that agree with each other and not with it fail
 it; otherwise it is inconclusive (BOINC's quorum, on a share of the rows; two servers
-that collude can pass each other's cheats, which the weights would not).
+that collude can pass each other's cheats, which the weights would not). Servers are
+free identities, so a quorum alone never convicts for good: a dispute (two agreeing
+servers against the answer) goes to the expert's aggregator, the *referee*, which holds
+the weights of its recent versions and recomputes the rows. Its verdict is the
+weights': an answer it clears passes (and the servers that disputed it are excluded
+here), one it confirms fails as an answer checked against the weights does. Without a
+referee's word the quorum's verdict excludes the server here only, for a while.
 
 The audits run beside training, one at a time, in a worker thread: a queue full of
 pending audits drops new draws (counted) rather than slow a step.
@@ -164,6 +170,8 @@ class AuditStatistics:
     unverifiable: int = 0
     #: of the audited: settled by other servers' recomputations instead of the weights
     by_quorum: int = 0
+    #: of those: disputes the referee (the expert's aggregator) settled with the weights
+    refereed: int = 0
     #: drawn while the queue was full, or from a volunteer excluded meanwhile
     dropped: int = 0
     #: recomputing, in the worker thread
@@ -180,6 +188,7 @@ class AuditStatistics:
             "failed": self.failed,
             "unverifiable": self.unverifiable,
             "by_quorum": self.by_quorum,
+            "refereed": self.refereed,
             "dropped": self.dropped,
             "seconds": round(self.seconds, 3),
             "worst_passed": round(self.worst_passed, 4),
@@ -199,6 +208,9 @@ class VersionWeights(Protocol):
 #: its rows at its version, uncompressed: (that server, its outputs), or None when no
 #: other server gives one
 SecondOpinion = Callable[[Answer, set[PeerID]], Awaitable[tuple[PeerID, torch.Tensor] | None]]
+#: what the weights of ``answer``'s version compute for its rows (outputs, or input
+#: gradients), from a party that holds them (the expert's aggregator); None: no word
+Referee = Callable[[Answer], Awaitable[torch.Tensor | None]]
 
 
 def by_quorum(first: float, second: float | None, opinions_agree: bool) -> float | None:
@@ -222,16 +234,29 @@ def by_quorum(first: float, second: float | None, opinions_agree: bool) -> float
 def recompute(module: nn.Module, answer: Answer, dtype: torch.dtype) -> torch.Tensor:
     """What ``module`` answers for ``answer``'s inputs (and gradients): outputs, or
     input gradients."""
-    x = answer.inputs.to(dtype)
-    if answer.kind == "forward":
+    return recompute_rows(module, answer.kind, answer.inputs, answer.grad_outputs, dtype)
+
+
+def recompute_rows(
+    module: nn.Module,
+    kind: Literal["forward", "backward"],
+    inputs: torch.Tensor,
+    grad_outputs: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """What ``module`` computes for ``inputs``: outputs (forward), or the input
+    gradients for ``grad_outputs`` (backward; no parameter gradient is kept)."""
+    x = inputs.to(dtype)
+    if kind == "forward":
         with torch.no_grad():
             out: torch.Tensor = module(x)
         return out
-    assert answer.grad_outputs is not None
+    if grad_outputs is None:
+        raise ValueError("a backward recomputation needs the output gradients")
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         y = module(x)
-        (grad,) = torch.autograd.grad(y, x, answer.grad_outputs.to(dtype))
+        (grad,) = torch.autograd.grad(y, x, grad_outputs.to(dtype))
     return grad
 
 
@@ -255,13 +280,15 @@ class AnswerAuditor:
         queue: int = 32,
         rng: random.Random | None = None,
         second_opinion: SecondOpinion | None = None,
+        referee: Referee | None = None,
     ) -> None:
         """``row_share``: the share of a drawn answer's rows recomputed (at least one):
         an expert computes each row (sample) on its own, so a cheat on every row shows
         in any of them, for a fraction of the cost. ``second_opinion``: where the
         weights of an answer's version cannot be had (not published, or more than the
         memory budget holds), the answer is put to other servers of its expert instead
-        (:func:`by_quorum`)."""
+        (:func:`by_quorum`). ``referee``: settles a dispute, where two servers agree
+        against an answer, with the weights (the module's docstring)."""
         if not 0 <= rate <= 1:
             raise ValueError(f"audit rate must be in [0, 1], got {rate}")
         if not 0 < row_share <= 1:
@@ -271,10 +298,15 @@ class AnswerAuditor:
         self.dtype = dtype
         self.rate = rate
         self.second_opinion = second_opinion
+        self.referee = referee
         #: told of every volunteer that fails an audit, once (e.g. to stop routing to it)
         self.listeners: list[Callable[[Finding], None]] = []
         if on_mismatch is not None:
             self.listeners.append(on_mismatch)
+        #: told of every server excluded here, and for how long (seconds; inf: for
+        #: good): those that failed an audit, and those whose opinions the referee
+        #: contradicted (e.g. to stop routing to them)
+        self.exclusion_listeners: list[Callable[[PeerID, float], None]] = []
         # the volunteer must not predict the draws: the system's randomness by default
         self._rng = rng if rng is not None else random.SystemRandom()
         self._send, self._receive = trio.open_memory_channel[Answer](queue)
@@ -333,8 +365,10 @@ class AnswerAuditor:
             if settled is None:
                 self.stats.unverifiable += 1
                 return None
-            over = settled
+            over, disputed_by = settled
             self.stats.by_quorum += 1
+            if over > 1 and (refereed := await self._refereed(answer, disputed_by)) is not None:
+                over, quorum = refereed, False
         else:
             started = time.perf_counter()
             over = await trio.to_thread.run_sync(audit, module, answer, self.dtype)
@@ -347,8 +381,9 @@ class AnswerAuditor:
         self._failed(answer, over, by_quorum=quorum)
         return over
 
-    async def _by_quorum(self, answer: Answer) -> float | None:
-        """The answer's excess as other servers of its expert judge it, or None."""
+    async def _by_quorum(self, answer: Answer) -> tuple[float, list[PeerID]] | None:
+        """The answer's excess as other servers of its expert judge it, with the
+        servers whose outputs it was judged by; or None."""
         if self.second_opinion is None:
             return None
         asked = {answer.server}
@@ -358,13 +393,46 @@ class AnswerAuditor:
         asked.add(first[0])
         over_first = excess(answer.claimed, first[1], answer.codec, self.dtype)
         if over_first <= 1:
-            return over_first
+            return over_first, [first[0]]
         second = await self.second_opinion(answer, asked)
         if second is None:
             return None
         over_second = excess(answer.claimed, second[1], answer.codec, self.dtype)
         agree = excess(first[1], second[1], "raw", self.dtype) <= 1
-        return by_quorum(over_first, over_second, agree)
+        verdict = by_quorum(over_first, over_second, agree)
+        return None if verdict is None else (verdict, [first[0], second[0]])
+
+    async def _refereed(self, answer: Answer, disputed_by: list[PeerID]) -> float | None:
+        """The answer's excess over what the referee's weights compute, or None when
+        the referee gives no word. When it clears the answer, the servers that
+        disputed it answered what those weights do not compute: excluded here, for
+        good (their opinions carry no statement to publish, so no ban)."""
+        if self.referee is None:
+            return None
+        expected = await self.referee(answer)
+        if expected is None:
+            return None
+        self.stats.refereed += 1
+        over = excess(answer.claimed, expected, answer.codec, self.dtype)
+        if over <= 1:
+            for server in disputed_by:
+                log.warning(
+                    "%s disputed an answer of %s to %s that the expert's aggregator "
+                    "reproduced from the weights: excluded",
+                    server,
+                    answer.server,
+                    answer.uid,
+                )
+                self._exclude(server, math.inf)
+        return over
+
+    def _exclude(self, server: PeerID, seconds: float) -> None:
+        if self.is_excluded(server):
+            return
+        self._excluded[server] = trio.current_time() + seconds
+        self.stats.excluded.append(str(server))
+        for listener in self.exclusion_listeners:
+            listener(server, seconds)
 
     def _failed(self, answer: Answer, over: float, *, by_quorum: bool = False) -> None:
         self.stats.failed += 1
@@ -372,8 +440,7 @@ class AnswerAuditor:
         self.findings.append(finding)
         del self.findings[:-16]  # the latest, as evidence
         if not self.is_excluded(answer.server):
-            self._excluded[answer.server] = trio.current_time() + finding.exclusion_seconds
-            self.stats.excluded.append(str(answer.server))
+            self._exclude(answer.server, finding.exclusion_seconds)
             log.warning(
                 "%s answered %s of %s (version %d) %.3g times past an honest answer's "
                 "bound%s: excluded%s",

@@ -26,6 +26,7 @@ from core.experts.activations import ActivationCodecError, WireCodecs
 from core.moe.audit import Answer, AnswerAuditor, Evidence, statement_problem
 from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS, ServerLoads
 from core.moe.voices import ExpertVoices
+from core.protocol.aggregator_methods import MAX_REFEREE_ROWS, REFEREE
 from core.protocol.answers import AnswerStatement
 from core.protocol.contributions import Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE
@@ -329,6 +330,32 @@ class ExpertCaller:
             except (RemoteError, RpcError, ExpertCallError) as exc:
                 log.info("no second opinion on %s from %s: %s", answer.uid, server.peer_id, exc)
         return None
+
+    async def referee(self, answer: Answer, aggregator: PeerID) -> torch.Tensor | None:
+        """What the weights of ``answer``'s version compute for its rows, as the
+        expert's ``aggregator`` (which holds them) recomputes them; None when it gives
+        no word (unreachable, or that version is gone there)."""
+        if answer.inputs.shape[0] > MAX_REFEREE_ROWS:
+            return None
+        meta = {"uid": answer.uid, "version": answer.version, "kind": answer.kind}
+        tensors = [answer.inputs]
+        if answer.grad_outputs is not None:
+            tensors.append(answer.grad_outputs)
+        wires = [part for t in tensors for part in activations.encode(t, "raw")]
+        try:
+            reply = await self.rpc.call(
+                aggregator, REFEREE, meta, wires, timeout=self.backward_timeout
+            )
+            expected = activations.decode(
+                list(reply.tensors), "raw", width=answer.claimed.shape[-1], dtype=torch.float32
+            )
+        except (RemoteError, RpcError, ActivationCodecError, ValueError) as exc:
+            log.info("no referee's word on %s from %s: %s", answer.uid, aggregator, exc)
+            return None
+        if expected.shape != answer.claimed.shape:
+            log.info("the referee %s answered %s rows of another shape", aggregator, answer.uid)
+            return None
+        return expected
 
     def _evidence(
         self,

@@ -7,6 +7,10 @@ agg.reveal      meta {nonce, pairs, residual, carried?} or {nonce, missing: true
                 tensors [inputs and output gradients per receipt, residual, carried parts]
                 -> meta {outcome}: the volunteer shows what an audited contribution was
                 computed from (core/contributing/reveal.py, core/aggregator/auditor.py)
+agg.referee     meta {uid, version, kind}, tensors [inputs, grad_outputs (backward)], raw
+                -> tensors [what the weights of that version compute: outputs, or input
+                gradients]: settles a dispute over an answer (core/moe/audit.py); only
+                the manifest's trainers may ask, at most MAX_REFEREE_ROWS rows
 agg.stats       meta {} -> meta {accepted, rejected, rounds, banned_peers, versions,
                 contributors, pending_samples}
 """
@@ -20,6 +24,9 @@ from typing import Final, TypeVar
 CONTRIBUTE: Final = "agg.contribute"
 STATS: Final = "agg.stats"
 REVEAL: Final = "agg.reveal"
+REFEREE: Final = "agg.referee"
+#: rows one referee request may ask recomputed (an auditor sends a share of an answer's)
+MAX_REFEREE_ROWS: Final = 1024
 
 Aggregator = TypeVar("Aggregator")
 

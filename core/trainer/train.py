@@ -40,6 +40,7 @@ from core.project.owner import aggregator_statistics
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
 from core.project.versions import pull_interval
+from core.protocol.aggregator_methods import responsible_aggregator
 from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus, load_corpus
 from core.trainer.model import CharLanguageModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
@@ -48,6 +49,7 @@ from core.trainer.trunk import shares_trunk
 from net import Identity, Peer, network_config
 from net._libp2p import PeerID
 from net.host import DEFAULT_LISTEN
+from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)
 
@@ -159,11 +161,21 @@ def remote_model(
         servers = await finders[layer].servers(answer.uid)
         return await callers[layer].opinion(answer, servers, asked)
 
+    aggregators = [
+        peer_id_from_public_key(bytes.fromhex(a.key)) for a in signed.manifest.aggregators
+    ]
+
+    async def referee(answer: Answer) -> torch.Tensor | None:
+        if not aggregators:
+            return None
+        uid = ExpertUID.parse(answer.uid)
+        layer = next(i for i, grid in enumerate(grids) if uid in grid)
+        return await callers[layer].referee(answer, responsible_aggregator(answer.uid, aggregators))
+
     if auditor is not None:
         auditor.second_opinion = second_opinion
-        auditor.listeners.append(
-            lambda finding: exclude(finding.answer.server, finding.exclusion_seconds)
-        )
+        auditor.referee = referee
+        auditor.exclusion_listeners.append(exclude)
     if board is not None:
         board.listeners.append(lambda ban: exclude(PeerID.from_base58(ban.peer)))
 

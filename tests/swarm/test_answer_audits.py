@@ -6,7 +6,10 @@ evidence."""
 
 from __future__ import annotations
 
+import copy
+import math
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,8 @@ import pytest
 import torch
 import trio
 
+from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.service import AggregatorService
 from core.experts import activations
 from core.experts.cheats import ANSWER_CHEATS
 from core.experts.registry import build_expert
@@ -33,6 +38,7 @@ from core.project.joining import join_project
 from core.project.keys import OwnerKey
 from core.project.publish import Prepared, prepare, serve_project
 from core.project.signed import SignedManifest
+from core.protocol.aggregator_methods import REFEREE
 from core.protocol.expert_methods import BACKWARD
 from core.protocol.versions import version_key
 from core.trainer.train import _accuse
@@ -360,4 +366,85 @@ async def test_two_agreeing_sybils_never_get_an_honest_server_banned(tmp_path):
 
         _accuse(Board(), finding)  # type: ignore[arg-type]
         assert accused == []  # no ban in the project
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_dispute_goes_to_the_aggregator_that_holds_the_weights(tmp_path):
+    """Issue 35, finding 3, beyond a lapsing exclusion: where two servers agree against
+    an answer, the expert's aggregator (which holds the weights of its versions)
+    recomputes the rows. A cheat it confirms is convicted by the weights (a finding
+    for a ban, for good); an honest answer two Sybils framed is cleared, and the
+    Sybils are the ones excluded."""
+    prepared = q4z_project(tmp_path)
+    pid = prepared.signed.project_id
+    spec = prepared.signed.manifest.model.expert.spec()
+    async with (
+        open_swarm(6, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        owner_peer, honest_a, honest_b, sybil_a, sybil_b, trainer = (
+            swarm.node(i) for i in range(6)
+        )
+        await nursery.start(serve_project, owner_peer, prepared)
+        scaled = ANSWER_CHEATS["scaled-answers"]
+        cheats = {honest_a: None, honest_b: None, sybil_a: scaled, sybil_b: scaled}
+        servers = {}
+        for i, (peer, cheat) in enumerate(cheats.items()):
+            signed, servers[peer] = await serve_expert(
+                nursery, peer, pid, cheat, tmp_path / f"v{i}"
+            )
+        settings = AggregatorSettings(
+            project=pid, spec=spec, uids=(UID,), trainers=frozenset({trainer.identity.public_key})
+        )
+        initial = {UID: copy.deepcopy(servers[honest_a].backends[UID].module)}
+        core = AggregatorCore(settings, tmp_path / "aggregator", initial=initial)
+        aggregator = await nursery.start(AggregatorService(owner_peer, core).run)
+        caller, auditor, refs, opinions = auditing_by_opinions(
+            tmp_path, trainer, owner_peer, signed, [honest_a, honest_b]
+        )
+        auditor.referee = partial(caller.referee, aggregator=owner_peer.peer_id)
+        excluded: list[tuple[Any, float]] = []
+        auditor.exclusion_listeners.append(lambda peer, seconds: excluded.append((peer, seconds)))
+        x = torch.randn(8, spec.hidden)
+
+        # a cheat that two honest servers dispute: the weights confirm it
+        await caller.forward(UID, [ExpertServerRef(sybil_a.peer_id)], x)
+        over = await auditor.check(await auditor._receive.receive())
+        assert over is not None
+        assert over > 1
+        (finding,) = auditor.findings
+        assert not finding.by_quorum  # checked against the weights: ban-worthy
+        assert excluded == [(sybil_a.peer_id, math.inf)]
+        assert aggregator.refereed == 1
+        accused: list[tuple[Any, ...]] = []
+
+        class Board:
+            def accuse(self, *args: Any) -> None:
+                accused.append(args)
+
+        _accuse(Board(), finding)  # type: ignore[arg-type]
+        assert len(accused) == 1
+
+        # an honest answer the two Sybils frame: cleared, and the Sybils excluded
+        refs[:] = [ExpertServerRef(sybil_a.peer_id), ExpertServerRef(sybil_b.peer_id)]
+        await caller.forward(UID, [ExpertServerRef(honest_a.peer_id)], x)
+        over = await auditor.check(await auditor._receive.receive())
+        assert over is not None
+        assert over <= 1
+        assert opinions[-2:] in (
+            [str(sybil_a.peer_id), str(sybil_b.peer_id)],
+            [str(sybil_b.peer_id), str(sybil_a.peer_id)],
+        )
+        assert len(auditor.findings) == 1  # no new one
+        assert not auditor.is_excluded(honest_a.peer_id)
+        assert auditor.is_excluded(sybil_b.peer_id)
+        assert excluded[1:] == [(sybil_b.peer_id, math.inf)]
+        assert auditor.stats.refereed == 2
+
+        # only the manifest's trainers may put work on the referee
+        meta = {"uid": UID, "version": 0, "kind": "forward"}
+        with pytest.raises(BadRequest, match="only the project's trainers"):
+            await honest_b.rpc.call(
+                owner_peer.peer_id, REFEREE, meta, activations.encode(x, "raw"), timeout=30
+            )
         nursery.cancel_scope.cancel()
