@@ -166,7 +166,10 @@ class HolePuncher:
 
     async def _answer(self, stream: Any) -> None:
         peer = stream.muxed_conn.peer_id
-        if not _over_relay(stream):  # the spec: only over a relayed connection
+        # the spec: only over a relayed connection; and only with a peer we chose to
+        # talk to (we dialled it, or it is allowed): a stranger who came in through our
+        # relay and punched as side B would learn our address and aim our dials
+        if not _over_relay(stream) or not (_we_dialled(stream) or self.allowed(peer)):
             await reset_quietly(stream)
             return
         try:
@@ -266,6 +269,12 @@ def _on(addrs: list[str], ip: str | None) -> list[str]:
 def _raw_of(muxed: Any) -> Any:
     """The RawConnection under a Yamux connection (Noise read-writer, then raw)."""
     return getattr(getattr(getattr(muxed, "secured_conn", None), "conn", None), "conn", None)
+
+
+def _we_dialled(stream: Any) -> bool:
+    """Whether our side opened the (secured) connection the stream runs on."""
+    secured = getattr(getattr(stream, "muxed_conn", None), "secured_conn", None)
+    return getattr(secured, "is_initiator", False) is True
 
 
 def _over_relay(stream: Any) -> bool:

@@ -463,6 +463,24 @@ async def test_a_hole_punch_dials_only_where_the_relay_saw_the_other_side():
             stranger.host.set_stream_handler(HOLE_PUNCH, partial(aim, allowed=allowed))
             await stranger.host.connect(target.peer_id, client.relayed_addrs())
             await trio.sleep(3)  # the punch's attempts
+        # a stranger punching as side B over the circuit it opened to us: refused,
+        # before our address is said or anything dialled
+        puncher.allowed = lambda peer: False
+        offer = [multiaddr.Multiaddr(a).to_bytes() for a in third_party]
+
+        async def punch_as_b() -> HolePunch | None:
+            """The target's answer to the stranger's offer (None: the stream was reset,
+            however the stream says it)."""
+            try:
+                stream = await stranger.host.libp2p_host.new_stream(target.peer_id, [HOLE_PUNCH])
+                await write_message(stream, HolePunch(type=HolePunch.CONNECT, ObsAddrs=offer))
+                return await read_message(stream, HolePunch)
+            except Exception:
+                return None
+
+        with trio.fail_after(5):
+            assert await punch_as_b() is None
+        await trio.sleep(1)
         assert counts[0] == 0  # the third party was never dialled
         # our address goes only to a peer we chose to talk to (asked again while it
         # gives no address of its own)
