@@ -31,7 +31,20 @@ whole fetch), ``relay_squat`` (16 idle circuits from one address to the relayed
 volunteer), ``relay_hog`` (6 circuits from one address pushing all they can; the honest
 call is 128 KiB through the relay) and ``dht_amplifier`` (60 ``dht.find`` messages from
 fresh identities naming 8 ports of a third party while 4 honest peers go about their
-lookups; ``third_party_connections_per_message``, goal <= 1).
+lookups; ``third_party_connections_per_message``, goal <= 1), ``manifest_bomb`` (a
+validly signed manifest of 4096^4 x 64 experts on the attacker's own DHT node, looked up
+by the target as a volunteer's node does when the tray opens an invite link, again and
+again), ``quorum_framing`` (8 pairs of Sybil servers of the target's expert running the
+same x1.05 cheat; the honest call is a trainer's audited answer where the trainer cannot
+hold the weights, so answers are put to other servers and a dispute to the expert's
+aggregator; the line says how many disputes the aggregator settled and how many Sybils
+were excluded), ``reachability_lie`` (4 identities at one address answering the target's
+dial-back requests "reached you, at 198.18.0.66" without dialling; the honest call is one
+round of the target's reachability check, which must believe no such address) and
+``holepunch_aim`` (circuits from one address to the volunteer behind NAT, punching as
+side B with a third party's ports and answering its punches with them; the line says how
+many connections the third party saw and how many times the attacker heard the
+volunteer's address, both goal 0).
 """
 
 from __future__ import annotations
@@ -48,12 +61,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import multiaddr
 import psutil
 import torch
 import trio
+from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -61,18 +78,30 @@ from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.service import AggregatorService
 from core.contributing.codecs import codec
 from core.experts.backend import ExpertBackend
+from core.experts.cheats import ANSWER_CHEATS
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.experts.wire import from_wire, to_wire
+from core.moe.audit import Answer, AnswerAuditor
+from core.moe.client import ExpertCaller, ExpertServerRef
 from core.namespaces import moehome_validator
+from core.node.serving import project_summary
+from core.project import records as project_records
 from core.project.chunks import ChunkStore
-from core.project.distribution import GET_CHUNK, WeightsFetcher, find_manifest
+from core.project.distribution import (
+    GET_CHUNK,
+    ProjectNotFound,
+    WeightsFetcher,
+    find_manifest,
+    list_projects,
+)
 from core.project.keys import OwnerKey
-from core.project.manifest import write_template
+from core.project.manifest import load_manifest, write_template
 from core.project.pins import PinStore
 from core.project.publish import prepare, serve_project
 from core.project.records import ProviderAnnouncement, providers_key
+from core.project.signed import SignedManifest, canonical, project_id
 from core.protocol.aggregator_methods import CONTRIBUTE
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD
@@ -80,6 +109,7 @@ from net import (
     CallContext,
     DialError,
     Identity,
+    NamespacedValidator,
     Peer,
     PeerConfig,
     RemoteError,
@@ -90,9 +120,21 @@ from net import (
 )
 from net._libp2p import PeerID
 from net.dht import sign_record
-from net.dht.node import FIND, GET, STORE
+from net.dht.node import FIND, GET, STORE, DhtError
+from net.holepunch import PROTOCOL as HOLE_PUNCH
 from net.peer import PING
-from net.relay import RelayClient, RelayClientConfig, RelayService
+from net.reachability import (
+    DIAL_BACK,
+    DialBackService,
+    ReachabilityConfig,
+)
+from net.relay import (
+    RelayClient,
+    RelayClientConfig,
+    RelayService,
+    read_message,
+    write_message,
+)
 from net.rpc import RPC_PROTOCOL, RpcConfig, RpcError
 from net.testing import count_connections, dial_from, raw_frame
 from net.wire import Tensor, pack
@@ -122,9 +164,24 @@ ATTACKS = (
     "relay_squat",
     "relay_hog",
     "dht_amplifier",
+    "manifest_bomb",
+    "quorum_framing",
+    "reachability_lie",
+    "holepunch_aim",
 )
 #: benchmark-only: the target says what its accumulators hold
 TARGET_STATS = "bench.stats"
+#: benchmark-only: the target opens an invite link (what the tray does for a volunteer
+#: who clicked one: the attacker stands in for the click)
+OPEN_INVITE = "bench.open_invite"
+#: benchmark-only: the target runs one round of its reachability check
+CHECK_REACHABILITY = "bench.reachability"
+#: the address the reachability liars say they saw the target at
+LIAR_IP = "198.18.0.66"
+#: the home's public address, as the relayed volunteer's reachability check found it
+HOME_ADDR = "/ip4/198.18.0.100/tcp/4001"
+#: a grid that multiplies to 4096^4 x 64 experts (issue 35, finding 2)
+BOMB: dict[str, Any] = {"mixture_layers": 64, "grid": [4096, 4096, 4096, 4096]}
 #: the third party the amplifier aims at: ports on this address (the driver listens)
 THIRD_PARTY_IP = "127.0.0.50"
 
@@ -155,8 +212,14 @@ def small_project(workdir: Path) -> Any:
 
 async def run_target(workdir: Path) -> None:
     backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1), device="cpu")
-    core = AggregatorCore(aggregator_settings(), workdir / "aggregator")
-    config = PeerConfig(listen=("/ip4/127.0.0.1/tcp/0",), rpc=RpcConfig())
+    # the expert's aggregator holds the weights the volunteer serves (version 0)
+    initial = {UID: build_expert(SPEC, seed=1)}
+    core = AggregatorCore(aggregator_settings(), workdir / "aggregator", initial=initial)
+    # it checks its reachability as a node does (rounds of dial-back requests)
+    reachability = ReachabilityConfig(dial_timeout_s=3)
+    config = PeerConfig(
+        listen=("/ip4/127.0.0.1/tcp/0",), rpc=RpcConfig(), reachability=reachability
+    )
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(
             Peer(Identity.generate(), config, validator=moehome_validator()).run
@@ -171,6 +234,10 @@ async def run_target(workdir: Path) -> None:
         await nursery.start(relay.run)
         # no listener: behind NAT, nothing but its relay reaches it
         hidden: Peer = await nursery.start(Peer(Identity.generate(), PeerConfig(listen=())).run)
+        # it punches holes, and says its address, only for the project's trainers (as a
+        # serving node does)
+        hidden.holepunch.observed = lambda: [HOME_ADDR]
+        hidden.holepunch.allowed = lambda other: other == TRAINER.peer_id
         placed = trio.Event()
         client = RelayClient(
             hidden.host,
@@ -178,6 +245,7 @@ async def run_target(workdir: Path) -> None:
             wanted=lambda: True,
             config=RelayClientConfig(check_s=0.2),
             on_change=lambda addrs: placed.set() if addrs else None,
+            on_circuit=hidden.holepunch.punch,
         )
         await hidden.host.connect(peer.peer_id, peer.host.listen_addrs())
         await nursery.start(client.run)
@@ -203,6 +271,44 @@ async def run_target(workdir: Path) -> None:
             )
 
         peer.rpc.register(TARGET_STATS, stats)
+        pins = PinStore(workdir / "pinned-owners.json")
+
+        async def open_invite(ctx: CallContext) -> Reply:
+            """What a volunteer's node does when the tray opens an invite: meet the
+            invite's peers, look the project up and sum it up (Node.find_project), and
+            list the swarm's directory (Node.announced_projects)."""
+            meta = ctx.request.meta
+            outcome: dict[str, Any] = {"found": False}
+            with trio.move_on_after(20):
+                with contextlib.suppress(DhtError):
+                    await peer.dht.bootstrap([str(a) for a in meta["peers"]][:4], timeout=10)
+                try:
+                    summary = project_summary(await find_manifest(peer, str(meta["project"]), pins))
+                    outcome["found"] = summary.experts
+                except ProjectNotFound as exc:
+                    outcome["refused"] = str(exc)[:120]
+                listed = await list_projects(peer)
+                outcome["listed"] = sum(project_summary(s).experts for s in listed)
+            return Reply(outcome)
+
+        peer.rpc.register(OPEN_INVITE, open_invite)
+
+        async def check_reachability(ctx: CallContext) -> Reply:
+            """Its verdict and the addresses it announces (what newcomers dial); a new
+            round of its check starts."""
+            assert peer.reachability is not None
+            verdict = peer.reachability.verdict
+            peer.reachability.recheck_soon()
+            return Reply(
+                {
+                    "reachability": verdict.reachability.name,
+                    "observed_ip": verdict.observed_ip,
+                    "public_addrs": list(verdict.public_addrs),
+                    "announced": list(peer.host.announce_addrs()),
+                }
+            )
+
+        peer.rpc.register(CHECK_REACHABILITY, check_reachability)
         circuit = f"{client.relayed_addrs()[0]}/p2p/{hidden.peer_id}"
         print("READY", peer.addrs()[0], circuit, prepared.signed.project_id, flush=True)
         await trio.sleep_forever()
@@ -226,6 +332,8 @@ async def stranger(target: Any, source_ip: str = "127.0.0.2") -> Any:
 #: those still in progress (streams or sockets held open: a stalling attack's actions
 #: start once and last).
 TRIED = {"actions": 0, "failed": 0, "open": 0}
+#: what an attack says besides (e.g. what it heard from the target)
+SAID: dict[str, Any] = {}
 
 
 async def quietly(fn: Callable[[], Awaitable[Any]]) -> None:
@@ -606,6 +714,167 @@ async def attack_dht_amplifier(target: Any, started: trio.Event, third_party: st
         await trio.sleep(1.0)
 
 
+def bomb_manifest(owner: OwnerKey, workdir: Path) -> SignedManifest:
+    """A validly signed manifest whose grid is the bomb (signed by hand: our own
+    publishing code refuses to sign it)."""
+    path = workdir / "bomb.toml"
+    write_template(path, "bomb")
+    obj = load_manifest(path).to_obj()
+    obj["model"].update(BOMB)
+    unsigned = SignedManifest(
+        pack(canonical(obj)),
+        owner.public_key,
+        owner.public_key,
+        (),
+        "0" * 64,
+        time.time_ns() // 1000,
+        b"",
+    )
+    return replace(unsigned, signature=owner.sign(unsigned.payload()))
+
+
+async def attack_manifest_bomb(target: Any, started: trio.Event) -> None:
+    """The bomb on the attacker's own DHT node (which keeps it unchecked) and in the
+    directory; the target opens the attacker's invite to it, again and again."""
+    owner = OwnerKey.generate()
+    with tempfile.TemporaryDirectory() as tmp:
+        signed = bomb_manifest(owner, Path(tmp))
+    lax = {**project_records.RULES}
+    lax["project"] = replace(lax["project"], check=None)
+    peer = Peer(
+        Identity.generate(),
+        PeerConfig(listen=("/ip4/127.0.0.2/tcp/0",)),
+        validator=NamespacedValidator().with_rules(lax),
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(peer.run)
+        pid = project_id(owner.public_key, "bomb")
+        for key, value in [
+            (project_records.project_key(pid), signed.encode()),
+            (project_records.DIRECTORY_KEY, pack([pid])),
+        ]:
+            with contextlib.suppress(DhtError):  # kept at home whatever the others say
+                await peer.dht.put(key, value, 3600)
+        invite = {"project": pid, "peers": [peer.addrs()[0]]}
+        SAID["bombs_found"] = 0
+
+        async def click() -> None:
+            reply = await peer.rpc.call(target.peer_id, OPEN_INVITE, invite, timeout=60)
+            if reply.meta.get("found") or reply.meta.get("listed"):
+                SAID["bombs_found"] += 1
+            if reply.meta.get("refused"):
+                raise RuntimeError(reply.meta["refused"])
+
+        started.set()
+        await forever(click, 0.1)
+
+
+async def attack_quorum_framing(target: Any, started: trio.Event) -> None:
+    """8 pairs of Sybil servers of the target's expert, each running the same x1.05
+    cheat: put to them as other servers' opinions, a pair agrees against any honest
+    answer."""
+    bootstrap = (f"{target.addrs[0]}/p2p/{target.peer_id}",)
+    async with trio.open_nursery() as nursery:
+        servers = []
+        for i in range(16):
+            sybil = Peer(
+                Identity.generate(),
+                PeerConfig(listen=(f"/ip4/127.0.0.{40 + i // 2}/tcp/0",), bootstrap=bootstrap),
+                validator=moehome_validator(),
+            )
+            await nursery.start(sybil.run)
+            backend = ExpertBackend(
+                ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1), device="cpu"
+            )
+            config = ServerConfig(
+                project=PROJECT,
+                trainers=frozenset({TRAINER.public_key}),
+                cheat=ANSWER_CHEATS["scaled-answers"],
+            )
+            await nursery.start(ExpertServer(sybil, {UID: backend}, config).run)
+            servers.append(sybil.addrs()[0])
+            TRIED["actions"] += 1
+        print("SERVERS", " ".join(servers), flush=True)
+        started.set()
+        await trio.sleep_forever()
+
+
+async def attack_reachability_lie(target: Any, started: trio.Event) -> None:
+    """4 identities at one address, connected to the target, answering its dial-back
+    requests "reached you, at 198.18.0.66" without dialling."""
+
+    async def liar(ctx: CallContext) -> Reply:
+        TRIED["actions"] += 1
+        ports = list(ctx.request.meta.get("ports") or [])
+        return Reply(
+            {
+                "observed": LIAR_IP,
+                "reachable": ports,
+                "tried": ports,
+                "dialer": ctx.peer_id.to_bytes(),
+            }
+        )
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            peer = Peer(Identity.generate(), PeerConfig(listen=("/ip4/127.0.0.2/tcp/0",)))
+            dial_from(peer.host, "127.0.0.2")
+            await nursery.start(peer.run)
+            peer.rpc.register(DIAL_BACK, liar)
+            await peer.host.connect(target.peer_id, [str(a) for a in target.addrs])
+        started.set()
+        await trio.sleep_forever()
+
+
+async def attack_holepunch_aim(
+    target: Any, started: trio.Event, circuit: str, third_party: str
+) -> None:
+    """4 peers at one address open circuits to the volunteer behind NAT and punch as
+    side B, naming a third party's ports; they answer its punches with those ports
+    too. Counts the times the volunteer said its address (``addresses_heard``)."""
+    via, hidden = split_relayed(circuit)
+    claimed = [
+        multiaddr.Multiaddr(f"/ip4/{THIRD_PARTY_IP}/tcp/{p}").to_bytes()
+        for p in third_party.split(",")
+    ]
+    SAID["addresses_heard"] = 0
+
+    async def answer(stream: Any) -> None:
+        """The volunteer punching us: whatever address it says is heard."""
+        with contextlib.suppress(Exception):
+            offer = await read_message(stream, HolePunch)
+            SAID["addresses_heard"] += bool(offer.ObsAddrs)
+            await write_message(stream, HolePunch(type=HolePunch.CONNECT, ObsAddrs=claimed))
+            await read_message(stream, HolePunch)
+
+    async def one() -> None:
+        peer = Peer(Identity.generate(), PeerConfig(listen=()))
+        dial_from(peer.host, "127.0.0.2")
+        async with trio.open_nursery() as inner:
+            await inner.start(peer.run)
+            peer.host.set_stream_handler(HOLE_PUNCH, answer)
+
+            async def punch() -> None:
+                if not peer.host.is_connected(hidden):
+                    await peer.host.connect(hidden, [via])
+                stream = await peer.host.libp2p_host.new_stream(hidden, [HOLE_PUNCH])
+                try:
+                    await write_message(stream, HolePunch(type=HolePunch.CONNECT, ObsAddrs=claimed))
+                    reply = await read_message(stream, HolePunch)
+                    SAID["addresses_heard"] += bool(reply.ObsAddrs)
+                    await write_message(stream, HolePunch(type=HolePunch.SYNC))
+                finally:
+                    with contextlib.suppress(Exception):
+                        await stream.close()
+
+            await forever(punch, 0.2)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(one)
+        started.set()
+
+
 async def run_attacker(name: str, target_addr: str, extra: list[str]) -> None:
     target = parse_peer_addr(target_addr)
     started = trio.Event()
@@ -628,6 +897,7 @@ async def run_attacker(name: str, target_addr: str, extra: list[str]) -> None:
                             "refused_or_cut": round(failed / max(1, actions), 3),
                             "in_progress": TRIED["open"],
                             "total_actions": TRIED["actions"],
+                            **SAID,
                         }
                     ),
                     flush=True,
@@ -653,6 +923,48 @@ class Honest:
         #: peers that go about their DHT lookups (dht_amplifier), started by drive()
         self.lookers: list[Peer] = []
         self.workdir = Path(".")
+        # a trainer that cannot hold the expert's weights (over its audit budget): it
+        # puts the answers it audits to other servers of the expert, and a dispute to
+        # the expert's aggregator (the target, whose core holds the weights)
+        self.caller = ExpertCaller(RpcService(self.trainer))
+        self.auditor = AnswerAuditor(
+            OverBudget(), torch.float32, rate=1.0, second_opinion=self.opinion
+        )
+        self.auditor.referee = partial(self.caller.referee, aggregator=self.target.peer_id)
+        self.caller.auditor = self.auditor
+        #: the other servers of the expert the trainer knows (quorum_framing: the Sybils)
+        self.servers: list[ExpertServerRef] = []
+
+    async def opinion(
+        self, answer: Answer, asked: set[PeerID]
+    ) -> tuple[PeerID, torch.Tensor] | None:
+        servers = [s for s in self.servers if not self.auditor.is_excluded(s.peer_id)]
+        return await self.caller.opinion(answer, servers, asked)
+
+    async def audited_answer(self) -> None:
+        """A trainer's forward pass to the target; every answer is drawn for an audit,
+        which runs beside (``auditor.run``, as in a trainer). Fails once the target
+        is excluded: the trainer would call it no more."""
+        if self.auditor.is_excluded(self.target.peer_id):
+            raise RuntimeError("the honest volunteer was excluded by an audit")
+        x = torch.randn(16, SPEC.hidden)
+        await self.caller.forward(UID, [ExpertServerRef(self.target.peer_id)], x)
+
+    async def reachability(self) -> None:
+        """A newcomer reaches the target at the addresses it announces (its verdict
+        is asked for, and a new round of its check started): it must believe no
+        address that the liars named, nor turn private."""
+        reply = await RpcService(self.volunteer).call(
+            self.target.peer_id, CHECK_REACHABILITY, {}, timeout=30
+        )
+        said = reply.meta
+        believed = [said["observed_ip"], *said["public_addrs"], *said["announced"]]
+        if said["reachability"] == "PRIVATE" or any(LIAR_IP in str(a) for a in believed):
+            raise RuntimeError(f"the target believes a lie: {said}")
+        host = SwarmHost(Identity.generate(), listen=[])
+        async with host.running():
+            host.remember(self.target.peer_id, [str(a) for a in said["announced"]])
+            await RpcService(host).call(self.target.peer_id, PING, timeout=10)
 
     async def trainer_step(self) -> None:
         """Forward keeping the graph, then backward through it (a trainer's use)."""
@@ -780,7 +1092,20 @@ HONEST_CALL = {
     "relay_squat": "relay_call",
     "relay_hog": "relay_call",
     "dht_amplifier": "lookups",
+    "manifest_bomb": "trainer_step",
+    "quorum_framing": "audited_answer",
+    "reachability_lie": "reachability",
+    "holepunch_aim": "relay_call",
 }
+
+
+class OverBudget:
+    """A trainer's audit weights (VersionWeights) where every expert is over its memory
+    budget: no weights, as PublishedWeights answers for an expert bigger than it may
+    hold."""
+
+    async def module(self, uid: str, version: int) -> torch.nn.Module | None:
+        return None
 
 
 #: what an honest call may fail with (counted, not raised)
@@ -902,10 +1227,14 @@ async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]
             for host in (honest.trainer, honest.volunteer):
                 host.remember(honest.target.peer_id, honest.addrs)
             nursery.start_soon(watch.run)
+            await nursery.start(honest.auditor.run)
             ports = await nursery.start(count_connections, THIRD_PARTY_IP, 8, third_party)
             for _ in range(4):  # honest peers of the swarm, for the amplifier
                 looker = Peer(Identity.generate(), PeerConfig(bootstrap=(addr,)))
                 honest.lookers.append(await nursery.start(looker.run))
+                # they dial back who asks (the target's reachability check)
+                await nursery.start(DialBackService(looker.rpc, ReachabilityConfig()).run)
+                await looker.host.connect(honest.target.peer_id, honest.addrs)
             for name in attacks:
                 call = getattr(honest, HONEST_CALL[name])
                 await call()  # warm: connections open, code paths loaded
@@ -917,16 +1246,31 @@ async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]
                     "relay_squat": [circuit],
                     "relay_hog": [circuit],
                     "dht_amplifier": [",".join(map(str, ports))],
+                    "holepunch_aim": [circuit, ",".join(map(str, ports))],
                 }.get(name, [])
                 aimed_before = third_party[0]
+                refereed_before = honest.auditor.stats.refereed
                 attacker = spawn("attack", name, addr, *extra, cpu=1)
                 try:
+                    if name == "quorum_framing":
+                        for server in (await read_line(attacker, "SERVERS")).split()[1:]:
+                            sybil = parse_peer_addr(server)
+                            honest.trainer.remember(sybil.peer_id, [str(a) for a in sybil.addrs])
+                            honest.servers.append(ExpertServerRef(sybil.peer_id))
                     await read_line(attacker, "ATTACKING")
                     watch.peak = 0
                     during = await measure(call, calls)
                     rss_peak = watch.peak
                 finally:
                     tried = await stop_attacker(attacker)
+                if name == "quorum_framing":  # the Sybils are gone: no more opinions
+                    audits = honest.auditor.stats
+                    tried["disputes_refereed"] = audits.refereed - refereed_before
+                    tried["sybils_excluded"] = sum(
+                        honest.auditor.is_excluded(s.peer_id) for s in honest.servers
+                    )
+                    tried["honest_excluded"] = honest.auditor.is_excluded(honest.target.peer_id)
+                    honest.servers.clear()
                 await trio.sleep(1.0)
                 after = await measure(call, calls)
                 ratio = (
@@ -940,7 +1284,9 @@ async def drive(attacks: list[str], calls: int, workdir: Path) -> dict[str, Any]
                     aimed = third_party[0] - aimed_before
                     tried["third_party_connections"] = aimed
                     tried["third_party_connections_per_message"] = round(aimed / messages, 3)
-                if name in ("poisoned_receipts", "relay_squat", "relay_hog"):
+                if name == "holepunch_aim":
+                    tried["third_party_connections"] = third_party[0] - aimed_before
+                if name in ("poisoned_receipts", "relay_squat", "relay_hog", "holepunch_aim"):
                     tried.update(await honest.target_stats())
                 results[name] = {
                     "honest_call": HONEST_CALL[name],
