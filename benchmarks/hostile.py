@@ -127,6 +127,7 @@ from net.reachability import (
     DIAL_BACK,
     DialBackService,
     ReachabilityConfig,
+    ReachabilityMonitor,
 )
 from net.relay import (
     RelayClient,
@@ -215,11 +216,7 @@ async def run_target(workdir: Path) -> None:
     # the expert's aggregator holds the weights the volunteer serves (version 0)
     initial = {UID: build_expert(SPEC, seed=1)}
     core = AggregatorCore(aggregator_settings(), workdir / "aggregator", initial=initial)
-    # it checks its reachability as a node does (rounds of dial-back requests)
-    reachability = ReachabilityConfig(dial_timeout_s=3)
-    config = PeerConfig(
-        listen=("/ip4/127.0.0.1/tcp/0",), rpc=RpcConfig(), reachability=reachability
-    )
+    config = PeerConfig(listen=("/ip4/127.0.0.1/tcp/0",), rpc=RpcConfig())
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(
             Peer(Identity.generate(), config, validator=moehome_validator()).run
@@ -293,12 +290,21 @@ async def run_target(workdir: Path) -> None:
 
         peer.rpc.register(OPEN_INVITE, open_invite)
 
+        # it checks its reachability in rounds of dial-back requests, and announces
+        # what it finds, as a node does (Peer._reached)
+        monitor = ReachabilityMonitor(
+            peer.rpc,
+            peer.host,
+            ReachabilityConfig(dial_timeout_s=3),
+            on_change=lambda verdict: peer.host.set_public_addrs(verdict.public_addrs),
+        )
+        nursery.start_soon(monitor.run)
+
         async def check_reachability(ctx: CallContext) -> Reply:
             """Its verdict and the addresses it announces (what newcomers dial); a new
             round of its check starts."""
-            assert peer.reachability is not None
-            verdict = peer.reachability.verdict
-            peer.reachability.recheck_soon()
+            verdict = monitor.verdict
+            monitor.recheck_soon()
             return Reply(
                 {
                     "reachability": verdict.reachability.name,
