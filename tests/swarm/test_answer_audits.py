@@ -86,6 +86,16 @@ async def serve_expert(
     return signed, await nursery.start(ExpertServer(peer, backends, config).run)
 
 
+class RecordingBoard:
+    """A ban board that keeps what it is asked to publish."""
+
+    def __init__(self) -> None:
+        self.accused: list[tuple[Any, ...]] = []
+
+    def accuse(self, *args: Any) -> None:
+        self.accused.append(args)
+
+
 def auditing_by_opinions(
     tmp_path: Path, trainer, owner_peer, signed: SignedManifest, servers: list[Any]
 ) -> tuple[ExpertCaller, AnswerAuditor, list[ExpertServerRef], list[str]]:
@@ -358,14 +368,9 @@ async def test_two_agreeing_sybils_never_get_an_honest_server_banned(tmp_path):
         assert finding.by_quorum
         assert auditor.is_excluded(honest.peer_id)  # here, for a while
         assert finding.exclusion_seconds == QUORUM_EXCLUSION_S
-        accused: list[tuple[Any, ...]] = []
-
-        class Board:
-            def accuse(self, *args: Any) -> None:
-                accused.append(args)
-
-        _accuse(Board(), finding)  # type: ignore[arg-type]
-        assert accused == []  # no ban in the project
+        board = RecordingBoard()
+        _accuse(board, finding)  # type: ignore[arg-type]
+        assert board.accused == []  # no ban in the project
         nursery.cancel_scope.cancel()
 
 
@@ -416,14 +421,9 @@ async def test_a_dispute_goes_to_the_aggregator_that_holds_the_weights(tmp_path)
         assert not finding.by_quorum  # checked against the weights: ban-worthy
         assert excluded == [(sybil_a.peer_id, math.inf)]
         assert aggregator.refereed == 1
-        accused: list[tuple[Any, ...]] = []
-
-        class Board:
-            def accuse(self, *args: Any) -> None:
-                accused.append(args)
-
-        _accuse(Board(), finding)  # type: ignore[arg-type]
-        assert len(accused) == 1
+        board = RecordingBoard()
+        _accuse(board, finding)  # type: ignore[arg-type]
+        assert len(board.accused) == 1
 
         # an honest answer the two Sybils frame: cleared, and the Sybils excluded
         refs[:] = [ExpertServerRef(sybil_a.peer_id), ExpertServerRef(sybil_b.peer_id)]
