@@ -69,6 +69,7 @@ _STATES: Final[dict[str, str]] = {
     "working": "Working",
     "paused": "Paused",
     "starting": "Starting",
+    "waiting": "Waiting",
     "no project": "No project",
     "error": "Error",
     "not running": "Node not running",

@@ -25,6 +25,7 @@ _HOT_REASONS: Final = frozenset({"gpu_hot", "cpu_hot"})
 _NAMES: Final = {
     "working": "working",
     "starting": "working",
+    "waiting": "paused",
     "paused": "paused",
     "no project": "no-project",
     "error": "error",

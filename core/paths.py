@@ -24,5 +24,16 @@ def config_dir() -> Path:
     return Path(override) if override else platformdirs.user_config_path(APP_NAME, appauthor=False)
 
 
-def identity_path(base: Path | None = None) -> Path:
-    return (base or data_dir()) / "identity.key"
+#: The roles that run as their own peer, each with its own key on one computer: a peer
+#: refuses to dial itself, so an owner's publisher, aggregator and trainer sharing one
+#: identity could not reach each other (and a ban of one would be a ban of all).
+ROLES = ("node", "peer", "owner", "aggregator", "trainer")
+
+
+def identity_path(base: Path | None = None, role: str = "node") -> Path:
+    """The key file of ``role``: the volunteer's node keeps ``identity.key`` (what
+    ``moehome id`` shows); every other role ``identity-<role>.key`` beside it."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}")
+    name = "identity.key" if role == "node" else f"identity-{role}.key"
+    return (base or data_dir()) / name

@@ -45,6 +45,9 @@ from net.keepalive import Keepalive, KeepaliveNotifee
 log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+#: What the roles other computers must reach listen on by default (a bootstrap peer,
+#: an owner's publisher, an aggregator): every interface, a port the system picks.
+EVERY_INTERFACE = ("/ip4/0.0.0.0/tcp/0",)
 #: How long dialled addresses stay in the peerstore (seconds).
 _ADDR_TTL = 3600
 

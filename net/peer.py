@@ -81,10 +81,10 @@ def network_config(
     relay: bool = False,
     port_mapping: bool = False,
 ) -> PeerConfig:
-    """The configuration of a role's peer: on loopback only, a plain peer; listening
-    beyond this computer, it learns whether it can be dialled, keeps places on relays
-    while it cannot, publishes its addresses, (``relay``) relays for others while it
-    can, and (``port_mapping``) asks its router to forward its port."""
+    """The configuration of a role's peer: it publishes its addresses; on loopback
+    only, that is all; listening beyond this computer, it also learns whether it can be
+    dialled, keeps places on relays while it cannot, (``relay``) relays for others
+    while it can, and (``port_mapping``) asks its router to forward its port."""
     local = all(is_loopback_addr(a) for a in listen)
     return PeerConfig(
         listen=tuple(listen),
@@ -92,7 +92,9 @@ def network_config(
         reachability=None if local else ReachabilityConfig(),
         relay_client=None if local else RelayClientConfig(),
         relay=RelayLimits() if relay and not local else None,
-        address_record=not local,
+        # on loopback too: a manifest may list an aggregator by its key alone, and its
+        # peers find where to dial it in its record
+        address_record=True,
         port_mapping=PortMapConfig() if port_mapping and not local else None,
     )
 

@@ -40,6 +40,7 @@ from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
 from core.experts.wire import NAME_BY_TORCH, from_wire
 from core.protocol.contributions import TRUNK_UID, Contribution
+from core.protocol.refusals import WAITING, is_offence
 from net import Tensor
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,6 @@ log = logging.getLogger(__name__)
 #: A round short of distinct contributors holds at most this many rounds' samples; past
 #: them, those it has are refused (not an offence) until another contributor comes.
 THIN_ROUND_ROUNDS = 4
-#: Refusals that are no offence of the contributor: no strike, never a ban.
-_NOT_OFFENCES = frozenset({"replay", "waiting_for_contributors", "banned_by_project"})
 
 #: Contributors whose statistics are kept without any accepted contribution, and
 #: identities whose strikes and bans are remembered (the oldest are forgotten).
@@ -255,7 +254,7 @@ class AggregatorCore:
         full = self.pending_samples(c.uid) >= THIN_ROUND_ROUNDS * self.settings.round_samples
         if full and c.contributor.hex() in {p.contributor for p in self._ready(c.uid)}:
             raise Rejected(
-                "waiting_for_contributors",
+                WAITING,
                 f"{c.uid}'s round waits for {self.contributors_short(c.uid)} more "
                 "contributor(s) and holds enough of yours (this one is dropped)",
             )
@@ -273,7 +272,7 @@ class AggregatorCore:
         entry = self._contributor(who)
         if entry is not None:
             entry.rejected[exc.reason] += 1
-        if exc.reason not in _NOT_OFFENCES:
+        if is_offence(exc.reason):
             self._strike(who, now)
 
     def accept(

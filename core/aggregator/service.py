@@ -30,13 +30,13 @@ from core.protocol.aggregator_methods import (
     STATS,
 )
 from core.protocol.contributions import TRUNK_UID, Contribution, MessageError
+from core.protocol.refusals import SLOW_DOWN, is_offence
 from core.protocol.versions import version_key
 from net import (
     BadRequest,
     CallContext,
     DhtError,
     Peer,
-    RateLimited,
     RemoteError,
     Reply,
     RequestHead,
@@ -49,8 +49,10 @@ from net.wire import pack
 log = logging.getLogger(__name__)
 
 MAX_CONTRIBUTORS_LISTED: Final = 256
-#: Refused contributions one source address may send per second, and in a burst,
-#: before its contributions are refused from the header on.
+#: Offending contributions one source address may send per second, and in a burst,
+#: before its contributions are refused from the header on (``slow_down``: never a ban
+#: of the address, which a home router or a carrier-grade NAT shares with honest
+#: volunteers; refusals that are no offence do not count, core/protocol/refusals.py).
 JUNK_PER_SECOND: Final = 1.0
 JUNK_BURST: Final = 60.0
 #: How often ended strikes and bans are forgotten.
@@ -81,7 +83,7 @@ class AggregatorService:
         self._engine = trio.CapacityLimiter(1)  # the core is used by one thread at a time
         # signatures, digests and decoding run outside the engine, one thread at a time
         self._checker = trio.CapacityLimiter(1)
-        # refusals per source address: a source that keeps sending junk (from any number
+        # offences per source address: a source that keeps sending junk (from any number
         # of throwaway identities) is refused from the header on, for a while
         self._junk: PeerRateLimiter[str] = PeerRateLimiter(
             RateLimits(requests_per_second=JUNK_PER_SECOND, request_burst=JUNK_BURST)
@@ -176,7 +178,9 @@ class AggregatorService:
         sent too much junk lately, a malformed header, or any claim that cannot hold
         (unknown expert, receipts of no trainer, a payload of the wrong size...)."""
         if self._junk_exhausted(head.source):
-            return RateLimited("too many refused contributions from this address; slow down")
+            return Refused(
+                SLOW_DOWN, "too many invalid contributions from this address lately; later"
+            )
         try:
             contribution = self._decode(head.meta, head.peer_id)
             # the connection proved the sender holds the contributor's key
@@ -184,9 +188,10 @@ class AggregatorService:
                 contribution, time.time(), payload_bytes=head.payload_bytes, authenticated=True
             )
         except Rejected as exc:
-            self._count_junk(head.source)
+            if is_offence(exc.reason):
+                self._count_junk(head.source)
             return Refused(exc.reason, str(exc))
-        except RemoteError as exc:
+        except RemoteError as exc:  # a header that is no contribution at all
             self._count_junk(head.source)
             return exc
         return None
@@ -207,7 +212,8 @@ class AggregatorService:
             )
         except Rejected as exc:
             self.core.refused(contribution, exc, now, attributable=True)
-            self._count_junk(ctx.source)
+            if is_offence(exc.reason):
+                self._count_junk(ctx.source)
             raise Refused(exc.reason, str(exc)) from exc
         drawn = self.auditor is not None and self.auditor.draw(contribution)
         try:

@@ -41,6 +41,15 @@ BootstrapOpt = Annotated[
         help="Full address of a peer to join through, ending in /p2p/<id> (repeatable).",
     ),
 ]
+PublicListenOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--listen",
+        "-l",
+        help="Multiaddress to listen on (repeatable); other computers must reach it.",
+        show_default="/ip4/0.0.0.0/tcp/0 (every interface)",
+    ),
+]
 EphemeralOpt = Annotated[
     bool, typer.Option(help="Use a throwaway identity instead of this computer's key.")
 ]
@@ -52,15 +61,16 @@ def data_folder() -> Path:
     return settings.data_dir or data_dir()
 
 
-def load_identity(ephemeral: bool) -> Identity:
-    """This computer's key (created on first use), or a throwaway one."""
+def load_identity(ephemeral: bool, role: str = "node") -> Identity:
+    """This computer's key for ``role`` (created on first use; see core.paths.ROLES),
+    or a throwaway one."""
     from core.paths import identity_path
     from net.identity import Identity, IdentityError, load_or_create
 
     if ephemeral:
         return Identity.generate()
     try:
-        return load_or_create(identity_path(settings.data_dir))
+        return load_or_create(identity_path(settings.data_dir, role))
     except IdentityError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

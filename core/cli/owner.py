@@ -13,6 +13,7 @@ import typer
 from core.cli.common import (
     BootstrapOpt,
     ListenOpt,
+    PublicListenOpt,
     data_folder,
     load_identity,
     run_async,
@@ -104,15 +105,21 @@ def owner_new(
         str, typer.Option(help="Project name (lowercase, digits, '-').")
     ] = "my-project",
 ) -> None:
-    """Write a commented project manifest to edit before publishing."""
+    """Write a commented project manifest to edit before publishing. This computer's
+    aggregator and trainer are listed in it (each role has its own key)."""
     from core.project.manifest import write_template
 
+    aggregator = load_identity(False, role="aggregator").public_key.hex()
+    trainer = load_identity(False, role="trainer").public_key.hex()
     try:
-        write_template(path, name)
-    except FileExistsError as exc:
+        write_template(path, name, aggregator_key=aggregator, trainer_key=trainer)
+    except (FileExistsError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"wrote {path}; edit it, then: moehome owner publish {path}")
+    typer.echo(
+        f"wrote {path}, with this computer's aggregator and trainer; edit it, then: "
+        f"moehome owner publish {path}"
+    )
 
 
 @owner_app.command("publish")
@@ -122,7 +129,7 @@ def owner_publish(
         Path | None,
         typer.Option(help="Where weights and chunks go (default: beside the manifest)."),
     ] = None,
-    listen: ListenOpt = None,
+    listen: PublicListenOpt = None,
     bootstrap: BootstrapOpt = None,
     passphrase_file: PassphraseFileOpt = None,
     serve: Annotated[
@@ -164,7 +171,7 @@ def owner_publish(
     run_async(
         partial(
             publish_and_serve,
-            load_identity(False),
+            load_identity(False, role="owner"),
             prepared,
             listen=listen,
             bootstrap=bootstrap or [],
@@ -210,6 +217,8 @@ def owner_status(
             f"  aggregator {agg['peer'][-12:]}: {agg['accepted']} accepted, rejected: {rejected}; "
             f"versions {agg['versions']}"
         )
+    if status["experts_waiting"]:
+        typer.echo(f"experts not learning: {status['experts_waiting']}")
 
 
 @owner_app.command("rotate-key")
@@ -286,8 +295,9 @@ def owner_train(
     bootstrap: BootstrapOpt = None,
 ) -> None:
     """Train the project's model through the swarm: the trainer-side layers here, the
-    experts on volunteers' machines. This computer's key (`moehome aggregator key`) must be
-    in the manifest's [[trainers]]. Resumes from its checkpoint after a restart."""
+    experts on volunteers' machines. This computer's trainer key (`moehome owner
+    trainer-key`; `owner new` lists it) must be in the manifest's [[trainers]].
+    Resumes from its checkpoint after a restart."""
     from core.trainer.progress import TrainingProgress, json_line
     from core.trainer.train import TrainerOptions, run_trainer
 
@@ -308,7 +318,7 @@ def owner_train(
     )
     run = partial(
         run_trainer,
-        load_identity(False),
+        load_identity(False, role="trainer"),
         options,
         data_dir=data_dir,
         listen=listen,
@@ -323,8 +333,17 @@ def owner_train(
 
 @aggregator_app.command("key")
 def aggregator_key() -> None:
-    """Print this computer's public key, for a manifest's [[aggregators]] or [[trainers]]."""
-    identity = load_identity(ephemeral=False)
+    """Print the public key of this computer's aggregator, for a manifest's
+    [[aggregators]] (`moehome owner new` fills in this computer's own)."""
+    identity = load_identity(ephemeral=False, role="aggregator")
+    typer.echo(identity.public_key.hex())
+
+
+@owner_app.command("trainer-key")
+def trainer_key() -> None:
+    """Print the public key of this computer's trainer, for a manifest's [[trainers]]
+    (`moehome owner new` fills in this computer's own)."""
+    identity = load_identity(ephemeral=False, role="trainer")
     typer.echo(identity.public_key.hex())
 
 
@@ -334,7 +353,7 @@ def aggregator_run(
     workdir: Annotated[
         Path | None, typer.Option(help="State folder (default: <data dir>/aggregator/<project>).")
     ] = None,
-    listen: ListenOpt = None,
+    listen: PublicListenOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
     """Verify and robustly aggregate contributions for this computer's share of the
@@ -345,7 +364,7 @@ def aggregator_run(
     run_async(
         partial(
             run_aggregator,
-            load_identity(False),
+            load_identity(False, role="aggregator"),
             project_id,
             workdir=workdir or data / "aggregator" / project_id,
             data_dir=data,

@@ -14,6 +14,7 @@ from core.cli.common import (
     BootstrapOpt,
     EphemeralOpt,
     ListenOpt,
+    PublicListenOpt,
     data_folder,
     load_identity,
     run_async,
@@ -28,18 +29,30 @@ experts_app = typer.Typer(help="Serve experts (for tests and local swarms).", no
 
 
 @swarm_app.command("id")
-def show_identity() -> None:
-    """Show this computer's peer id (the key is created on first use)."""
-    from core.paths import identity_path
+def show_identity(
+    role: Annotated[
+        str,
+        typer.Option(
+            help="Whose identity: node (the volunteer's), peer, owner, aggregator or trainer."
+        ),
+    ] = "node",
+) -> None:
+    """Show this computer's peer id for a role (each role has its own key, created on
+    first use)."""
+    from core.paths import ROLES, identity_path
 
-    identity = load_identity(ephemeral=False)
-    typer.echo(f"peer id:  {identity.peer_id}")
-    typer.echo(f"key file: {identity_path(settings.data_dir)}")
+    if role not in ROLES:
+        typer.echo(f"error: --role is one of {', '.join(ROLES)}", err=True)
+        raise typer.Exit(2)
+    identity = load_identity(ephemeral=False, role=role)
+    typer.echo(f"peer id:    {identity.peer_id}")
+    typer.echo(f"public key: {identity.public_key.hex()}")
+    typer.echo(f"key file:   {identity_path(settings.data_dir, role)}")
 
 
 @swarm_app.command()
 def peer(
-    listen: ListenOpt = None,
+    listen: PublicListenOpt = None,
     bootstrap: BootstrapOpt = None,
     ephemeral: EphemeralOpt = False,
     recheck_s: Annotated[
@@ -110,7 +123,7 @@ def peer(
             if relay_circuit_mib
             else RelayLimits(),
         ),
-        load_identity(ephemeral),
+        load_identity(ephemeral, role="peer"),
         listen or None,
         bootstrap or [],
         reach,

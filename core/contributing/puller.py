@@ -47,6 +47,8 @@ class WeightsPuller:
         self.after_swap = after_swap  # e.g. declare the new version at once
         self.interval = interval
         self.swaps = 0
+        #: set to check at once (an aggregator said our weights are behind)
+        self._wake = trio.Event()
 
     async def run(
         self, *, task_status: trio.TaskStatus[WeightsPuller] = trio.TASK_STATUS_IGNORED
@@ -58,7 +60,14 @@ class WeightsPuller:
                     await self.check(uid)
                 except FetchError as exc:
                     log.info("could not pull a new version of %s: %s", uid, exc)
-            await trio.sleep(self.interval)
+            with trio.move_on_after(self.interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def nudge(self, uid: str = "") -> None:
+        """Check for new versions now rather than at the next interval (an aggregator
+        refused a contribution as stale: versions move faster than we pull them)."""
+        self._wake.set()
 
     async def newest(self, uid: str) -> VersionRecord | None:
         return await newest_version(self.peer, self.project, uid, self.allowed)

@@ -23,6 +23,7 @@ from core.experts.kept import KeptBudget
 from core.experts.wire import to_wire
 from core.protocol.aggregator_methods import CONTRIBUTE, REVEAL, responsible_aggregator
 from core.protocol.contributions import Contribution, ParamSpec
+from core.protocol.refusals import COME_BACK_LATER, STALE, is_offence, pause_after
 from net import Peer, RemoteError, RpcError, TooLarge
 from net._libp2p import PeerID
 
@@ -50,6 +51,11 @@ class SenderConfig:
     #: how long a reveal is tried (the aggregator discards an audited contribution whose
     #: reveal does not come)
     reveal_seconds: float = 120.0
+    #: the manifest's round_seconds: after a refusal that says "come back later", an
+    #: expert's gradients wait this long (doubling while it repeats, core/protocol/refusals.py)
+    round_seconds: float = 60.0
+    #: an aggregator that has not answered for this long is "unreachable" in the status
+    unreachable_after: float = 30.0
 
 
 @dataclass
@@ -64,6 +70,9 @@ class SenderStatistics:
     audited: int = 0
     revealed: int = 0
     unrevealable: int = 0
+    #: contributions dropped unsent: their expert's round had enough of ours and waited
+    #: for other volunteers, or the aggregator could not be reached
+    held_back: int = 0
 
 
 @dataclass
@@ -118,6 +127,20 @@ class ContributionSender:
             backend.kept_budget = self.kept_budget
         self._nursery: trio.Nursery | None = None
         self._since: dict[str, float] = {}  # uid -> trio time of its last send
+        #: per expert: trio time until which its gradients are not sent (a refusal said
+        #: to come back later), how many such refusals came in a row, and the last one
+        self._quiet_until: dict[str, float] = {}
+        self._quiet_repeats: Counter[str] = Counter()
+        self.quiet_reason: dict[str, str] = {}
+        #: per aggregator: trio time before which it is not called again (it did not
+        #: answer; one back-off for every delivery, not one dial per contribution), the
+        #: back-off's current step, and since when it has not answered
+        self._down_until: dict[PeerID, float] = {}
+        self._down_delay: dict[PeerID, float] = {}
+        self._silent_since: dict[PeerID, float] = {}
+        #: called with an expert whose contribution was refused as stale (its weights
+        #: are behind: pull the new ones now)
+        self.on_stale: Callable[[str], None] | None = None
 
     async def run(
         self, *, task_status: trio.TaskStatus[ContributionSender] = trio.TASK_STATUS_IGNORED
@@ -148,8 +171,13 @@ class ContributionSender:
     async def _send_all(self, uid: str, backend: ExpertBackend, nursery: trio.Nursery) -> None:
         """A contribution from each accumulator of ``uid`` that holds gradients (those of
         the previous weights, then the current ones': one contribution per version)."""
+        target = responsible_aggregator(uid, self.aggregators)
+        now = trio.current_time()
+        hold_back = now < self._quiet_until.get(uid, 0.0) or now < self._down_until.get(target, 0.0)
         for module, accumulator in backend.accumulators():
-            if self.banned:  # what was computed meanwhile is dropped
+            if self.banned or hold_back:  # what was computed meanwhile is dropped
+                if hold_back and accumulator.samples:
+                    self.stats.held_back += 1
                 accumulator.take_all()[3].drop(self.kept_budget)
                 continue
             built = await trio.to_thread.run_sync(self._build, uid, backend, module, accumulator)
@@ -237,15 +265,23 @@ class ContributionSender:
         kept: _Kept,
     ) -> None:
         while trio.current_time() < deadline:
+            wait = self._down_until.get(target, 0.0) - trio.current_time()
+            if wait > 0:  # another delivery found the aggregator silent: one back-off
+                await trio.sleep(min(wait, deadline - trio.current_time()))
+                continue
             try:
                 reply = await self.peer.rpc.call(
                     target, CONTRIBUTE, {"header": contribution.encode()}, wires, timeout=60
                 )
+                self._answered(target)
+                self._quiet_repeats.pop(uid, None)
+                self.quiet_reason.pop(uid, None)
                 self._ended(uid, "accepted")
                 if reply.meta.get("audit") is True:
                     await self._reveal(target, contribution, kept)
                 return
             except RemoteError as exc:
+                self._answered(target)
                 if exc.code == "replay":  # an earlier try got through; its ack was lost
                     self._ended(uid, "accepted")
                     # and with it whether it is audited: reveal in case (ignored if not)
@@ -258,15 +294,21 @@ class ContributionSender:
                     self._forget_residual(uid, contribution)
                     if exc.code == "banned_by_project":
                         self._pause_for_ban(exc)
-                    elif exc.code == "waiting_for_contributors":
-                        # not an offence: the round has enough of ours and waits for
-                        # other volunteers; what this one carried would change little
-                        log.info("contribution to %s not needed: %s", uid, exc)
-                    else:
+                    elif exc.code in COME_BACK_LATER:
+                        self._come_back_later(uid, exc)
+                    elif exc.code == STALE:
+                        # not an offence: versions moved faster than we pulled them
+                        log.info("contribution to %s came too late: %s", uid, exc.message)
+                        if self.on_stale is not None:
+                            self.on_stale(uid)
+                    elif is_offence(exc.code):
                         log.warning("aggregator refused our contribution to %s: %s", uid, exc)
+                    else:
+                        log.info("aggregator refused our contribution to %s: %s", uid, exc)
                     return
             except RpcError as exc:
-                log.info("aggregator of %s unreachable (%s); retrying in %.0f s", uid, exc, delay)
+                self._silent(target, exc)
+                continue
             self.stats.retries += 1
             await trio.sleep(delay)
             delay = min(delay * 2, self.config.retry_max)
@@ -275,6 +317,53 @@ class ContributionSender:
         log.warning(
             "gave up sending a contribution to %s after %.0f s", uid, self.config.give_up_after
         )
+
+    def _come_back_later(self, uid: str, exc: RemoteError) -> None:
+        """The aggregator has enough of our gradients of ``uid`` for now: hold them back
+        for a while (longer while it repeats), instead of sending what is refused."""
+        self._quiet_repeats[uid] += 1
+        pause = pause_after(exc.code, self._quiet_repeats[uid], self.config.round_seconds)
+        self._quiet_until[uid] = trio.current_time() + pause
+        if self.quiet_reason.get(uid) != exc.message:
+            log.info("%s: %s; sending its gradients again in %.0f s", uid, exc.message, pause)
+        self.quiet_reason[uid] = exc.message
+
+    def _answered(self, target: PeerID) -> None:
+        self._down_until.pop(target, None)
+        self._down_delay.pop(target, None)
+        self._silent_since.pop(target, None)
+
+    def _silent(self, target: PeerID, exc: RpcError) -> None:
+        """``target`` did not answer: every delivery to it waits one shared back-off."""
+        now = trio.current_time()
+        if now < self._down_until.get(target, 0.0):
+            return  # another delivery's failure already set this back-off
+        delay = self._down_delay.get(target, self.config.retry_initial)
+        self._down_delay[target] = min(delay * 2, self.config.retry_max)
+        self._down_until[target] = now + delay
+        self._silent_since.setdefault(target, now)
+        self.stats.retries += 1
+        log.info("aggregator %s does not answer (%s); again in %.0f s", target, exc, delay)
+
+    def problem(self) -> str:
+        """Why the work done here does not reach the aggregators now, in a sentence for
+        the volunteer ("" when it does)."""
+        now = trio.current_time()
+        silent = [
+            now - since
+            for since in self._silent_since.values()
+            if now - since >= self.config.unreachable_after
+        ]
+        if silent:
+            return (
+                f"the project's aggregator has not answered for {max(silent) / 60:.0f} min: "
+                "the work done here is not counted until it does"
+            )
+        quiet = [uid for uid in self.backends if now < self._quiet_until.get(uid, 0.0)]
+        if quiet and len(quiet) == len(self.backends):
+            reason = self.quiet_reason.get(quiet[0], "")
+            return f"the aggregator needs no more of this node's gradients for now ({reason})"
+        return ""
 
     @property
     def banned(self) -> bool:

@@ -54,6 +54,7 @@ async def start_contributing(
                     if manifest.training.audit.contribution_rate > 0
                     else 0
                 ),
+                round_seconds=manifest.training.round_seconds,
             ),
             on_result=on_result,
             attack=attack,
@@ -71,4 +72,5 @@ async def start_contributing(
         interval=pull_interval(manifest.training.round_seconds),
     )
     await nursery.start(puller.run)
+    sender.on_stale = puller.nudge
     return sender

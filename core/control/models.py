@@ -16,7 +16,9 @@ from core.control.invite import MAX_PEERS, PeerAddress
 from core.control.limits import ProjectId
 
 #: "working" and "paused" once the node serves a project; "error" when it cannot join.
-NodeState = Literal["no project", "starting", "working", "paused", "error"]
+#: "waiting": serving, but the work is not counted now (the aggregator does not answer,
+#: or needs no more of it): the reason says which.
+NodeState = Literal["no project", "starting", "working", "waiting", "paused", "error"]
 
 
 class _Sent(BaseModel):

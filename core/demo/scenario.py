@@ -39,6 +39,7 @@ from core.demo.options import DemoOptions, wire_codecs
 from core.demo.summary import demo_summary
 from core.demo.supervisor import Proc, Swarm, free_port
 from core.errors import UserFacingError
+from core.paths import identity_path
 from core.trainer.progress import TrainingProgress
 from net.identity import load_or_create
 from net.lab import Home, Lab, NatKind, missing_requirements, network_lab
@@ -299,10 +300,13 @@ async def _run(
                 await swarm.first_line(relay)
                 starting.advance(task)
 
-        agg_identity = load_or_create(swarm.folder("aggregator") / "data" / "identity.key")
+        agg_folder = swarm.folder("aggregator") / "data"
+        agg_identity = load_or_create(identity_path(agg_folder, "aggregator"))
         agg_listen, port = places.aggregator_listen()
         agg_addr = f"/ip4/{places.aggregator_ip()}/tcp/{port}/p2p/{agg_identity.peer_id}"
-        trainer_key = load_or_create(swarm.folder("trainer") / "data" / "identity.key").public_key
+        trainer_key = load_or_create(
+            identity_path(swarm.folder("trainer") / "data", "trainer")
+        ).public_key
         manifest = swarm.folder("owner") / "demo.toml"
         manifest.write_text(
             demo_manifest(options, (agg_identity.public_key.hex(), agg_addr), trainer_key.hex())

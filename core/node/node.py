@@ -109,6 +109,7 @@ class Node:
             project_name=serving.project_name if serving else "",
             project_error=serving.project_error if serving else "",
             banned=serving.banned if serving else "",
+            contributions_problem=serving.contributions_problem() if serving else "",
             serving=server is not None,
             experts={u: b.version for u, b in server.backends.items()} if server else {},
             decision=governor.decision if governor else None,

@@ -121,6 +121,10 @@ class ProjectService:
     def contributions_sent(self) -> int:
         return self._sent_before + (self.sender.stats.sent if self.sender else 0)
 
+    def contributions_problem(self) -> str:
+        """Why the work done here does not reach the aggregators now ("" when it does)."""
+        return self.sender.problem() if self.sender else ""
+
     def join(self, project: str) -> None:
         """Serve ``project`` from now on (leaving the one served now); remembered."""
         check_project_id(project)  # ValueError with the rule

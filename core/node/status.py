@@ -29,6 +29,9 @@ class NodeSnapshot:
     project_error: str = ""
     #: Why the project banned this node ("" when it did not).
     banned: str = ""
+    #: Why the work done here does not reach the aggregators now: the aggregator does
+    #: not answer, or needs none of it ("" when it does).
+    contributions_problem: str = ""
     #: Whether an expert server runs for the project now.
     serving: bool = False
     #: Served experts and the version of their weights.
@@ -71,7 +74,10 @@ def node_state(snap: NodeSnapshot) -> NodeState:
         return "paused"
     # allowed to work, but nobody to work for: not "working" (the swarm is gone or not
     # reached yet)
-    return "working" if snap.peers else "starting"
+    if not snap.peers:
+        return "starting"
+    # serving, but what it computes is not counted: not "working" either
+    return "waiting" if snap.contributions_problem else "working"
 
 
 def state_reason(state: NodeState, snap: NodeSnapshot) -> str:
@@ -85,6 +91,8 @@ def state_reason(state: NodeState, snap: NodeSnapshot) -> str:
         if snap.serving and snap.decision is not None and snap.decision.run:
             return "waiting for the swarm: no peer answers yet"
         return "joining the project"
+    if state == "waiting":
+        return snap.contributions_problem
     assert snap.decision is not None
     return snap.decision.describe()
 

@@ -7,6 +7,7 @@ all at once, before anything is signed or published.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,8 @@ MAX_MANIFEST_BYTES = 64 * 1024
 #: 16,384 per layer is 64x the largest datacenter MoE (DeepSeek-V3: 256 routed).
 MAX_EXPERTS_PER_LAYER = 16_384
 MAX_EXPERTS = 65_536
-NAME = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,47}$"
+NAME = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 
 class ManifestError(ValueError):
@@ -260,9 +262,18 @@ def load_manifest(path: Path) -> Manifest:
 def _describe(error: Any) -> str:
     loc = ".".join(str(part) for part in error["loc"]) or "manifest"
     msg = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
+    kind = error["type"]
+    if kind == "extra_forbidden":
         msg = "unknown field (check its spelling and section)"
-    return f"{loc}: {msg}"
+    elif kind == "string_pattern_mismatch" and loc.endswith("name"):
+        msg = "lowercase letters, digits and '-' (at most 48, starting with a letter or digit)"
+    elif kind == "string_pattern_mismatch" and loc.endswith("key"):
+        msg = "64 hex digits (a public key, as `moehome aggregator key` prints it)"
+    elif kind == "string_pattern_mismatch":
+        msg = f"not of the form {error.get('ctx', {}).get('pattern', 'expected')}"
+    elif kind == "list_type":
+        msg = "should be a list in brackets, e.g. [4, 4]"
+    return f"{loc}: {msg} (given: {error.get('input')!r:.60})"
 
 
 def example_uid(manifest: Manifest) -> str:
@@ -351,24 +362,47 @@ kept_mib = 256
 ban_hours = 24.0                   # a caught cheater is banned this long, project-wide
 pardoned = []                      # peer ids whose bans you lift (publish again to apply)
 
-# One block per aggregator: its public key (hex, `moehome aggregator key`) and where to
-# reach it.
-# [[aggregators]]
-# key = "..."
-# addrs = ["/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."]
-
-# One block per trainer allowed to sign receipts (its public key, `moehome aggregator key`
-# on the trainer's machine prints it too).
-# [[trainers]]
-# key = "..."
-
+# One block per aggregator: its public key (hex; `moehome aggregator key` on its machine
+# prints it). Volunteers find its addresses in the swarm (it publishes them, signed);
+# `addrs` is needed only to reach it without a lookup, e.g. at a fixed public port.
+{aggregators}
+# One block per trainer allowed to sign receipts (`moehome owner trainer-key` on the
+# trainer's machine prints its key).
+{trainers}
 [weights]
 seed = 0                           # initial weights are made from this seed...
 # folder = "weights/"              # ...unless a folder of <uid>.safetensors files is given
 """
 
 
-def write_template(path: Path, name: str) -> None:
+def write_template(
+    path: Path, name: str, *, aggregator_key: str | None = None, trainer_key: str | None = None
+) -> None:
+    """Write the commented manifest; ``aggregator_key`` and ``trainer_key`` (hex): this
+    computer's, listed so that the project runs here as written."""
     if path.exists():
         raise FileExistsError(f"{path} exists; not overwriting it")
-    path.write_text(TEMPLATE.format(name=name, filename=path.name))
+    if not re.match(NAME_PATTERN, name):
+        raise ValueError(
+            f"project name {name!r}: lowercase letters, digits and '-', at most 48, "
+            f"e.g. {suggest_name(name)!r}"
+        )
+    aggregators = (
+        f'[[aggregators]]                    # this computer\'s\nkey = "{aggregator_key}"'
+        if aggregator_key
+        else '# [[aggregators]]\n# key = "..."\n# addrs = ["/ip4/203.0.113.7/tcp/4001/p2p/..."]'
+    )
+    trainers = (
+        f'[[trainers]]                       # this computer\'s\nkey = "{trainer_key}"'
+        if trainer_key
+        else '# [[trainers]]\n# key = "..."'
+    )
+    path.write_text(
+        TEMPLATE.format(name=name, filename=path.name, aggregators=aggregators, trainers=trainers)
+    )
+
+
+def suggest_name(text: str) -> str:
+    """A valid project name made of ``text`` ("My LM" -> "my-lm")."""
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:48].strip("-")
+    return slug or "my-project"

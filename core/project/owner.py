@@ -115,6 +115,7 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
             continue
         providers.append({"peer": str(author), "index": ann.index, "uids": list(ann.uids) or "all"})
     volunteers = sorted({s["peer"] for servers in experts.values() for s in servers})
+    aggregators = await aggregator_statistics(peer, manifest)
     return {
         "project_id": project_id,
         "name": manifest.project.name,
@@ -126,7 +127,9 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
         "experts": {u: experts[u] for u in uids},
         "volunteers": volunteers,
         "weight_providers": providers,
-        "aggregators": await aggregator_statistics(peer, manifest),
+        "aggregators": aggregators,
+        # why the experts' versions do not move ("" when nothing holds them back)
+        "experts_waiting": why_experts_wait(aggregators, manifest.training.min_contributors),
     }
 
 
@@ -142,6 +145,26 @@ async def aggregator_statistics(peer: Peer, manifest: Any) -> list[dict[str, Any
             item["unreachable"] = str(exc)
         out.append(item)
     return out
+
+
+def why_experts_wait(aggregators: Sequence[dict[str, Any]], min_contributors: int) -> str:
+    """Why the experts' versions do not move, in a sentence, from the aggregators' own
+    accounts (``aggregator_statistics``); "" when nothing holds them back. Pure."""
+    reasons = []
+    for agg in aggregators:
+        who = f"aggregator {str(agg.get('peer', '?'))[-8:]}"
+        if "unreachable" in agg:
+            reasons.append(f"{who} cannot be reached ({agg['unreachable']})")
+            continue
+        short = agg.get("short_of_contributors") or {}
+        if short:
+            uid, more = next(iter(sorted(short.items())))
+            reasons.append(
+                f"{who}: {len(short)} expert(s) wait for more volunteers (a version needs "
+                f"{min_contributors} distinct contributors, the manifest's min_contributors; "
+                f"{uid} needs {more} more)"
+            )
+    return "; ".join(reasons)
 
 
 def to_json(status: dict[str, Any]) -> str:

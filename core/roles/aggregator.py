@@ -19,7 +19,7 @@ from core.errors import UserFacingError
 from core.namespaces import moehome_validator
 from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
-from core.project.distribution import WeightsFetcher, WeightsService, find_manifest
+from core.project.distribution import FetchError, WeightsFetcher, WeightsService, find_manifest
 from core.project.joining import backends_from_files
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
@@ -31,7 +31,7 @@ from core.roles.peer import print_addresses
 from core.trainer.trunk import build_trunk, shares_trunk
 from net import Identity, Peer, network_config
 from net._libp2p import PeerID
-from net.host import DEFAULT_LISTEN
+from net.host import EVERY_INTERFACE
 from net.identity import peer_id_from_public_key, public_key_of
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ async def run_aggregator(
     listen: Sequence[str] | None,
     bootstrap: Sequence[str],
 ) -> None:
-    config = network_config(listen or DEFAULT_LISTEN, bootstrap, relay=True)
+    config = network_config(listen or EVERY_INTERFACE, bootstrap, relay=True)
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(Peer(identity, config, validator=moehome_validator()).run)
         signed = await find_manifest(peer, project_id, PinStore(data_dir / "pinned-owners.json"))
@@ -115,7 +115,13 @@ async def aggregate(
     uids = my_uids(signed, peer.identity.public_key)
     experts = [u for u in uids if u != TRUNK_UID]
     store = ChunkStore(workdir / "chunks")
-    files = await WeightsFetcher(peer, store).fetch(signed, experts)
+    try:
+        files = await WeightsFetcher(peer, store).fetch(signed, experts)
+    except FetchError as exc:
+        raise FetchError(
+            f"{exc}: the aggregator starts from the published weights; is `moehome owner "
+            "publish` running and connected to the swarm (its -b)?"
+        ) from exc
     initial: dict[str, torch.nn.Module] = {
         uid: b.module
         for uid, b in (

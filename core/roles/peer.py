@@ -15,7 +15,7 @@ import trio
 
 from core.namespaces import moehome_validator
 from net import DhtConfig, DhtError, Identity, NamespacedValidator, Peer, PeerConfig
-from net.host import DEFAULT_LISTEN
+from net.host import EVERY_INTERFACE
 from net.keepalive import Keepalive
 from net.portmap import PortMapConfig
 from net.reachability import ReachabilityConfig, Verdict
@@ -46,7 +46,7 @@ async def run_peer(
     a JSON line for each new reachability verdict (and our relayed addresses). With
     ``map_port``, the home router is asked to forward the listening port."""
     config = PeerConfig(
-        listen=tuple(listen or DEFAULT_LISTEN),
+        listen=tuple(listen or EVERY_INTERFACE),
         bootstrap=tuple(bootstrap),
         reachability=reachability or ReachabilityConfig(),
         # a bootstrap peer is public by design: it relays for those behind NAT, and

@@ -73,6 +73,11 @@ class TrainingProgress:
                     f"versions {event['version_min']}-{event['version_max']}"
                 ),
             )
+        elif kind == "experts":
+            note = event["note"]
+            self.console.print(
+                f"experts not learning: {note}" if note else "experts learning again"
+            )
         elif kind == "waiting":
             self.progress.update(self.task, status="waiting for volunteers to serve the experts")
         elif kind == "eval":

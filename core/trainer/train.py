@@ -36,7 +36,8 @@ from core.namespaces import moehome_validator
 from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
 from core.project.distribution import ProjectNotFound, find_manifest
-from core.project.owner import aggregator_statistics
+from core.project.manifest import Manifest
+from core.project.owner import aggregator_statistics, why_experts_wait
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
 from core.project.versions import pull_interval
@@ -300,6 +301,7 @@ async def train_on(
         if auditor is not None and weights is not None:
             await nursery.start(auditor.run)
             await nursery.start(weights.watch)
+        nursery.start_soon(_watch_experts, peer, signed.manifest, report)
         summary = await _train(session, options, stop, report, sharing)
         nursery.cancel_scope.cancel()
     if auditor is not None:
@@ -334,6 +336,27 @@ def _accuse(board: BanBoard, finding: Finding) -> None:
         b"" if evidence is None else evidence.statement.encode(),
         finding.excess,
     )
+
+
+#: How often the trainer asks the aggregators why the experts' versions do not move.
+EXPERTS_CHECK_S = 60.0
+
+
+async def _watch_experts(
+    peer: Peer, manifest: Manifest, report: Report, every: float = EXPERTS_CHECK_S
+) -> None:
+    """Say why the experts do not learn when they do not (a round short of volunteers,
+    an aggregator out of reach), and when that ends: an "experts" event each time the
+    answer changes (the trainer-side layers learn either way)."""
+    said = ""
+    while True:
+        await trio.sleep(every)
+        note = why_experts_wait(
+            await aggregator_statistics(peer, manifest), manifest.training.min_contributors
+        )
+        if note != said:
+            report({"event": "experts", "note": note})
+            said = note
 
 
 def how_reached(peer: Peer, server: str) -> str:

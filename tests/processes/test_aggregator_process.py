@@ -17,6 +17,7 @@ from core.contributing.codecs import codec
 from core.experts.registry import build_expert
 from core.experts.wire import to_wire
 from core.namespaces import moehome_validator
+from core.paths import identity_path
 from core.project.keys import OwnerKey
 from core.project.owner import project_status
 from core.project.publish import prepare, serve_project
@@ -58,7 +59,7 @@ async def start_aggregator(
 @pytest.mark.slow
 async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path):
     agg_dir = tmp_path / "aggregator"
-    agg_key = load_or_create(agg_dir / "identity.key").public_key
+    agg_key = load_or_create(identity_path(agg_dir, "aggregator")).public_key
     trainer, volunteer_id = Identity.generate(), Identity.generate()
     # one volunteer sends every contribution: its rounds need no other. No contribution
     # audits: one drawn (5% each by default) is held out of its round until revealed,
