@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, assert_never
 
@@ -133,20 +134,24 @@ def event_lines(events: list[Event]) -> list[tuple[str, Event]]:
     """The log's lines, newest first: a run of accepted contributions (one every few
     seconds while working) is one line with its count, so the rest stays in sight. Each
     line comes with the event whose time it shows (the run's newest)."""
-    lines: list[tuple[str, Event]] = []
+    return [(sentence, shown) for sentence, shown, _ in _lines_with_oldest(events)]
+
+
+def _lines_with_oldest(events: list[Event]) -> list[tuple[str, Event, Event]]:
+    lines: list[tuple[str, Event, Event]] = []
     run: list[ContributionEvent] = []
 
     def close_run() -> None:
         if not run:
             return
         if len(run) == 1:
-            lines.append((describe_event(run[0]), run[0]))
+            lines.append((describe_event(run[0]), run[0], run[0]))
         else:
             experts = sorted({e.uid for e in run})
             shown = ", ".join(experts[:4]) + (
                 ", \N{HORIZONTAL ELLIPSIS}" if len(experts) > 4 else ""
             )
-            lines.append((f"{len(run)} contributions accepted (experts {shown})", run[0]))
+            lines.append((f"{len(run)} contributions accepted (experts {shown})", run[0], run[-1]))
         run.clear()
 
     for event in events:
@@ -156,9 +161,36 @@ def event_lines(events: list[Event]) -> list[tuple[str, Event]]:
             run.append(event)
             continue
         close_run()
-        lines.append((describe_event(event), event))
+        lines.append((describe_event(event), event, event))
     close_run()
     return lines
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """A line of the event log as shown: ``key`` stays the same while a line only
+    changes its words (a run of accepted contributions that grows keeps its oldest)."""
+
+    key: int
+    text: str
+    tooltip: str
+    error: bool
+
+
+def event_rows(events: list[Event]) -> list[EventRow]:
+    """``event_lines`` with their times, as the log shows them, newest first."""
+    rows = []
+    for sentence, shown, oldest in _lines_with_oldest(events):
+        when = _local_time(shown.at)
+        rows.append(
+            EventRow(
+                key=oldest.id,
+                text=f"{when[0]}  {sentence}" if when else sentence,
+                tooltip=when[1] if when else "",
+                error=isinstance(shown, ErrorEvent),
+            )
+        )
+    return rows
 
 
 TEMPERATURE_TITLE: Final = "Temperature"
@@ -207,6 +239,7 @@ class DashboardWindow(QWidget):
         self.resize(900, 700)
         self._events: list[Event] = []  # newest first
         self._seen_ids: set[int] = set()
+        self._row_keys: list[int] = []  # the key of each line the list shows, in order
 
         self._state = QLabel(DASH)
         self._state.setObjectName("dashboardState")
@@ -484,27 +517,44 @@ class DashboardWindow(QWidget):
     # -- events ---------------------------------------------------------------------------
 
     def add_events(self, events: list[Event]) -> None:
-        """Add events to the log (duplicates by id are ignored); newest first, 200 kept."""
-        for event in events:
-            if event.id in self._seen_ids:
-                continue
-            self._seen_ids.add(event.id)
-            self._events.append(event)
+        """Add events to the log (duplicates by id are ignored); newest first, 200 kept.
+
+        Only what changed is touched: new lines are inserted, a grown run of
+        contributions is re-worded in place, lines past the limit are taken out. (The
+        list used to be cleared and refilled on every poll, about once a second while
+        working: after ~14 minutes PySide6 died in ``none_dealloc``, the tray with it.)"""
+        new = [e for e in events if e.id not in self._seen_ids]
+        if not new:
+            return
+        self._events.extend(new)
         self._events.sort(key=lambda event: event.id, reverse=True)
         del self._events[MAX_EVENTS:]
         # Forget dropped ids: one of those arriving again is older than all kept events,
         # so it sorts past the end and is dropped again.
         self._seen_ids = {event.id for event in self._events}
+        self._show_lines(event_rows(self._events))
 
-        self._events_list.clear()
-        for sentence, event in event_lines(self._events):
-            when = _local_time(event.at)
-            item = QListWidgetItem(f"{when[0]}  {sentence}" if when else sentence)
-            if when:
-                item.setToolTip(when[1])
-            if isinstance(event, ErrorEvent):
+    def _show_lines(self, rows: list[EventRow]) -> None:
+        """Make the list show ``rows`` (newest first), reusing the items of lines it
+        shows already (same key)."""
+        widget = self._events_list
+        wanted = {row.key for row in rows}
+        for index in reversed(range(widget.count())):
+            if self._row_keys[index] not in wanted:
+                widget.takeItem(index)
+                del self._row_keys[index]
+        for index, row in enumerate(rows):
+            if index < len(self._row_keys) and self._row_keys[index] == row.key:
+                item = widget.item(index)
+            else:
+                item = QListWidgetItem()
+                widget.insertItem(index, item)
+                self._row_keys.insert(index, row.key)
+            if item.text() != row.text:
+                item.setText(row.text)
+                item.setToolTip(row.tooltip)
+            if row.error:
                 item.setForeground(QColor("#e0403a"))
-            self._events_list.addItem(item)
 
     # -- for tests ------------------------------------------------------------------------
 

@@ -8,11 +8,13 @@ and keeps it running (app/supervisor.py); a crash of the node never takes the tr
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import shlex
 import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
@@ -24,6 +26,7 @@ from app.single_instance import SHOW, SingleInstance
 from app.supervisor import NodeSupervisor, node_command
 from app.tray import Tray, settings_at
 from core.control import ControlError, find_node
+from core.logs import rotate_log
 from core.paths import config_dir, data_dir
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,20 @@ def _quit_on_signals(tray: Tray) -> None:
     heartbeat.start(500)
 
 
+def _keep_crash_traces(path: Path) -> None:
+    """A fatal error of Qt or Python (a segfault, ``none_dealloc``) kills the tray
+    without a word: have Python write every thread's stack to ``path`` when it does, so
+    the next start can point at it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rotate_log(path, 2**20)
+    try:
+        stream = path.open("a")  # open for the program's life: the handler writes to it
+    except OSError as exc:
+        log.info("no crash traces: %s", exc)
+        return
+    faulthandler.enable(file=stream, all_threads=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moehome-tray", description="moehome tray app")
     parser.add_argument("--selftest", action="store_true", help="build the tray, check it, exit")
@@ -97,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"moehome is in the application menu: {path}\n")
         return 0
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
+    _keep_crash_traces(data_dir() / "tray-crash.log")
     app = QApplication.instance() or QApplication(sys.argv[:1])
     assert isinstance(app, QApplication)
     app.setApplicationName("moehome")

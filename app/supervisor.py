@@ -15,7 +15,12 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
+from core.logs import LOG_MAX_BYTES, rotate_log
+
 log = logging.getLogger(__name__)
+
+#: How often the node's log is checked against its cap (core/logs.py).
+LOG_CHECK_MS = 30_000
 
 
 def node_command(extra: Sequence[str] = ()) -> list[str]:
@@ -62,6 +67,14 @@ class NodeSupervisor(QObject):
         self._healthy = QTimer(self)
         self._healthy.setSingleShot(True)
         self._healthy.timeout.connect(self._reset_delay)
+        # the node's log is cut while it runs (it appends, so it writes on at the start)
+        self._log_check = QTimer(self)
+        self._log_check.timeout.connect(self._rotate_log)
+        self._log_check.start(LOG_CHECK_MS)
+
+    def _rotate_log(self) -> None:
+        if self.log_path is not None and rotate_log(self.log_path):
+            log.info("node log over %d MB: older lines in %s.1", LOG_MAX_BYTES >> 20, self.log_path)
 
     @property
     def pid(self) -> int | None:
@@ -81,6 +94,7 @@ class NodeSupervisor(QObject):
         process.setProcessEnvironment(QProcessEnvironment.systemEnvironment())
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._rotate_log()
             process.setStandardOutputFile(str(self.log_path), QProcess.OpenModeFlag.Append)
             process.setStandardErrorFile(str(self.log_path), QProcess.OpenModeFlag.Append)
         process.finished.connect(self._finished)

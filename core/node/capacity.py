@@ -19,8 +19,10 @@ from core.experts.registry import ExpertSpec, build_expert
 FOOTPRINT_FACTOR = 5.0
 #: Share of the free memory a node takes when the volunteer set no cap.
 DEFAULT_SHARE = 0.5
-#: Most experts one node serves whatever its memory (a project wants many volunteers).
-MOST_EXPERTS = 16
+#: Most experts one node serves whatever its memory (the most `--experts` allows): a small
+#: project's experts are tiny, and each needs min_contributors servers to learn (with 16,
+#: two volunteers left half of the template's 32 experts with one server each, never learning).
+MOST_EXPERTS = 64
 #: Share of the budget kept for forward graphs that wait for their backward pass (the
 #: trainers' keep-forwards): counted here, so serving never outgrows what was allowed.
 GRAPH_SHARE = 0.25

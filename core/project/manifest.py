@@ -328,7 +328,9 @@ contribution_seconds = 30.0        # ...or every T seconds
 staleness_bound = 4                # contributions older than this many versions are refused
 round_samples = 4096               # an aggregator steps once this many samples arrived...
 round_seconds = 60.0               # ...or this long after a round's first contribution
-min_contributors = 3               # ...and never with fewer distinct volunteers (it waits)
+min_contributors = 2               # ...and never with fewer distinct volunteers (it waits;
+                                   #   3 or more once volunteers are many: one attacker
+                                   #   facing one honest volunteer has no majority)
 
 [training.aggregation]
 rule = "centered_clip"             # centered_clip (robust default), median, trimmed_mean, mean

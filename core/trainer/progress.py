@@ -81,7 +81,12 @@ class TrainingProgress:
         elif kind == "waiting":
             self.progress.update(self.task, status="waiting for volunteers to serve the experts")
         elif kind == "eval":
-            self.console.print(f"step {event['step']}: validation loss {loss_text(event['loss'])}")
+            loss = event["loss"]
+            self.console.print(
+                f"step {event['step']}: validation loss {loss_text(loss)}"
+                if loss is not None and not math.isnan(loss)
+                else f"step {event['step']}: not evaluated (too few volunteers answered)"
+            )
         elif kind == "summary":
             self.progress.update(self.task, completed=event["steps"])
             self.console.print(

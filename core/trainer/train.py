@@ -533,10 +533,14 @@ async def _evaluate_until_answered(
 ) -> float:
     """The first evaluation waits for the swarm (volunteers may still be starting)."""
     deadline = time.monotonic() + patience_s
+    told = False
     while True:
         loss = await _evaluate(session)
         if not math.isnan(loss) or stop.is_set():
             return loss
+        if not told:
+            log.warning("waiting for volunteers to answer the first evaluation")
+            told = True
         if time.monotonic() > deadline:
             raise UserFacingError(
                 f"the swarm answered no evaluation for {patience_s:.0f} s: "

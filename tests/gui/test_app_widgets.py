@@ -22,7 +22,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.dashboard import DASH, MAX_EVENTS, DashboardWindow, describe_event
+from app.dashboard import (
+    DASH,
+    MAX_EVENTS,
+    DashboardWindow,
+    describe_event,
+    event_lines,
+    event_rows,
+)
 from app.limits import LimitsDialog, ScheduleEditor, plain_message
 from core.control.limits import preference_limits
 from core.control.models import (
@@ -550,6 +557,43 @@ def test_runs_of_accepted_contributions_are_one_line(qtbot):
         "Contribution to expert ffn.0.1 refused (stale)",
         "20 contributions accepted (experts ffn.0.0, ffn.0.1, ffn.0.2)",
     ]
+
+
+def test_the_event_log_touches_only_what_changed(qtbot):
+    """Each poll used to clear the list and make every line again (about once a second
+    while working); after ~14 minutes PySide6 died in none_dealloc, the tray with it.
+    Now a new event adds its line, a growing run is re-worded in place, and the other
+    lines keep their items."""
+    window = make_dashboard(qtbot)
+    events = child(window, QListWidget, "eventsList")
+
+    def accepted(i: int) -> dict[str, Any]:
+        return {"id": i, "kind": "contribution", "uid": "ffn.0.1", "outcome": "accepted"}
+
+    window.add_events(EVENTS.validate_python([{"id": 1, "kind": "preferences"}, accepted(2)]))
+    oldest, run = events.item(1), events.item(0)
+    window.add_events(EVENTS.validate_python([accepted(3)]))  # the run grows
+    assert events.count() == 2
+    assert events.item(0) is run
+    assert events.item(0).text() == "2 contributions accepted (experts ffn.0.1)"
+    assert events.item(1) is oldest
+    window.add_events(EVENTS.validate_python([{"id": 4, "kind": "error", "message": "x"}]))
+    assert events.count() == 3
+    assert events.item(1) is run
+    assert events.item(2) is oldest
+    window.add_events(EVENTS.validate_python([accepted(3)]))  # nothing new: nothing done
+    assert events.item(0).text().endswith("x")
+    # a long session, an event a poll: the list stays bounded and in step
+    for i in range(10, 10 + 3 * MAX_EVENTS):
+        kind = "preferences" if i % 2 else "contribution"
+        window.add_events(
+            EVENTS.validate_python(
+                [accepted(i) if kind == "contribution" else {"id": i, "kind": kind}]
+            )
+        )
+    lines = [events.item(i).text() for i in range(events.count())]
+    assert len(lines) == len(event_lines(window._events)) <= MAX_EVENTS
+    assert lines == [row.text for row in event_rows(window._events)]
 
 
 def test_describe_event_says_what_happened():

@@ -108,8 +108,10 @@ async def test_junk_from_a_crowd_of_identities_is_refused_before_it_is_buffered(
         # address was then banned, and its last calls were cut off before the answer)
         assert screened >= outcomes["refused"] > 0
         assert refusals["memory"] == 0
-        assert refusals["screened:rate_limited"] > 0  # the address ran out of credit...
-        assert peer.host.admission_statistics().bans == 1  # ...kept at it, and was banned
+        assert refusals["screened:slow_down"] > 0  # the address ran out of credit...
+        # ...and was not banned: contribution refusals never ban an address, which a
+        # home router or a carrier-grade NAT shares with honest volunteers
+        assert peer.host.admission_statistics().bans == 0
         assert peak[0] < 1 * MiB  # no junk payload was ever held (the honest ones are tiny)
         assert len(core._invalid) + len(core._banned_until) <= MAX_TRACKED
         core.prune(1e12)  # long after every ban ended: nothing is left of the crowd
