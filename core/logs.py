@@ -45,7 +45,20 @@ def setup_logging(verbosity: int = 0, *, stream: TextIO | None = None) -> None:
         logging.DEBUG if verbosity >= 2 else logging.WARNING if verbosity == 1 else logging.CRITICAL
     )
     logging.getLogger("libp2p").setLevel(libp2p_level)
+    # and on the handler: libp2p's import resets its loggers' levels (net/_libp2p.py)
+    handler.addFilter(_QuietLibp2p(libp2p_level))
     logging.captureWarnings(True)
+
+
+class _QuietLibp2p(logging.Filter):
+    """Passes libp2p's records only from ``level`` up."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith("libp2p") or record.levelno >= self.level
 
 
 def _console(stream: TextIO) -> Console:

@@ -48,8 +48,9 @@ def _reconnect_libp2p_logging() -> None:
     root.propagate = True
     if not os.environ.get("LIBP2P_DEBUG"):
         # WARNING keeps real problems visible without libp2p's chatter; LIBP2P_DEBUG or
-        # `moehome -vv` lowers it.
-        root.setLevel(logging.WARNING)
+        # `moehome -vv` lowers it (a level the program set before this import stays)
+        if root.level == logging.NOTSET:
+            root.setLevel(logging.WARNING)
         for name, logger in logging.Logger.manager.loggerDict.items():
             if name.startswith("libp2p.") and isinstance(logger, logging.Logger):
                 logger.setLevel(logging.NOTSET)

@@ -293,3 +293,21 @@ def test_an_outcome_recorded_before_a_crash_holds_after_it(tmp_path):
     core = make_core(settings(contribution_audit_rate=0.5), tmp_path)
     assert [p.nonce for p in core.pending[UID]] == [sent[0][0].nonce]
     assert not core.held()
+
+
+def test_a_lone_volunteer_outrun_by_versions_is_refused_but_never_banned(tmp_path):
+    """With min_contributors = 1, an owner's only volunteer made versions faster than it
+    pulled them, and 5 ``stale`` refusals banned it for 600 s (re-banned within 10 s
+    of a restart). Stale, waiting and the like are the normal course: no strike."""
+    core = make_core(settings(round_samples=4, staleness_bound=1, max_invalid=5), tmp_path)
+    volunteer = Identity.generate()
+    for _ in range(3):  # three versions from its own contributions
+        core.submit(*contribution(core, volunteer, version=core.versions[UID]))
+        core.run_round(UID)
+    assert core.versions[UID] == 3
+    for _ in range(3 * core.settings.max_invalid):
+        with pytest.raises(Rejected, match="stale"):
+            core.submit(*contribution(core, volunteer, version=0))
+    assert core.stats.banned_peers == 0
+    core.submit(*contribution(core, volunteer, version=3))  # up to date: taken at once
+    assert core.stats.contributors[volunteer.public_key.hex()].rejected["stale"] == 15

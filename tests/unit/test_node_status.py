@@ -62,6 +62,33 @@ TOO_HOT = Decision(False, Reason.GPU_HOT, "90 °C")
             TOO_HOT.describe(),
             "gpu_hot",
         ),
+        # serving, but the work is not counted: the aggregator is gone, or needs none
+        # of it for now ("Working" said so at 8609050, while the node filled its disk)
+        (
+            NodeSnapshot(
+                project="p" * 32,
+                serving=True,
+                decision=WORKING,
+                peers=3,
+                contributions_problem="the project's aggregator has not answered for 5 min",
+            ),
+            "waiting",
+            "the project's aggregator has not answered for 5 min",
+            "",
+        ),
+        # a pause outranks it: the volunteer's own limits come first
+        (
+            NodeSnapshot(
+                project="p" * 32,
+                serving=True,
+                decision=TOO_HOT,
+                peers=3,
+                contributions_problem="the project's aggregator has not answered for 5 min",
+            ),
+            "paused",
+            TOO_HOT.describe(),
+            "gpu_hot",
+        ),
     ],
 )
 def test_state_and_reason(snapshot, state, reason_starts, code):
