@@ -30,6 +30,9 @@ class NodeOptions:
     quick_benchmark: bool = False
     #: Seconds between retries after a failed join (doubles up to 10 minutes).
     join_retry: float = 15.0
+    #: After a start or a join, how long a manifest not found yet is no error (the DHT
+    #: is still being reached; the node says "starting" meanwhile).
+    first_look_s: float = 60.0
     #: Demo and tests only: poison the contributions this node sends (core.contributing.attacks).
     attack: str | None = None
     #: Demo and tests only: answer every request this many seconds late (a slow link).

@@ -45,7 +45,7 @@ from core.node.events import EventLog
 from core.node.governor import Governor
 from core.node.options import NodeOptions
 from core.project.bans import BanBoard
-from core.project.distribution import find_manifest
+from core.project.distribution import ProjectNotFound, find_manifest
 from core.project.joining import join_project
 from core.project.keys import fingerprint
 from core.project.manifest import Manifest
@@ -57,6 +57,9 @@ from net import Identity, Peer
 from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)
+
+#: How soon a manifest not found just after a start or a join is looked up again.
+LOOK_AGAIN_S = 2.0
 #: Experts whose coverage a volunteer looks up when it chooses, besides its own, and
 #: how many lookups run at once.
 COVERAGE_SAMPLE = 256
@@ -153,23 +156,39 @@ class ProjectService:
 
     async def _serve_project(self, project: str, scope: trio.CancelScope) -> None:
         delay = self.options.join_retry
+        looking_since = trio.current_time()
         with scope:
             while True:
                 try:
                     await self._serve_until_rebalanced(project)
                     return  # pragma: no cover - only returns through cancellation
-                except Exception as exc:
-                    self.project_error = one_line(exc)
-                    log.warning(
-                        "cannot serve project %s: %s; retrying in %.0f s",
-                        project,
-                        self.project_error,
-                        delay,
-                        exc_info=not isinstance(exc, UserFacingError),
-                    )
-                    self.events.publish(ErrorEvent(message=self.project_error))
-                    await trio.sleep(delay)
+                except ProjectNotFound as exc:
+                    if trio.current_time() - looking_since < self.options.first_look_s:
+                        # just started or joined: the swarm is still being reached (every
+                        # start of the tray's node showed a red "no valid manifest" for
+                        # 15-25 s before it worked); only a longer search is an error
+                        log.info("%s; looking again in %.0f s", exc, LOOK_AGAIN_S)
+                        await trio.sleep(LOOK_AGAIN_S)
+                        continue
+                    await self._failed(project, exc, delay)
                     delay = min(delay * 2, 600.0)
+                except Exception as exc:  # noqa: BLE001 - any failure is said and retried
+                    await self._failed(project, exc, delay)
+                    delay = min(delay * 2, 600.0)
+
+    async def _failed(self, project: str, exc: Exception, delay: float) -> None:
+        """Say why the project cannot be served (status, tray), wait, and let the caller
+        try again."""
+        self.project_error = one_line(exc)
+        log.warning(
+            "cannot serve project %s: %s; retrying in %.0f s",
+            project,
+            self.project_error,
+            delay,
+            exc_info=not isinstance(exc, UserFacingError),
+        )
+        self.events.publish(ErrorEvent(message=self.project_error))
+        await trio.sleep(delay)
 
     async def _serve_until_rebalanced(self, project: str) -> None:
         """Serve the least covered experts that fit; now and then look at the coverage and,

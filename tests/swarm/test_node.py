@@ -169,12 +169,42 @@ async def test_an_unknown_project_is_an_error_state_not_a_crash(tmp_path):
         node = await nursery.start(
             Node(
                 Identity.generate(),
-                options(tmp_path, 0, owner, project="0" * 32, join_retry=60.0),
+                options(tmp_path, 0, owner, project="0" * 32, join_retry=60.0, first_look_s=0),
                 probes=FakeProbes(),
             ).run
         )
         await eventually(lambda: node.status().state == "error")
         assert "no valid manifest" in node.status().reason
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_started_before_the_swarm_knows_its_project_never_says_error(tmp_path):
+    """At 8609050 every start of the tray's node showed a red "no valid manifest" for
+    15-25 s (4 of 4 starts), before the lookup found the project."""
+    async with trio.open_nursery() as nursery:
+        owner: Peer = await nursery.start(
+            Peer(Identity.generate(), validator=moehome_validator()).run
+        )
+        prepared = prepare(small_manifest(tmp_path), OwnerKey.generate(), (), tmp_path / "owner")
+        node = await nursery.start(
+            Node(
+                Identity.generate(),
+                options(tmp_path, 0, owner, project=prepared.signed.project_id),
+                probes=FakeProbes(),
+            ).run
+        )
+        states: list[str] = []
+
+        async def watch() -> None:
+            while True:
+                states.append(node.status().state)
+                await trio.sleep(0.05)
+
+        nursery.start_soon(watch)
+        await eventually(lambda: node.serving.project_error == "" and len(states) > 40)
+        await nursery.start(serve_project, owner, prepared)  # the owner publishes late
+        await eventually(lambda: node.status().state == "working", timeout=60)
+        assert "error" not in states, states
         nursery.cancel_scope.cancel()
 
 
