@@ -29,13 +29,21 @@ def setup_logging(verbosity: int = 0, *, stream: TextIO | None = None) -> None:
     own_level = (
         logging.WARNING if verbosity < 0 else logging.INFO if verbosity == 0 else logging.DEBUG
     )
-    handler = RichHandler(
-        console=_console(stream or sys.stderr),
-        show_path=verbosity > 0,
-        rich_tracebacks=verbosity > 0,
-        markup=False,
-    )
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    out = stream or sys.stderr
+    handler: logging.Handler
+    if out.isatty():
+        handler = RichHandler(
+            console=_console(out),
+            show_path=verbosity > 0,
+            rich_tracebacks=verbosity > 0,
+            markup=False,
+        )
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    else:
+        # a file (the tray's node.log, a role's log): one plain line per record, not
+        # a terminal's layout padded and wrapped at 80 columns
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbosity >= 2 else logging.WARNING)

@@ -299,10 +299,10 @@ class AggregatorService:
             "pending_samples": {
                 uid: self.core.pending_samples(uid) for uid in self.core.settings.uids
             },
-            # rounds waiting for more distinct contributors, and how many more
+            # rounds due but for more distinct contributors, and how many more
             "short_of_contributors": {
-                uid: short
+                uid: self.core.contributors_short(uid)
                 for uid in self.core.settings.uids
-                if self.core.pending[uid] and (short := self.core.contributors_short(uid))
+                if self.core.stalled(uid)
             },
         }

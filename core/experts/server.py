@@ -48,6 +48,9 @@ from net.ratelimit import Admission, PeerRateLimiter, RateLimits
 
 log = logging.getLogger(__name__)
 
+#: Declarations (DHT puts) in flight at once.
+DECLARE_AT_ONCE = 4
+
 #: The rate limiter's key for all strangers together.
 _ALL_STRANGERS = "*"
 
@@ -290,15 +293,26 @@ class ExpertServer:
                 )
             )
 
+        failed: list[str] = []
+        # a few at a time: 32 experts and their prefixes at once were ~200 DHT queries
+        # in flight, which on a busy computer timed out (an owner's first project: a
+        # third of the declarations failed, and the trainer lost sight of experts)
+        limiter = trio.CapacityLimiter(DECLARE_AT_ONCE)
+
         async def put(key: str, value: bytes) -> None:
-            try:
-                await self.peer.dht.put(key, value, ttl=ttl)
-            except DhtError as exc:
-                log.warning("could not declare %s: %s", key, exc)
+            async with limiter:
+                try:
+                    await self.peer.dht.put(key, value, ttl=ttl)
+                except DhtError as exc:
+                    failed.append(f"{key.rsplit('/', 1)[-1]}: {exc}")
 
         async with trio.open_nursery() as nursery:
             for key, value in puts:
                 nursery.start_soon(put, key, value)
+        if failed:  # one line a round, not one per record
+            log.warning(
+                "could not declare %d of %d records (%s)", len(failed), len(puts), failed[0]
+            )
 
     # ------------------------------------------------------------ RPC handlers
 

@@ -225,7 +225,11 @@ class DhtNode:
             for contact in targets:
                 nursery.start_soon(store_on, contact)
         if not stored:
-            detail = "; ".join(errors[:3]) or "no peers known (bootstrap first)"
+            detail = "; ".join(errors[:3]) or (
+                "no peer answered the lookup in time"
+                if len(self.routing)
+                else "no peers known (bootstrap first)"
+            )
             raise DhtError(f"record {record.key} reached no peer: {detail}")
         return stored
 
