@@ -311,3 +311,19 @@ def test_a_lone_volunteer_outrun_by_versions_is_refused_but_never_banned(tmp_pat
     assert core.stats.banned_peers == 0
     core.submit(*contribution(core, volunteer, version=3))  # up to date: taken at once
     assert core.stats.contributors[volunteer.public_key.hex()].rejected["stale"] == 15
+
+
+def test_a_round_is_stalled_only_when_it_would_run_but_for_contributors(tmp_path):
+    """What the trainer and `owner status` report as "waiting for more volunteers": a
+    round still filling up is not (an owner's healthy swarm was reported stuck)."""
+    core = make_core(settings(round_samples=8, min_contributors=2), tmp_path)
+    first, second = Identity.generate(), Identity.generate()
+    core.submit(*contribution(core, first, samples=4))
+    assert core.contributors_short(UID) == 1
+    assert not core.stalled(UID)  # filling up
+    core.submit(*contribution(core, first, samples=4))
+    assert core.stalled(UID)  # enough samples, one voice
+    assert not core.due(UID)
+    core.submit(*contribution(core, second, samples=4))
+    assert not core.stalled(UID)
+    assert core.due(UID)
