@@ -40,7 +40,7 @@ from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
 from core.experts.wire import NAME_BY_TORCH, from_wire
 from core.protocol.contributions import TRUNK_UID, Contribution
-from core.protocol.refusals import WAITING, is_offence
+from core.protocol.refusals import BANNED, WAITING, is_offence
 from net import Tensor
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class AggregatorStatistics:
 
 class Banned(Rejected):
     def __init__(self, seconds: float) -> None:
-        super().__init__("banned", f"too many invalid contributions; try again in {seconds:.0f} s")
+        super().__init__(BANNED, f"too many invalid contributions; try again in {seconds:.0f} s")
 
 
 class AggregatorCore:

@@ -362,6 +362,8 @@ class ContributionSender:
         quiet = [uid for uid in self.backends if now < self._quiet_until.get(uid, 0.0)]
         if quiet and len(quiet) == len(self.backends):
             reason = self.quiet_reason.get(quiet[0], "")
+            if reason.startswith("too many invalid"):
+                return f"the aggregator refuses this node's contributions: {reason}"
             return f"the aggregator needs no more of this node's gradients for now ({reason})"
         return ""
 

@@ -36,8 +36,11 @@ NORMAL: Final = frozenset(
         "banned_by_project",  # counted once, by whoever banned it
     }
 )
+#: The aggregator banned this contributor for a while (after offences): the refusal is
+#: no new offence; sending on until the ban ends would only be refused.
+BANNED: Final = "banned"
 #: Refusals after which a volunteer waits before sending that expert's gradients again.
-COME_BACK_LATER: Final = frozenset({WAITING, SLOW_DOWN})
+COME_BACK_LATER: Final = frozenset({WAITING, SLOW_DOWN, BANNED})
 
 
 def is_offence(reason: str) -> bool:

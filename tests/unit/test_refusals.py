@@ -45,6 +45,7 @@ def test_offences(reason, offence):
         ("waiting_for_contributors", 5, 60.0, 600.0),  # at most ten minutes
         ("waiting_for_contributors", 100, 60.0, 600.0),
         ("slow_down", 1, 5.0, 5.0),
+        ("banned", 2, 60.0, 120.0),  # no use sending until the ban ends
         ("stale", 3, 60.0, 0.0),  # pull the new weights and go on at once
         ("foreign_receipt", 1, 60.0, 0.0),
         ("waiting_for_contributors", 0, 60.0, 0.0),
