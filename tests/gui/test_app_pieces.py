@@ -5,6 +5,7 @@ from __future__ import annotations
 import configparser
 import os
 import plistlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -451,8 +452,18 @@ def test_benchmark_figures_in_words(figures, lines):
 
 def test_the_desktop_entry_is_installed_on_a_fresh_account(tmp_path):
     """`moehome-tray --install-desktop-entry` from the unpacked bundle: the folders of a
-    fresh account are created, the entry starts this tray and takes moehome:// links."""
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "share"), "QT_QPA_PLATFORM": "offscreen"}
+    fresh account are created, the entry starts this tray and takes moehome:// links
+    (registered: at 8609050 `gio mime x-scheme-handler/moehome` found no handler)."""
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(tmp_path / "share"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "QT_QPA_PLATFORM": "offscreen",
+    }
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "mimeapps.list").write_text(
+        "[Default Applications]\ntext/html=firefox.desktop\n"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "app.main", "--install-desktop-entry"],
         cwd=Path(__file__).resolve().parents[2],
@@ -472,3 +483,17 @@ def test_the_desktop_entry_is_installed_on_a_fresh_account(tmp_path):
     assert entry["Exec"].endswith(" %u")  # an invite link clicked in a browser
     assert entry["MimeType"] == "x-scheme-handler/moehome;"
     assert Path(entry["Icon"]).is_file()
+    mimeapps = configparser.ConfigParser(interpolation=None)
+    mimeapps.read(tmp_path / "config" / "mimeapps.list", encoding="utf-8")
+    assert mimeapps["Default Applications"]["x-scheme-handler/moehome"] == "moehome.desktop"
+    assert mimeapps["Default Applications"]["text/html"] == "firefox.desktop"  # kept
+    if shutil.which("gio"):  # what a browser asks, where the desktop has it
+        said = subprocess.run(
+            ["gio", "mime", "x-scheme-handler/moehome"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert "moehome.desktop" in said.stdout, said.stdout + said.stderr
