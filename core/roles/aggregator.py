@@ -19,7 +19,13 @@ from core.errors import UserFacingError
 from core.namespaces import moehome_validator
 from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
-from core.project.distribution import FetchError, WeightsFetcher, WeightsService, find_manifest
+from core.project.distribution import (
+    FetchError,
+    ProjectNotFound,
+    WeightsFetcher,
+    WeightsService,
+    find_manifest,
+)
 from core.project.joining import backends_from_files
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
@@ -143,6 +149,8 @@ async def aggregate(
             if service.auditor is not None:
                 service.auditor.listeners.append(partial(_accuse, board))
             await nursery.start(board.run)
+            pins = PinStore(workdir / "pinned-owners.json")
+            nursery.start_soon(_watch_manifest, peer, signed, pins, interval)
             log.info(
                 "aggregating %d experts of %s at versions %s",
                 len(uids),
@@ -152,6 +160,29 @@ async def aggregate(
             task_status.started(service)
     finally:
         core.close()
+
+
+async def _watch_manifest(
+    peer: Peer, signed: SignedManifest, pins: PinStore, interval: float
+) -> None:
+    """Say when the owner publishes the project again: this aggregator goes on with the
+    manifest it started with (its rounds, trainers and settings) until restarted."""
+    pins.accept(signed)
+    while True:
+        await trio.sleep(interval)
+        try:
+            newest = await find_manifest(peer, signed.project_id, pins)
+        except ProjectNotFound:
+            continue
+        if newest.serial > signed.serial:
+            log.warning(
+                "project %s was published again (serial %d; this aggregator runs %d): "
+                "restart `moehome aggregator run` to apply it",
+                signed.project_id,
+                newest.serial,
+                signed.serial,
+            )
+            return
 
 
 def _accuse(board: BanBoard, finding: ContributionFinding) -> None:
