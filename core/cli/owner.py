@@ -296,7 +296,7 @@ def owner_train(
 ) -> None:
     """Train the project's model through the swarm: the trainer-side layers here, the
     experts on volunteers' machines. This computer's trainer key (`moehome owner
-    trainer-key`; `owner new` lists it) must be in the manifest's [[trainers]].
+    trainer-key`; `owner new` lists it) must be in the manifest's \\[\\[trainers]].
     Resumes from its checkpoint after a restart."""
     from core.trainer.progress import TrainingProgress, json_line
     from core.trainer.train import TrainerOptions, run_trainer
@@ -334,14 +334,14 @@ def owner_train(
 @aggregator_app.command("key")
 def aggregator_key() -> None:
     """Print the public key of this computer's aggregator, for a manifest's
-    [[aggregators]] (`moehome owner new` fills in this computer's own)."""
+    \\[\\[aggregators]] (`moehome owner new` fills in this computer's own)."""
     identity = load_identity(ephemeral=False, role="aggregator")
     typer.echo(identity.public_key.hex())
 
 
 @owner_app.command("trainer-key")
 def trainer_key() -> None:
-    """Print the public key of this computer's trainer, for a manifest's [[trainers]]
+    """Print the public key of this computer's trainer, for a manifest's \\[\\[trainers]]
     (`moehome owner new` fills in this computer's own)."""
     identity = load_identity(ephemeral=False, role="trainer")
     typer.echo(identity.public_key.hex())

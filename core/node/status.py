@@ -124,7 +124,12 @@ def reachability(
             "only programs on this computer can connect",
             "turn on “Reachable” under Limits → Network so that other computers can use this one",
         )
-    seen = f" (seen at {observed_ip})" if observed_ip else ""
+    # a peer on this computer sees us at loopback: no news about other computers
+    seen = (
+        f" (seen at {observed_ip})"
+        if observed_ip and not observed_ip.startswith("127.") and observed_ip != "::1"
+        else ""
+    )
     port = _tcp_port(addresses)
     forward = (
         f"forward TCP port {port} on your router to this computer"
