@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 
 
@@ -41,11 +42,30 @@ def save_weights(module: nn.Module, path: Path, *, version: int) -> WeightsInfo:
     tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"version": str(version), "sha256": info.sha256})
-    with open(tmp, "rb") as f:
+    data = save(tensors, metadata={"version": str(version), "sha256": info.sha256})
+    with open(tmp, "wb") as f:
+        f.write(canonical_safetensors(data))
+        f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return info
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same file with its metadata in sorted order. safetensors writes the metadata
+    from a hash map, in an order that changes from run to run: equal weights made other
+    bytes, other chunks, and every publish of the same weights added a new set of chunks
+    (33, then 69, of the same weights)."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    metadata = header.get("__metadata__")
+    if not isinstance(metadata, dict):
+        return data
+    header["__metadata__"] = dict(sorted(metadata.items()))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if len(text) > size:  # not the layout expected: leave the file as it was made
+        return data
+    return data[:8] + text + b" " * (size - len(text)) + data[8 + size :]
 
 
 def load_weights(
