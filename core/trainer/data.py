@@ -132,7 +132,19 @@ def text_files(folder: Path) -> list[Path]:
             if name.startswith(".") or path.is_symlink() or not path.is_file():
                 continue
             candidates.append(path)
-    return [path for path in sorted(candidates) if _looks_like_text(path)]
+    text, other = [], []
+    for path in sorted(candidates):
+        (text if _looks_like_text(path) else other).append(path)
+    if other:  # said, not dropped without a word
+        log.warning(
+            "skipping %d of %d files in %s that are not UTF-8 text (binary, or another "
+            "encoding: convert them to UTF-8 to train on them), e.g. %s",
+            len(other),
+            len(candidates),
+            folder,
+            other[0].relative_to(folder),
+        )
+    return text
 
 
 def _sources(source: str | Path) -> tuple[list[Path], str]:

@@ -3,6 +3,7 @@ how the text splits, and the batches drawn from it."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import sysconfig
@@ -106,12 +107,17 @@ def folder(tmp_path) -> Path:
     return root
 
 
-def test_text_files_are_sorted_and_skip_binary_hidden_and_empty(folder):
+def test_text_files_are_sorted_and_skip_binary_hidden_and_empty(folder, caplog):
+    caplog.set_level(logging.WARNING, logger="core.trainer.data")
     assert text_files(folder) == [
         folder / "a" / "sub" / "c.txt",
         folder / "a" / "z.md",
         folder / "b.txt",
     ]
+    # the binary and the empty file are said to be skipped, with one of them named
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "skipping 2 of 5 files" in line
+    assert "empty.txt" in line
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="symlinks need privileges on Windows")
