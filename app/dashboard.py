@@ -102,12 +102,24 @@ def _local_time(at: float) -> tuple[str, str] | None:
     return moment.strftime(short), moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def paused_text(reason: str) -> str:
+    """ "Paused: <reason>", or the reason alone when it says it ("Paused by you", not
+    "Paused: paused by you")."""
+    if not reason:
+        return "Paused"
+    if reason.startswith("paused"):
+        return reason[0].upper() + reason[1:]
+    return f"Paused: {reason}"
+
+
 def describe_event(event: Event) -> str:
     """A sentence a volunteer can read, for one event of the node's event log."""
     if isinstance(event, StateEvent):
         if event.run:
-            return f"Started working: {event.reason}" if event.reason else "Started working"
-        return f"Paused: {event.reason}" if event.reason else "Paused"
+            # the node's reason for working is "working": no "Started working: working"
+            extra = event.reason if event.reason not in ("", "working") else ""
+            return f"Started working: {extra}" if extra else "Started working"
+        return paused_text(event.reason)
     if isinstance(event, ExpertsEvent):
         if event.experts:
             return "Now serving experts " + ", ".join(event.experts)
@@ -365,7 +377,9 @@ class DashboardWindow(QWidget):
                 label.setToolTip("")
             return
         text = _STATES.get(status.state, status.state)
-        if status.reason and status.reason != status.state:
+        if status.state == "paused":
+            text = paused_text(status.reason)
+        elif status.reason and status.reason != status.state:
             text = f"{text}: {status.reason}"
         project = status.project_name or status.project
         if project:

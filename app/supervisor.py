@@ -19,6 +19,8 @@ from core.logs import LOG_MAX_BYTES, rotate_log
 
 log = logging.getLogger(__name__)
 
+#: The exit code reported for a node that could not be started at all.
+START_FAILED = 127
 #: How often the node's log is checked against its cap (core/logs.py).
 LOG_CHECK_MS = 30_000
 
@@ -142,13 +144,15 @@ class NodeSupervisor(QObject):
         self._delay = min(self._delay * 2, self.most_delay)
         self.restarts += 1
         log.warning("node ended (exit %s, %s); restarting in %.0f s", code, status.name, delay)
-        self.crashed.emit(int(code), delay)
+        # killed by a signal: its number, negative (as subprocess says it)
+        signalled = status == QProcess.ExitStatus.CrashExit and code > 0 and code != START_FAILED
+        self.crashed.emit(-int(code) if signalled else int(code), delay)
         self._restart.start(int(delay * 1000))
 
     def _error(self, error: QProcess.ProcessError) -> None:
         if error == QProcess.ProcessError.FailedToStart and not self._stopping:
             log.error("cannot start the node: %s", " ".join(self.command))
-            self._finished(-1, QProcess.ExitStatus.CrashExit)
+            self._finished(START_FAILED, QProcess.ExitStatus.CrashExit)
 
     def _reset_delay(self) -> None:
         self._delay = 1.0

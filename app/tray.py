@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.autostart import Autostart, autostart_for_this_os
 from app.background import Runner, run_in_thread
-from app.dashboard import DashboardWindow
+from app.dashboard import DashboardWindow, paused_text
 from app.icons import state_icon
 from app.limits import LimitsDialog
 from app.link import NodeLink
@@ -54,7 +54,7 @@ def status_line(status: Status | None) -> str:
         experts = len(status.experts)
         return f"Working: serving {experts} expert{'s' if experts != 1 else ''}"
     if state == "paused":
-        return f"Paused: {reason}"
+        return paused_text(reason)
     return f"{state.capitalize()}: {reason}" if reason else state.capitalize()
 
 
@@ -482,9 +482,14 @@ class Tray(QObject):
         if delay > 1.0:
             log.info("node stopped again (exit %s); restarting in %.0f s", code, delay)
             return
+        how = (
+            f"was stopped by a signal ({-code}: killed, or out of memory)"
+            if code < 0
+            else f"stopped unexpectedly (exit code {code})"
+        )
         self._notify(
             "moehome restarted its node",
-            f"The node stopped unexpectedly (exit code {code}) and was started again. "
+            f"The node {how} and was started again. "
             "If it keeps stopping, Show log\N{HORIZONTAL ELLIPSIS} in the menu says why.",
         )
 

@@ -77,7 +77,7 @@ def test_the_tray_drives_a_real_node(qtbot, tmp_path, monkeypatch, owner):
         assert not tray.find_action("resumeAction").isVisible()
 
         tray.find_action("pauseAction").trigger()
-        qtbot.waitUntil(lambda: tray.status_action.text() == "Paused: paused by you", timeout=2000)
+        qtbot.waitUntil(lambda: tray.status_action.text() == "Paused by you", timeout=2000)
         assert tray.find_action("resumeAction").isVisible()
         tray.find_action("resumeAction").trigger()
         qtbot.waitUntil(lambda: state(tray) == "working", timeout=2000)
