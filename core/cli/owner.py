@@ -200,7 +200,12 @@ def owner_status(
     typer.echo(f"invite: {make_invite(status['project_id'], bootstrap or []).link()}")
     typer.echo(
         f"experts covered: {status['experts_covered']}/{status['experts_total']}, "
-        f"volunteers: {len(status['volunteers'])}"
+        f"volunteers: {len(status['volunteers'])} serving"
+        + (
+            f", {len(status['paused_volunteers'])} paused (or leaving)"
+            if status["paused_volunteers"]
+            else ""
+        )
     )
     for uid, servers in status["experts"].items():
         typer.echo(f"  {uid:<16} {len(servers)} server(s)")

@@ -90,6 +90,7 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
     manifest = signed.manifest
     uids = list(manifest.model.expert_uids())
     experts: dict[str, list[dict[str, Any]]] = {}
+    withdrawn: set[str] = set()  # declared lately, withdrawn now: paused (or leaving)
 
     async def servers_of(uid: str) -> None:
         found = []
@@ -101,6 +102,8 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
                 continue
             if ann.state == SERVING:
                 found.append({"peer": str(author), "version": ann.version, "load": ann.load})
+            else:
+                withdrawn.add(str(author))
         experts[uid] = found
 
     async with trio.open_nursery() as nursery:
@@ -126,6 +129,7 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
         "uncovered": [u for u in uids if not experts[u]],
         "experts": {u: experts[u] for u in uids},
         "volunteers": volunteers,
+        "paused_volunteers": sorted(withdrawn - set(volunteers)),
         "weight_providers": providers,
         "aggregators": aggregators,
         # why the experts' versions do not move ("" when nothing holds them back)

@@ -132,7 +132,8 @@ def text_files(folder: Path) -> list[Path]:
             if name.startswith(".") or path.is_symlink() or not path.is_file():
                 continue
             candidates.append(path)
-    text, other = [], []
+    text: list[Path] = []
+    other: list[Path] = []
     for path in sorted(candidates):
         (text if _looks_like_text(path) else other).append(path)
     if other:  # said, not dropped without a word
