@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QPushButton,
+    QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
@@ -117,10 +118,14 @@ class ProjectPicker(QWidget):
         self.summary.setTextFormat(Qt.TextFormat.PlainText)  # a manifest's words, as they are
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.summary.setStyleSheet("QLabel { border: 1px solid palette(mid); padding: 6px; }")
+        # never squeezed below its words: the list below gives way instead (the owner's
+        # key and the project id were cut off on first view, with no scroll bar)
+        self.summary.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
         self.summary.hide()
 
         self.project_list = QListWidget()
         self.project_list.setObjectName("projectList")
+        self.project_list.setMinimumHeight(60)
         # Selection, not the current item: focusing the list makes its first row current,
         # and that must not choose a project for the user.
         self.project_list.itemSelectionChanged.connect(self._on_item_chosen)
@@ -175,8 +180,20 @@ class ProjectPicker(QWidget):
             + (f"the {n} peer{'s' if n != 1 else ''} it names" if n else "known peers")
             + " for the project, and shows it before anything is joined."
         )
-        self.summary.show()
+        self._show_summary()
         self.look_up_button.setEnabled(True)
+
+    def _show_summary(self) -> None:
+        """Show the summary, and let the window grow to show all of it: a window keeps
+        the size it opened with, and the words were squeezed under the list."""
+        self.summary.show()
+        QTimer.singleShot(0, self, self._fit_window)  # not after the picker is gone
+
+    def _fit_window(self) -> None:
+        window = self.window()
+        wanted = max(window.sizeHint().height(), window.minimumSizeHint().height())
+        if window.height() < wanted:
+            window.resize(window.width(), wanted)
 
     def invite(self) -> Invite | None:
         try:
@@ -196,7 +213,7 @@ class ProjectPicker(QWidget):
         self._set_chosen(None)
         self.look_up_button.setEnabled(False)
         self.summary.setText("Looking for the project\N{HORIZONTAL ELLIPSIS} (up to a minute)")
-        self.summary.show()
+        self._show_summary()
 
         def found(summary: ProjectSummary) -> None:
             if mine == self._looking:
@@ -279,7 +296,7 @@ class ProjectPicker(QWidget):
         if chosen is not None:
             show_problems(self.invite_error, [])
             self.summary.setText(summary_text(chosen[1]))
-            self.summary.show()
+            self._show_summary()
             self.look_up_button.setEnabled(True)
         self.chosen_changed.emit()
 

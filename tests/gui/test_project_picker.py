@@ -292,3 +292,16 @@ def test_an_invite_from_a_link_is_looked_up_only_after_a_click(wizard, node):
     assert node.found == [INVITE]
     assert picker.invite_error.isVisible()
     assert not picker.look_up_button.isEnabled()
+
+
+def test_the_whole_summary_shows_on_first_view(wizard, node, qtbot):
+    """Three of three fresh users saw the summary cut off: the owner's key and the
+    project id hidden under the list, no scroll bar."""
+    picker = wizard.project_page.picker
+    picker.invite_edit.setText(INVITE.link())
+    summary = picker.summary
+    qtbot.waitUntil(summary.isVisible, timeout=2000)
+    qtbot.wait(50)  # the layout settles
+    assert summary.height() >= summary.heightForWidth(summary.width())
+    bottom = summary.mapTo(wizard, summary.rect().bottomLeft()).y()
+    assert bottom <= wizard.height()
