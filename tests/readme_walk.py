@@ -85,6 +85,8 @@ class OwnerWalk:
         self.running: list[Running] = []
 
     def argv(self, command: str) -> tuple[list[str], dict[str, str]]:
+        if "<bootstrap address>" in self.values:  # the README says both
+            self.values.setdefault("<address>", self.values["<bootstrap address>"])
         for placeholder, value in self.values.items():
             command = command.replace(placeholder, value)
         assert "<" not in command, f"a placeholder the walk cannot fill: {command}"

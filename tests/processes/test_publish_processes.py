@@ -22,6 +22,7 @@ from core.project.owner import OwnerFiles
 from core.project.publish import prepare, seed_for, serve_project
 from core.protocol.expert_methods import INFO
 from net import Identity, Peer, parse_peer_addr
+from tests.child_processes import stop_processes
 from tests.swarm.test_project import small_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,3 +107,60 @@ def test_owner_cli_init_new_publish_and_rotate(tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.output
     assert result.output.split("project id:")[1].split()[0] == pid  # same project after rotation
+
+
+@pytest.mark.slow
+def test_a_bootstrap_peer_and_a_publisher_on_one_computer_reach_each_other(tmp_path):
+    """Each role has its own key on one computer. At 8609050 `moehome peer` and `owner
+    publish` shared it: publish refused to dial itself, announced to no peer, and still
+    printed an invite and "serving project"."""
+    env = {**os.environ, "MOEHOME_DATA_DIR": str(tmp_path / "data")}
+    env["MOEHOME_CONFIG_DIR"] = str(tmp_path / "config")
+    env["MOEHOME_OWNER_PASSPHRASE"] = ""
+    cli = [sys.executable, "-m", "core.cli"]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        subprocess.run([*cli, "owner", "init"], env=env, cwd=ROOT, check=True, timeout=60)
+        manifest = small_manifest(tmp_path)
+        peer = subprocess.Popen(
+            [*cli, "peer"], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        procs.append(peer)
+        assert peer.stdout is not None
+        address = peer.stdout.readline().strip()
+        assert address.startswith("/ip4/"), address
+        publish = subprocess.Popen(
+            [*cli, "owner", "publish", str(manifest), "-b", address],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(publish)
+        assert publish.stdout is not None
+        lines: list[str] = []
+        while not lines or not (lines[-1].startswith("invite:") or lines[-1] == ""):
+            lines.append(publish.stdout.readline())  # "" at its end: it exited
+        assert lines[-1].startswith("invite: moehome://join/"), lines
+        assert publish.poll() is None  # serving
+        publish.terminate()
+        _, err = publish.communicate(timeout=30)
+        assert "could not announce" not in err
+        assert "refusing to dial ourselves" not in err
+
+        # a bootstrap address where nobody answers: publishing says so and gives up
+        gone = f"/ip4/127.0.0.1/tcp/1/p2p/{Identity.generate().peer_id}"
+        done = subprocess.run(
+            [*cli, "owner", "publish", str(manifest), "-b", gone],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1
+        assert "announced to no peer" in done.stderr
+        assert "invite:" not in done.stdout
+    finally:
+        stop_processes(procs)
