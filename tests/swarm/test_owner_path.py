@@ -6,6 +6,8 @@ and still said "working"."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import trio
 
@@ -20,7 +22,8 @@ from core.moe.client import ExpertCaller, ExpertServerRef, ReceiptSigner
 from core.namespaces import moehome_validator
 from core.protocol.aggregator_methods import STATS
 from core.protocol.refusals import WAITING
-from net import Identity
+from net import Identity, Peer
+from net._libp2p import PeerID
 from net.testing import open_swarm
 
 SPEC = ExpertSpec("ffn", hidden=8, inner=16)
@@ -34,6 +37,24 @@ def backends() -> dict[str, ExpertBackend]:
         uid: ExpertBackend(ExpertUID.parse(uid), SPEC, build_expert(SPEC, seed=i))
         for i, uid in enumerate(UIDS)
     }
+
+
+async def start_volunteer(
+    nursery: trio.Nursery, volunteer: Peer, aggregator: PeerID, **config: Any
+) -> tuple[dict[str, ExpertBackend], ContributionSender]:
+    """A volunteer serving every expert and sending what it computes to ``aggregator``
+    as often as it may."""
+    served = backends()
+    await nursery.start(ExpertServer(volunteer, served, SERVER).run)
+    sender = await nursery.start(
+        ContributionSender(
+            volunteer,
+            served,
+            [aggregator],
+            SenderConfig(project=PROJECT, every_samples=4, every_seconds=0.05, **config),
+        ).run
+    )
+    return served, sender
 
 
 async def keep_training(caller: ExpertCaller, volunteer, served, rounds: int) -> None:
@@ -64,20 +85,7 @@ async def test_a_lone_honest_volunteer_is_never_banned_and_paces_its_contributio
         )
         core = AggregatorCore(settings, tmp_path / "agg")
         await nursery.start(AggregatorService(aggregator, core).run)
-        served = backends()
-        await nursery.start(
-            ExpertServer(
-                volunteer, served, ServerConfig(project=PROJECT, require_receipts=True)
-            ).run
-        )
-        sender = await nursery.start(
-            ContributionSender(
-                volunteer,
-                served,
-                [aggregator.peer_id],
-                SenderConfig(project=PROJECT, every_samples=4, every_seconds=0.05),
-            ).run
-        )
+        served, sender = await start_volunteer(nursery, volunteer, aggregator.peer_id)
         caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
         # at 8609050 the volunteer sent each expert's surplus every half second; within
         # 80 refusals its address was banned (60 of credit, then 20 offences)
@@ -106,25 +114,8 @@ async def test_a_dead_aggregator_is_backed_off_once_and_the_volunteer_hears_of_i
         trainer, volunteer = swarm.peers
         dead = Identity.generate().peer_id
         volunteer.host.remember(dead, ["/ip4/127.0.0.1/tcp/1"])  # nothing listens there
-        served = backends()
-        await nursery.start(
-            ExpertServer(
-                volunteer, served, ServerConfig(project=PROJECT, require_receipts=True)
-            ).run
-        )
-        sender = await nursery.start(
-            ContributionSender(
-                volunteer,
-                served,
-                [dead],
-                SenderConfig(
-                    project=PROJECT,
-                    every_samples=4,
-                    every_seconds=0.05,
-                    retry_initial=1.0,
-                    unreachable_after=1.0,
-                ),
-            ).run
+        served, sender = await start_volunteer(
+            nursery, volunteer, dead, retry_initial=1.0, unreachable_after=1.0
         )
         caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
         with trio.move_on_after(4):  # the node keeps serving the trainer meanwhile
