@@ -237,6 +237,19 @@ def lifetime_text(lifetime: Lifetime) -> str:
     )
 
 
+def count_text(value: float) -> str:
+    """An axis label a person reads: 4M, 1.5k, 120 (not 4e+06)."""
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+class _CountAxis(pg.AxisItem):  # type: ignore[misc]  # pyqtgraph is untyped
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:  # noqa: N802 - pyqtgraph's name
+        return [count_text(v * scale) for v in values]
+
+
 class DashboardWindow(QWidget):
     """A top-level window with the node's figures, plots of the history and the event log.
 
@@ -332,7 +345,12 @@ class DashboardWindow(QWidget):
     # -- plots and colours ----------------------------------------------------------------
 
     def _plot(self, name: str, title: str, unit: str) -> Any:
-        plot = pg.PlotWidget(axisItems={"bottom": pg.DateAxisItem(orientation="bottom")})
+        plot = pg.PlotWidget(
+            axisItems={
+                "bottom": pg.DateAxisItem(orientation="bottom"),
+                "left": _CountAxis(orientation="left"),
+            }
+        )
         plot.setObjectName(name)
         plot.setTitle(title)
         plot.setLabel("left", unit)
@@ -474,10 +492,18 @@ class DashboardWindow(QWidget):
             plot_title(UTILIZATION_TITLE, rows, lambda r: r.gpu_utilization)
         )
 
-        # A bar spans its hour, not straddles it.
-        centres = [entry.hour + _HOUR_S / 2 for entry in history.hours]
+        # A bar spans its hour, not straddles it; the hour under way only up to now (it
+        # was drawn into the future).
+        now = time.time()
+        spans = [(entry.hour, min(entry.hour + _HOUR_S, now)) for entry in history.hours]
+        centres = [(start + end) / 2 for start, end in spans]
+        widths = [max(end - start, 60.0) * 0.8 for start, end in spans]
         heights = [float(entry.samples) for entry in history.hours]
-        self._bars.setOpts(x=np.asarray(centres, dtype=float), height=np.asarray(heights))
+        self._bars.setOpts(
+            x=np.asarray(centres, dtype=float),
+            height=np.asarray(heights),
+            width=np.asarray(widths, dtype=float) if widths else _HOUR_S * 0.8,
+        )
         tooltip = ""
         if history.hours:
             worked = sum(entry.working_s for entry in history.hours)
@@ -485,7 +511,6 @@ class DashboardWindow(QWidget):
         self._work_plot.setToolTip(tooltip)
         # An empty plot gets the axes it will have, not pyqtgraph's 0..1 (a date axis of
         # tenths of a second in 1970 and a 0-0.8 °C scale); data brings autorange back.
-        now = time.time()
         temperatures = any(r.gpu_temp_c is not None or r.cpu_temp_c is not None for r in rows)
         utilization = any(r.gpu_utilization is not None for r in rows)
         empty_ranges = (
@@ -499,6 +524,9 @@ class DashboardWindow(QWidget):
             else:
                 plot.setXRange(now - span, now, padding=0)
                 plot.setYRange(low, high, padding=0)
+        if heights:  # counts start at 0 (hours of 0 tokens autoranged to -400..400)
+            self._work_plot.enableAutoRange(axis="x")
+            self._work_plot.setYRange(0.0, max(max(heights) * 1.1, 10.0), padding=0)
 
     @staticmethod
     def _column(

@@ -26,6 +26,7 @@ from app.dashboard import (
     DASH,
     MAX_EVENTS,
     DashboardWindow,
+    count_text,
     describe_event,
     event_lines,
     event_rows,
@@ -652,3 +653,25 @@ def test_an_empty_plot_has_the_axes_it_will_have(qtbot):
     assert x_high - x_low == pytest.approx(3600, rel=0.01)  # the last hour, not 1970's 0..1
     assert abs(x_high - time.time()) < 120
     assert (y_low, y_high) == pytest.approx((20, 100), abs=0.5)  # degrees, not 0-0.8
+
+
+def test_the_hour_under_way_ends_now_and_counts_read_as_numbers(qtbot):
+    """The tokens-per-hour plot drew the current hour into the future, once ranged
+    -400..400 over hours of 0 tokens, and labelled 4e+06."""
+    window = make_dashboard(qtbot)
+    now = time.time()
+    hour = now - now % 3600
+    window.update_history(
+        History(
+            hours=[
+                HourOfWork(hour=hour - 3600, working_s=0.0, samples=0),
+                HourOfWork(hour=hour, working_s=60.0, samples=0),
+            ]
+        )
+    )
+    data = window.expose_data()
+    assert data["samples_per_hour"]["x"][1] <= hour + (now - hour) / 2 + 1  # half-way to now
+    low, high = window._work_plot.getViewBox().viewRange()[1]
+    assert low == 0.0
+    assert high > 0
+    assert [count_text(v) for v in (4e6, 1500.0, 120.0, 0.0)] == ["4M", "1.5k", "120", "0"]
