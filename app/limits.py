@@ -480,6 +480,18 @@ class LimitsDialog(QDialog):
 
         self.set_values(preferences)
         self.show_problems([])
+        # open tall enough for every section (it opened with a scroll bar), within the
+        # screen; the schedule's rows beyond that scroll
+        self._scroll, self._content = scroll, content
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        around = self.sizeHint().height() - self._scroll.sizeHint().height()
+        wanted = around + self._content.sizeHint().height()
+        screen = self.screen()
+        if screen is not None:
+            wanted = min(wanted, int(screen.availableGeometry().height() * 0.9))
+        self.resize(max(self.width(), self.sizeHint().width()), wanted)
 
     # -- building -------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QWidget,
 )
 
@@ -675,3 +676,16 @@ def test_the_hour_under_way_ends_now_and_counts_read_as_numbers(qtbot):
     assert low == 0.0
     assert high > 0
     assert [count_text(v) for v in (4e6, 1500.0, 120.0, 0.0)] == ["4M", "1.5k", "120", "0"]
+
+
+def test_the_limits_dialog_opens_as_tall_as_its_sections_or_the_screen_allow(qtbot):
+    """It opened at 386 px with a scroll bar over sections 733 px tall."""
+    dialog = make_dialog(qtbot)
+    scroll = dialog.findChild(QScrollArea)
+    assert scroll is not None
+    qtbot.wait(50)
+    content = scroll.widget().sizeHint().height()
+    room = dialog.screen().availableGeometry().height() * 0.9
+    assert scroll.height() >= min(content, room - 60)
+    if content + 60 < room:
+        assert not scroll.verticalScrollBar().isVisible()
