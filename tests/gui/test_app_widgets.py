@@ -661,7 +661,7 @@ def test_the_hour_under_way_ends_now_and_counts_read_as_numbers(qtbot):
     -400..400 over hours of 0 tokens, and labelled 4e+06."""
     window = make_dashboard(qtbot)
     now = time.time()
-    hour = now - now % 3600
+    hour = int(now - now % 3600)
     window.update_history(
         History(
             hours=[
@@ -684,7 +684,9 @@ def test_the_limits_dialog_opens_as_tall_as_its_sections_or_the_screen_allow(qtb
     scroll = dialog.findChild(QScrollArea)
     assert scroll is not None
     qtbot.wait(50)
-    content = scroll.widget().sizeHint().height()
+    inside = scroll.widget()
+    assert inside is not None
+    content = inside.sizeHint().height()
     room = dialog.screen().availableGeometry().height() * 0.9
     assert scroll.height() >= min(content, room - 60)
     if content + 60 < room:
