@@ -84,7 +84,7 @@ def test_memory_budget(free, cap_gb, expected):
         (1_000_000, 200_000_000, None, 7),  # 20 MB each (4 B x 5), a quarter for graphs
         (1_000_000, 200_000_000, 3, 3),  # the volunteer asked for fewer
         (1_000_000, 20_000_000, 3, 0),  # not even one fits beside the graphs' share
-        (10, 10**12, None, 16),  # tiny experts: at most MOST_EXPERTS
+        (10, 10**12, None, 64),  # tiny experts: at most MOST_EXPERTS
     ],
 )
 def test_experts_that_fit(params, budget, wanted, expected):
