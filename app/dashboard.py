@@ -86,7 +86,9 @@ def _duration(seconds: float) -> str:
         return f"{days} d {hours} h"
     if hours:
         return f"{hours} h {minutes} min"
-    return f"{minutes} min"
+    if minutes or not seconds:
+        return f"{minutes} min"
+    return f"{seconds} s"  # not "0 min" after the first minute's work
 
 
 def _local_time(at: float) -> tuple[str, str] | None:

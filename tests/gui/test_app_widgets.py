@@ -31,6 +31,7 @@ from app.dashboard import (
     describe_event,
     event_lines,
     event_rows,
+    lifetime_text,
 )
 from app.limits import LimitsDialog, ScheduleEditor, plain_message
 from core.control.limits import preference_limits
@@ -691,3 +692,10 @@ def test_the_limits_dialog_opens_as_tall_as_its_sections_or_the_screen_allow(qtb
     assert scroll.height() >= min(content, room - 60)
     if content + 60 < room:
         assert not scroll.verticalScrollBar().isVisible()
+
+
+def test_the_first_minute_of_work_is_not_zero_minutes():
+    """A volunteer read "Given so far: 0 min" after a minute of work."""
+    given = lifetime_text(Lifetime(working_s=45.0, samples=9_000, since=1_700_000_000))
+    assert given.startswith("45 s of work")
+    assert lifetime_text(Lifetime(working_s=150.0, since=1_700_000_000)).startswith("2 min")
