@@ -230,8 +230,6 @@ class Tray(QObject):
         self.menu.setObjectName("trayMenu")
         self.status_action = self._action("Node not running", "statusAction")
         self.status_action.setEnabled(False)
-        self.reason_action = self._action("", "reasonAction")
-        self.reason_action.setEnabled(False)
         # how other computers reach this one; the advice in its tooltip
         self.network_action = self._action("", "networkAction")
         self.network_action.setEnabled(False)
@@ -428,17 +426,13 @@ class Tray(QObject):
         state = status.state if status is not None else NOT_RUNNING
         code = status.reason_code if status is not None else ""
         line = status_line(status)
+        until = status.snoozed_until if status is not None else None
+        snoozed = until is not None and code == "snoozed"
+        if snoozed and until is not None:  # one line, not "Paused: snoozed" and another
+            line = f"Snoozed — {remaining(until, time.time())} left"
         self.icon.setIcon(state_icon(state, code))
         self.icon.setToolTip(f"moehome — {line}")
         self.status_action.setText(line)
-        until = status.snoozed_until if status is not None else None
-        snoozed = until is not None and code == "snoozed"
-        self.reason_action.setText(
-            f"Snoozed — {remaining(until, time.time())} left"
-            if snoozed and until is not None
-            else ""
-        )
-        self.reason_action.setVisible(snoozed)
         network = network_line(status)
         self.network_action.setText(network)
         self.network_action.setToolTip(status.network.advice if status is not None else "")

@@ -78,7 +78,7 @@ class WelcomePage(QWizardPage):
         self.setTitle("Welcome to moehome")
         text = QLabel(
             "<p>While you are not using this computer, its graphics card helps train an "
-            "open AI model together with thousands of other volunteers.</p>"
+            "open AI model together with other volunteers.</p>"
             "<p>moehome <b>pauses by itself</b> as soon as you come back, when the graphics "
             "card gets hot, and when the computer runs on battery.</p>"
             "<p><b>moehome will never:</b></p>"
@@ -289,7 +289,7 @@ class LimitsPage(QWizardPage):
         self._actions = actions
         self.setObjectName("limitsPage")
         self.setTitle("When may moehome work?")
-        self.setSubTitle("You can change these at any time in the settings.")
+        self.setSubTitle("You can change these at any time: Limits… in the tray's menu.")
 
         # The node's defaults and ranges, read off its own model.
         limits = preference_limits()
