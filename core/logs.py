@@ -72,7 +72,11 @@ class _QuietLibp2p(logging.Filter):
 def _console(stream: TextIO) -> Console:
     from rich.console import Console
 
-    return Console(file=stream, stderr=stream is sys.stderr)
+    if stream is sys.stderr:
+        # sys.stderr looked up at each write: a progress bar (rich's Live, the trainer's)
+        # swaps it for a proxy that prints log lines above the bar, not through it
+        return Console(stderr=True)
+    return Console(file=stream)
 
 
 #: A log file a supervisor appends to is cut at this size (the older half of its life
