@@ -218,6 +218,10 @@ class ProjectPicker(QWidget):
         def found(summary: ProjectSummary) -> None:
             if mine == self._looking:
                 self._set_chosen((invite, summary))
+                # the invite's peers are known to the node now: an empty list (asked
+                # before it knew anyone) may have projects to show
+                if self.project_list.count() == 0 and self.refresh_button.isEnabled():
+                    self.refresh()
 
         def failed(exc: Exception) -> None:
             if mine == self._looking:

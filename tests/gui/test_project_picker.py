@@ -305,3 +305,14 @@ def test_the_whole_summary_shows_on_first_view(wizard, node, qtbot):
     assert summary.height() >= summary.heightForWidth(summary.width())
     bottom = summary.mapTo(wizard, summary.rect().bottomLeft()).y()
     assert bottom <= wizard.height()
+
+
+def test_the_list_is_asked_again_once_an_invite_brought_the_node_its_first_peers(wizard, node):
+    """The list was asked before the node knew any peer, and stayed empty after the
+    invite's peers had shown it the swarm."""
+    picker = wizard.project_page.picker
+    assert picker.project_list.count() == 0
+    node.announced = [SUMMARY]  # what the swarm announces, seen through the invite's peers
+    picker.invite_edit.setText(INVITE.link())
+    assert picker.project_list.count() == 1
+    assert "tiny-lm" in picker.project_list.item(0).text()
