@@ -25,6 +25,7 @@ from app.link import NodeLink
 from app.single_instance import SHOW, SingleInstance
 from app.supervisor import NodeSupervisor, node_command
 from app.tray import Tray, settings_at
+from app.url_handler import InviteLinkFilter, register_windows_protocol
 from core.control import ControlError, find_node
 from core.logs import rotate_log
 from core.paths import config_dir, data_dir
@@ -155,6 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.start()
     link.start()
     instance.message.connect(tray.handle_message)
+    # moehome:// links: macOS opens the running app with them; Windows starts the tray
+    # with one (registered at each start: the bundle may have moved)
+    link_filter = InviteLinkFilter(tray.handle_message)
+    app.installEventFilter(link_filter)
+    if sys.platform == "win32":
+        try:
+            register_windows_protocol(tray_command(), assets_dir() / "generated" / "moehome.ico")
+        except OSError as exc:
+            log.warning("moehome:// links are not registered: %s", exc)
     if not args.no_wizard:
         tray.first_start()
     if args.invite:
