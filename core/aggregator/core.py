@@ -449,15 +449,14 @@ class AggregatorCore:
         return waited >= self.settings.round_seconds
 
     def stalled(self, uid: str) -> bool:
-        """Whether ``uid``'s round would run now but for too few distinct contributors
-        (a round only short of them for now, while its samples come in, is not)."""
+        """Whether ``uid``'s round has waited a whole round's time and still lacks
+        distinct contributors. A round short of them for less is the normal course: its
+        samples may be in before the other volunteers' next contributions (every
+        contribution_seconds), and an owner's healthy swarm was reported stuck."""
         if uid == TRUNK_UID or not self._ready(uid) or not self.contributors_short(uid):
             return False
         waited = time.monotonic() - self.round_started.get(uid, time.monotonic())
-        return (
-            self.pending_samples(uid) >= self.settings.round_samples
-            or waited >= self.settings.round_seconds
-        )
+        return waited >= self.settings.round_seconds
 
     def contributors_short(self, uid: str) -> int:
         """How many more distinct contributors ``uid``'s round needs (0: enough)."""

@@ -34,6 +34,10 @@ NORMAL: Final = frozenset(
         "future_version",  # the aggregator's state was reset by its owner
         "clock",  # the volunteer's clock is wrong: the status says so
         "banned_by_project",  # counted once, by whoever banned it
+        # a trainer whose backward call failed on its side (a timeout) recomputes it
+        # elsewhere with the same receipt: two honest servers then hold it, and the
+        # second to send it is refused (counting a batch twice is what this prevents)
+        "receipt_reused",
     }
 )
 #: The aggregator banned this contributor for a while (after offences): the refusal is

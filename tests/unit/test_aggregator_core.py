@@ -313,17 +313,20 @@ def test_a_lone_volunteer_outrun_by_versions_is_refused_but_never_banned(tmp_pat
     assert core.stats.contributors[volunteer.public_key.hex()].rejected["stale"] == 15
 
 
-def test_a_round_is_stalled_only_when_it_would_run_but_for_contributors(tmp_path):
+def test_a_round_is_stalled_only_after_a_round_s_time_without_enough_voices(tmp_path):
     """What the trainer and `owner status` report as "waiting for more volunteers": a
-    round still filling up is not (an owner's healthy swarm was reported stuck)."""
-    core = make_core(settings(round_samples=8, min_contributors=2), tmp_path)
+    round still filling up, or full but within its time, is not (an owner's healthy
+    swarm was reported stuck)."""
+    core = make_core(settings(round_samples=8, min_contributors=2, round_seconds=60.0), tmp_path)
     first, second = Identity.generate(), Identity.generate()
     core.submit(*contribution(core, first, samples=4))
     assert core.contributors_short(UID) == 1
     assert not core.stalled(UID)  # filling up
     core.submit(*contribution(core, first, samples=4))
-    assert core.stalled(UID)  # enough samples, one voice
+    assert not core.stalled(UID)  # enough samples, one voice, the other's may be coming
     assert not core.due(UID)
+    core.round_started[UID] -= 61.0  # a round's time later, still one voice
+    assert core.stalled(UID)
     core.submit(*contribution(core, second, samples=4))
     assert not core.stalled(UID)
     assert core.due(UID)

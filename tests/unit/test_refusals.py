@@ -21,7 +21,7 @@ from core.protocol.refusals import NORMAL, is_offence, pause_after
         ("banned_by_project", False),  # counted once, by whoever banned it
         # what no honest volunteer sends
         ("foreign_receipt", True),
-        ("receipt_reused", True),
+        ("receipt_reused", False),  # a trainer's retry elsewhere, same receipt
         ("inflated_samples", True),
         ("payload_mismatch", True),
         ("non_finite", True),
