@@ -58,15 +58,8 @@ def owner_run(home: Path, minutes: float, volunteers: int) -> dict[str, Any]:
                 continue
             if words[:2] == ["owner", "train"]:  # JSON lines to read its losses from
                 command = f"{command} --json --steps 1000000"
-            role = owner.start(command)
-            if words == ["peer"]:
-                owner.values["<bootstrap address>"] = owner.wait_for(role, "/ip4/", 60)
-            elif words[:2] == ["owner", "publish"]:
-                owner.wait_for(role, "invite:", 120)
-                owner.values["<project id>"] = str(role.first("project id:")).split()[-1]
-            elif words[:2] == ["aggregator", "run"]:
-                owner.wait_for(role, "/ip4/", 120)
-            elif words[:2] == ["owner", "train"]:
+            role = owner.start(command)  # and waited for, as the owner would
+            if words[:2] == ["owner", "train"]:
                 trainer = role
         assert trainer is not None
         started = time.monotonic()

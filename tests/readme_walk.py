@@ -118,7 +118,19 @@ class OwnerWalk:
         assert proc.stdout is not None
         threading.Thread(target=role.read, args=(proc.stdout,), daemon=True).start()
         self.running.append(role)
+        self._wait_until_ready(command_words(command), role)
         return role
+
+    def _wait_until_ready(self, words: list[str], role: Running) -> None:
+        """What the owner waits for before the next line, and what it notes of it: the
+        bootstrap peer's address, the project id."""
+        if words == ["peer"]:
+            self.values["<bootstrap address>"] = self.wait_for(role, "/ip4/", 60)
+        elif words[:2] == ["owner", "publish"]:
+            self.wait_for(role, "invite:", 120)
+            self.values["<project id>"] = str(role.first("project id:")).split()[-1]
+        elif words[:2] == ["aggregator", "run"]:
+            self.wait_for(role, "/ip4/", 120)
 
     def wait_for(self, role: Running, prefix: str, timeout: float) -> str:
         """The first line ``role`` printed that starts with ``prefix``, once it did."""
