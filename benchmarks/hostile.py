@@ -119,17 +119,18 @@ from net import (
     parse_peer_addr,
 )
 from net._libp2p import PeerID
+from net.codec import pack
 from net.dht import sign_record
 from net.dht.node import FIND, GET, STORE, DhtError
-from net.holepunch import PROTOCOL as HOLE_PUNCH
 from net.peer import PING
-from net.reachability import (
+from net.reach.holepunch import PROTOCOL as HOLE_PUNCH
+from net.reach.reachability import (
     DIAL_BACK,
     DialBackService,
     ReachabilityConfig,
     ReachabilityMonitor,
 )
-from net.relay import (
+from net.reach.relay import (
     RelayClient,
     RelayClientConfig,
     RelayService,
@@ -137,8 +138,8 @@ from net.relay import (
     write_message,
 )
 from net.rpc import RPC_PROTOCOL, RpcConfig, RpcError
+from net.rpc.frames import Tensor
 from net.testing import count_connections, dial_from, raw_frame
-from net.wire import Tensor, pack
 
 log = logging.getLogger("benchmarks.hostile")
 MiB = 1024 * 1024

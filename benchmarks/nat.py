@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from net.lab import Home, LabHost, missing_requirements, network_lab  # noqa: E402
+from net.testing.lab import Home, LabHost, missing_requirements, network_lab  # noqa: E402
 from tests.child_processes import stop_processes  # noqa: E402
 from tests.nat.probes import Lines, start_peer  # noqa: E402
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from net.wire import pack, unpack_bounded
+from net.codec import pack, unpack_bounded
 
 
 def fsync_dir(path: Path) -> None:

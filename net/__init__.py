@@ -3,6 +3,7 @@
 Never imports torch, Qt, core or app (checked by tests/unit/test_architecture.py).
 """
 
+from net._libp2p import PeerID
 from net.dht import (
     DhtConfig,
     DhtError,
@@ -12,7 +13,6 @@ from net.dht import (
     RecordRejected,
     SignedRecord,
 )
-from net.host import AddressError, DialError, SwarmHost, parse_peer_addr
 from net.identity import Identity, IdentityError, load_or_create
 from net.peer import Peer, PeerConfig, network_config, running_last
 from net.rpc import (
@@ -34,7 +34,8 @@ from net.rpc import (
     Unavailable,
     UnknownMethod,
 )
-from net.wire import Limits, Tensor
+from net.rpc.frames import Limits, Tensor
+from net.transport.host import AddressError, DialError, SwarmHost, parse_peer_addr
 
 __all__ = [
     "AddressError",
@@ -53,6 +54,7 @@ __all__ = [
     "Overloaded",
     "Peer",
     "PeerConfig",
+    "PeerID",
     "PeerUnreachable",
     "ProtocolViolation",
     "RateLimited",

@@ -9,12 +9,12 @@ lives here or next to the code that needs it, so no caller meets them:
   is 1: :func:`connection_config` sets it;
 * ``read_exactly`` gives up after 100 partial reads (fails above ~4-8 MiB) and Yamux resets a
   stream whose reader stalls for 5 s: net/ never uses libp2p's msgio helpers, and reads every
-  frame eagerly with its own loop (see :mod:`net.wire`);
+  frame eagerly with its own loop (see :mod:`net.rpc.frames`);
 * a Yamux frame written while its task is cancelled (a call's deadline) may leave half a
   Noise message on the socket, which kills the connection and every stream on it: frames
   are written whole below (:func:`_write_frames_whole`);
 * inbound connections leak their admission slot and libp2p's resource manager counts
-  leak with them: :mod:`net.inbound` replaces both.
+  leak with them: :mod:`net.transport.inbound` replaces both.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def connection_config(dial_timeout: float = 10.0, max_connections: int = 300) ->
     # trims the extra one otherwise); streams go to the direct one ("best" strategy)
     # ``max_connections``: libp2p refuses every connection past it, inbound and our own
     # dials alike (300 by default: 5 addresses x 62 idle connections shut a node off).
-    # Our admission (net/admission.py) bounds inbound connections below it, fairly.
+    # Our admission (net/transport/admission.py) bounds inbound connections below it, fairly.
     return ConnectionConfig(
         max_connections_per_peer=2,
         dial_timeout=dial_timeout,

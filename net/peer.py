@@ -12,16 +12,12 @@ from functools import partial
 import trio
 
 from net._libp2p import PeerID
-from net.addressbook import AddressBook
-from net.admission import AdmissionLimits
 from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator
-from net.holepunch import HolePuncher
-from net.host import DEFAULT_LISTEN, AddressError, SwarmHost, is_loopback_addr, parse_peer_addr
 from net.identity import Identity
-from net.inbound import StreamLimits
-from net.keepalive import Keepalive
-from net.portmap import PortMapConfig, PortMapper
-from net.reachability import (
+from net.reach.addressbook import AddressBook
+from net.reach.holepunch import HolePuncher
+from net.reach.portmap import PortMapConfig, PortMapper
+from net.reach.reachability import (
     DialBackService,
     Reachability,
     ReachabilityConfig,
@@ -29,8 +25,18 @@ from net.reachability import (
     Verdict,
     tcp_ports,
 )
-from net.relay import RelayClient, RelayClientConfig, RelayLimits, RelayService, dial_relayed
+from net.reach.relay import RelayClient, RelayClientConfig, RelayLimits, RelayService, dial_relayed
 from net.rpc import CallContext, Reply, RpcConfig, RpcService
+from net.transport.admission import AdmissionLimits
+from net.transport.host import (
+    DEFAULT_LISTEN,
+    AddressError,
+    SwarmHost,
+    is_loopback_addr,
+    parse_peer_addr,
+)
+from net.transport.inbound import StreamLimits
+from net.transport.keepalive import Keepalive
 
 log = logging.getLogger(__name__)
 
@@ -53,23 +59,23 @@ class PeerConfig:
     #: How long run() waits for the first bootstrap before it reports started anyway
     #: (the DHT keeps retrying in the background).
     bootstrap_timeout: float = 15.0
-    #: Who may connect, and how many streams they may hold (net/admission.py).
+    #: Who may connect, and how many streams they may hold (net/transport/admission.py).
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     streams: StreamLimits = field(default_factory=StreamLimits)
-    #: How soon a connection that died silently is dropped (net/keepalive.py).
+    #: How soon a connection that died silently is dropped (net/transport/keepalive.py).
     keepalive: Keepalive = field(default_factory=Keepalive)
     #: Learn from peers' dial-backs whether we can be dialled, and answer theirs
-    #: (net/reachability.py); None: neither (tests of other things, one-shot tools).
+    #: (net/reach/reachability.py); None: neither (tests of other things, one-shot tools).
     reachability: ReachabilityConfig | None = None
-    #: Relay for others while we are reachable (net/relay.py); None: never.
+    #: Relay for others while we are reachable (net/reach/relay.py); None: never.
     relay: RelayLimits | None = None
     #: Keep reservations on relays while we cannot be dialled; None: never. Both need
     #: ``reachability``.
     relay_client: RelayClientConfig | None = None
-    #: Publish our addresses as a signed DHT record (net/addressbook.py); any peer
+    #: Publish our addresses as a signed DHT record (net/reach/addressbook.py); any peer
     #: looks others' records up when it knows no address of theirs.
     address_record: bool = False
-    #: Ask the home router to forward our port (UPnP IGD, net/portmap.py); None: never.
+    #: Ask the home router to forward our port (UPnP IGD, net/reach/portmap.py); None: never.
     #: Needs ``reachability``, which learns from dial-backs whether it worked.
     port_mapping: PortMapConfig | None = None
 

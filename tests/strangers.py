@@ -13,10 +13,10 @@ from typing import Any
 
 import trio
 
-from net.host import SwarmHost
 from net.identity import Identity
 from net.rpc import RPC_PROTOCOL, RpcConfig, RpcService
 from net.testing import count_connections, dial_from, raw_frame
+from net.transport.host import SwarmHost
 
 
 @asynccontextmanager

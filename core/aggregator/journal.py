@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
-from net.wire import pack, unpack_bounded
+from net.codec import pack, unpack_bounded
 
 log = logging.getLogger(__name__)
 

@@ -37,14 +37,14 @@ from net import (
     CallContext,
     DhtError,
     Peer,
+    PeerID,
     RemoteError,
     Reply,
     RequestHead,
 )
-from net._libp2p import PeerID
+from net.codec import pack
 from net.identity import peer_id_from_public_key
 from net.ratelimit import PeerRateLimiter, RateLimits
-from net.wire import pack
 
 log = logging.getLogger(__name__)
 

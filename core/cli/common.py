@@ -83,7 +83,7 @@ def run_async(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
 
     from core.errors import UserFacingError, leaf_exceptions
     from net import DhtError, RpcError
-    from net.host import AddressError, DialError
+    from net.transport import AddressError, DialError
 
     known = (DhtError, RpcError, DialError, AddressError, ValueError, UserFacingError)
     try:

@@ -145,7 +145,7 @@ def demo(
         typer.echo("error: --symmetric and --kill-relay go with --nat", err=True)
         raise typer.Exit(2)
     if nat:
-        from net.lab import missing_requirements
+        from net.testing.lab import missing_requirements
 
         why_not = missing_requirements()
         if why_not is not None:

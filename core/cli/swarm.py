@@ -105,9 +105,8 @@ def peer(
     time it learns whether others can dial it; runs until Ctrl-C.
     """
     from core.roles.peer import run_peer
-    from net.keepalive import Keepalive
-    from net.reachability import ReachabilityConfig
-    from net.relay import RelayLimits
+    from net.reach import ReachabilityConfig, RelayLimits
+    from net.transport import Keepalive
 
     reach = ReachabilityConfig()
     if recheck_s is not None:

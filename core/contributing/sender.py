@@ -24,8 +24,7 @@ from core.experts.wire import to_wire
 from core.protocol.aggregator_methods import CONTRIBUTE, REVEAL, responsible_aggregator
 from core.protocol.contributions import Contribution, ParamSpec
 from core.protocol.refusals import COME_BACK_LATER, STALE, is_offence, pause_after
-from net import Peer, RemoteError, RpcError, TooLarge
-from net._libp2p import PeerID
+from net import Peer, PeerID, RemoteError, RpcError, TooLarge
 
 log = logging.getLogger(__name__)
 

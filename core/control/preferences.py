@@ -78,10 +78,10 @@ class Preferences(BaseModel):
     #: Read when the node starts. The control API listens on 127.0.0.1 either way.
     listen_on_network: bool = True
     #: Relay for volunteers behind NAT while this computer is reachable directly: each
-    #: connection it carries is bounded in time and bytes (net/relay.py). Read when the
+    #: connection it carries is bounded in time and bytes (net/reach/relay.py). Read when the
     #: node starts.
     relay_for_others: bool = False
-    #: Ask the home router to forward the node's port (UPnP IGD; net/portmap.py), so
+    #: Ask the home router to forward the node's port (UPnP IGD; net/reach/portmap.py), so
     #: that peers reach it directly instead of through a relay. Off by default: it opens
     #: a port on the volunteer's router. Read when the node starts.
     map_port: bool = False

@@ -54,7 +54,7 @@ class DemoOptions:
     trunk_round_seconds: float = 5.0
     trunk_outer_learning_rate: float = 1.0
     trunk_outer_momentum: float = 0.0
-    #: volunteers and the trainer behind NAT routers in network namespaces (net/lab.py)
+    #: volunteers and the trainer behind NAT routers in network namespaces (net/testing/lab.py)
     nat: bool = False
     #: with ``nat``: the volunteers' second home has a symmetric NAT, where hole punching
     #: fails (they are reached through relays)

@@ -42,7 +42,7 @@ from core.errors import UserFacingError
 from core.paths import identity_path
 from core.trainer.progress import TrainingProgress
 from net.identity import load_or_create
-from net.lab import Home, Lab, NatKind, missing_requirements, network_lab
+from net.testing.lab import Home, Lab, NatKind, missing_requirements, network_lab
 
 log = logging.getLogger(__name__)
 

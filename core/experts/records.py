@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from net import NamespaceRule, SignedRecord
-from net.dht.records import RecordRejected
-from net.wire import pack, unpack_bounded
+from net.codec import pack, unpack_bounded
+from net.dht import RecordRejected
 
 NAMESPACE: Final = "expert"
 _PROJECT_RE: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")

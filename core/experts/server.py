@@ -84,7 +84,7 @@ class ServerConfig:
     max_stranger_batch: int | None = None
     #: Rows one source address of strangers may send per second (None: 4 stranger
     #: batches); beyond, requests are refused RateLimited, an offence that gets a
-    #: source that keeps at it banned (net/admission.py).
+    #: source that keeps at it banned (net/transport/admission.py).
     stranger_rows_per_second: float | None = None
     #: The emulated swarm only (0 in real use): a forward pass takes this many seconds
     #: per row and a backward pass twice that, whatever this computer's speed (it sleeps

@@ -53,8 +53,7 @@ from core.project.signed import SignedManifest
 from core.project.versions import VersionRecord, fetch_version, newest_version
 from core.protocol.answers import NONE, AnswerStatement, parts_digest
 from core.protocol.contributions import tensor_digest
-from net import Peer, Tensor
-from net._libp2p import PeerID
+from net import Peer, PeerID, Tensor
 from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)

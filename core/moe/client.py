@@ -33,6 +33,7 @@ from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE
 from core.protocol.fields import MessageError
 from net import (
     Overloaded,
+    PeerID,
     PeerUnreachable,
     RemoteError,
     Reply,
@@ -41,7 +42,6 @@ from net import (
     RpcTimeout,
     Unavailable,
 )
-from net._libp2p import PeerID
 from net.identity import Identity, peer_id_from_public_key
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,7 @@ import trio
 from core.experts.records import SERVING, ExpertAnnouncement, PrefixAnnouncement, expert_key
 from core.experts.uid import Grid
 from core.moe.client import ExpertServerRef
-from net import DhtNode, RecordRejected
-from net._libp2p import PeerID
+from net import DhtNode, PeerID, RecordRejected
 
 log = logging.getLogger(__name__)
 

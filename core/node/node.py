@@ -38,7 +38,7 @@ from core.node.throttle import Decision
 from core.project.distribution import ProjectNotFound, find_manifest, list_projects
 from core.project.pins import PinStore
 from net import DhtError, Identity, Peer, RpcConfig, network_config, running_last
-from net.host import DEFAULT_LISTEN
+from net.transport import DEFAULT_LISTEN
 
 __all__ = ["Node", "NodeOptions"]
 

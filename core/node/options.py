@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from net.host import DEFAULT_LISTEN
+from net.transport import DEFAULT_LISTEN
 
 
 @dataclass(frozen=True)

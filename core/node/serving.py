@@ -199,7 +199,7 @@ class ProjectService:
         )
         manifest = signed.manifest
         self.project_name = manifest.project.name
-        # hole punches for the project's trainers and aggregators alone (net/holepunch.py)
+        # hole punches for the project's trainers and aggregators alone (net/reach/holepunch.py)
         keys = [t.key for t in manifest.trainers] + [a.key for a in manifest.aggregators]
         ours = frozenset(peer_id_from_public_key(bytes.fromhex(k)) for k in keys)
         self.peer.holepunch.allowed = ours.__contains__

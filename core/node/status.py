@@ -113,7 +113,7 @@ def reachability(
 ) -> ReachView:
     """How other computers reach the node, in words, with what the volunteer can do:
     from what it listens on and what its peers' dial-backs found (``verdict``:
-    "public", "private" or "unknown"; net/reachability.py) and whether the router was
+    "public", "private" or "unknown"; net/reach/reachability.py) and whether the router was
     asked to forward a port (``port_mapping``: None not asked, "" asked, else why it
     failed)."""
     if not addresses:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from core.project.signed import canonical
-from net.wire import pack, unpack_bounded
+from net.codec import pack, unpack_bounded
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,10 @@ from core.project.records import (
     providers_key,
 )
 from core.project.signed import ManifestRejected, SignedManifest
-from net import BadRequest, CallContext, DhtError, Peer, Reply, RpcError, Tensor
-from net._libp2p import PeerID
-from net.dht.records import RecordRejected
+from net import BadRequest, CallContext, DhtError, Peer, PeerID, Reply, RpcError, Tensor
+from net.codec import pack
+from net.dht import RecordRejected
 from net.identity import peer_id_from_public_key
-from net.wire import pack
 
 log = logging.getLogger(__name__)
 

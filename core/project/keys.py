@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from core.errors import UserFacingError
+from net.codec import pack, unpack_bounded
 from net.identity import verify_signature, write_private_file
-from net.wire import pack, unpack_bounded
 
 _ROTATION_DOMAIN = "moehome-owner-rotation/1"
 _MAX_KEY_FILE = 16 * 1024

@@ -20,7 +20,7 @@ from core.project.pins import PinStore
 from core.project.records import ProviderAnnouncement, providers_key, rotation_key
 from core.protocol.aggregator_methods import STATS
 from net import Peer, RpcError
-from net.wire import pack, unpack_bounded
+from net.codec import pack, unpack_bounded
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from core.project.chunks import is_hash
 from core.project.keys import KeyRotation
 from core.project.signed import ManifestRejected, SignedManifest
 from net import NamespaceRule, SignedRecord
-from net.dht.records import RecordRejected
-from net.wire import pack, unpack_bounded
+from net.codec import pack, unpack_bounded
+from net.dht import RecordRejected
 
 _ID_RE: Final = re.compile(r"^[0-9a-f]{32}$")
 #: A signed manifest must fit one DHT record (net's DhtConfig.max_record_bytes is 32 KiB).

@@ -14,8 +14,8 @@ from typing import Any, Final
 
 from core.project.keys import KeyRotation, OwnerKey, fingerprint
 from core.project.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, parse_manifest
+from net.codec import pack, unpack_bounded
 from net.identity import verify_signature
-from net.wire import pack, unpack_bounded
 
 _DOMAIN: Final = "moehome-manifest/1"
 MAX_SIGNED_BYTES: Final = MAX_MANIFEST_BYTES + 8 * 1024

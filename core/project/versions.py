@@ -13,9 +13,8 @@ from typing import Any
 from core.project.chunks import sha256_hex
 from core.project.distribution import FetchError, WeightsFetcher
 from core.protocol.versions import version_key
-from net import Peer
-from net._libp2p import PeerID
-from net.wire import unpack_bounded
+from net import Peer, PeerID
+from net.codec import unpack_bounded
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from core.protocol.fields import MessageError
 from core.protocol.fields import bounded_int as _int
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
+from net.codec import pack, unpack_bounded
 from net.identity import Identity, verify_signature
-from net.wire import Tensor, pack, unpack_bounded
+from net.rpc import Tensor
 
 _ANSWER_DOMAIN: Final = "moehome-answer/1"
 KINDS: Final = ("forward", "backward")

@@ -13,8 +13,8 @@ from typing import Any, Final
 from core.protocol.answers import AnswerStatement
 from core.protocol.fields import MessageError
 from net import NamespaceRule, SignedRecord
-from net.dht.records import RecordRejected
-from net.wire import pack, unpack_bounded
+from net.codec import pack, unpack_bounded
+from net.dht import RecordRejected
 
 BAN_NAMESPACE: Final = "ban"
 #: bans one accuser's record holds (the newest; older ones drop out)

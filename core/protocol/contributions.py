@@ -16,8 +16,8 @@ from core.protocol.fields import MessageError as MessageError
 from core.protocol.fields import bounded_int as _int
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
+from net.codec import pack, unpack_bounded
 from net.identity import Identity, verify_signature
-from net.wire import pack, unpack_bounded
 
 _RECEIPT_DOMAIN: Final = "moehome-receipt/1"
 _CONTRIBUTION_DOMAIN: Final = "moehome-contribution/1"

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Final
 
 from net import NamespaceRule, SignedRecord
-from net.dht.records import RecordRejected
-from net.wire import unpack_bounded
+from net.codec import unpack_bounded
+from net.dht import RecordRejected
 
 VERSION_NAMESPACE: Final = "version"
 

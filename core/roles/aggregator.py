@@ -35,10 +35,9 @@ from core.protocol.bans import Ban
 from core.protocol.contributions import TRUNK_UID
 from core.roles.peer import print_addresses
 from core.trainer.trunk import build_trunk, shares_trunk
-from net import Identity, Peer, network_config
-from net._libp2p import PeerID
-from net.host import EVERY_INTERFACE
+from net import Identity, Peer, PeerID, network_config
 from net.identity import peer_id_from_public_key, public_key_of
+from net.transport import EVERY_INTERFACE
 
 log = logging.getLogger(__name__)
 

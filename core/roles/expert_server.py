@@ -20,7 +20,7 @@ from core.namespaces import moehome_validator
 from core.project.joining import join_project
 from core.roles.peer import print_addresses
 from net import Identity, Peer, network_config, running_last
-from net.host import DEFAULT_LISTEN
+from net.transport import DEFAULT_LISTEN
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from core.project.owner import announce_rotation, project_status
 from core.project.publish import Prepared, serve_project
 from core.roles.peer import joined_client, print_addresses
 from net import Identity, Peer, network_config
-from net.host import EVERY_INTERFACE, is_loopback_addr
+from net.transport import EVERY_INTERFACE, is_loopback_addr
 
 log = logging.getLogger(__name__)
 

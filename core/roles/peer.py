@@ -15,11 +15,8 @@ import trio
 
 from core.namespaces import moehome_validator
 from net import DhtConfig, DhtError, Identity, NamespacedValidator, Peer, PeerConfig
-from net.host import EVERY_INTERFACE
-from net.keepalive import Keepalive
-from net.portmap import PortMapConfig
-from net.reachability import ReachabilityConfig, Verdict
-from net.relay import RelayClientConfig, RelayLimits
+from net.reach import PortMapConfig, ReachabilityConfig, RelayClientConfig, RelayLimits, Verdict
+from net.transport import EVERY_INTERFACE, Keepalive
 
 log = logging.getLogger(__name__)
 

@@ -47,10 +47,9 @@ from core.trainer.model import CharLanguageModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
 from core.trainer.sharing import TrunkSharing
 from core.trainer.trunk import shares_trunk
-from net import Identity, Peer, network_config
-from net._libp2p import PeerID
-from net.host import DEFAULT_LISTEN
+from net import Identity, Peer, PeerID, network_config
 from net.identity import peer_id_from_public_key
+from net.transport import DEFAULT_LISTEN
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,10 @@ from typing import Any, Final
 import trio
 
 from net._libp2p import PeerID
+from net.codec import pack, unpack_bounded
 from net.dht.records import NamespacedValidator, RecordRejected, SignedRecord, sign_record
 from net.dht.routing import Contact, RoutingTable, key_id_of, node_id_of
 from net.dht.store import RecordStore, StoreLimits
-from net.dialing import address_source, circuit_relay, proven_addrs
-from net.host import DialError, SwarmHost
 from net.identity import Identity
 from net.ratelimit import Admission, PeerRateLimiter, RateLimits
 from net.rpc import (
@@ -43,7 +42,9 @@ from net.rpc import (
     RpcError,
     RpcService,
 )
-from net.wire import Tensor, pack, unpack_bounded
+from net.rpc.frames import Tensor
+from net.transport.dialing import address_source, circuit_relay, proven_addrs
+from net.transport.host import DialError, SwarmHost
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +388,7 @@ class DhtNode:
     def _note_sender(self, ctx: CallContext) -> None:
         claimed = _parse_addrs(ctx.request.meta.get("addrs"))
         # routed to, and handed on to others, only at the addresses its connection
-        # proves (the rest are its word, which others would dial: net/dialing.py), or, for
+        # proves (the rest are its word, which others would dial: net/transport/dialing.py), or, for
         # a peer behind NAT, at a circuit through a relay we know at that address
         addrs = proven_addrs(claimed, ctx.source) or self._known_circuits(claimed)[:1]
         if addrs:  # peers without such addresses are clients: never route to them

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from net._libp2p import PeerID
+from net.codec import pack, unpack_bounded
 from net.identity import (
     PUBLIC_KEY_BYTES,
     SIGNATURE_BYTES,
@@ -25,7 +26,6 @@ from net.identity import (
     peer_id_from_public_key,
     verify_signature,
 )
-from net.wire import pack, unpack_bounded
 
 KEY_PREFIX: Final = "/moehome/"
 MAX_KEY_BYTES: Final = 256
@@ -181,7 +181,7 @@ def _check_peer_record(record: SignedRecord) -> None:
 
 #: Namespaces the network layer itself uses.
 BUILTIN_NAMESPACES: Final[Mapping[str, NamespaceRule]] = {
-    # /moehome/peer/<peer id>: a peer's own addresses, signed (net/addressbook.py)
+    # /moehome/peer/<peer id>: a peer's own addresses, signed (net/reach/addressbook.py)
     "peer": NamespaceRule(
         max_ttl_s=3600.0,
         max_value_bytes=_PEER_RECORD_BYTES,

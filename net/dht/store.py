@@ -3,7 +3,7 @@ fairly between the addresses that sent them. Pure.
 
 A stranger can sign records with as many fresh identities as it likes, so the limits
 that matter are keyed by the *source* that sent a record (the sender's address, see
-:func:`net.admission.source_of`), not by its author:
+:func:`net.transport.admission.source_of`), not by its author:
 
 * every record has a weight (its bytes plus what Python spends on it); the store holds
   at most ``max_weight``, each source at most ``source_share`` of it, each author at most

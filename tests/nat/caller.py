@@ -23,11 +23,11 @@ from libp2p.connection_types import ConnectionType
 
 from net import Identity, Peer, PeerConfig
 from net._libp2p import PeerID
-from net.host import DialError
 from net.peer import PING
-from net.reachability import Reachability, ReachabilityConfig
+from net.reach.reachability import Reachability, ReachabilityConfig
 from net.rpc import RpcError
-from net.wire import Tensor
+from net.rpc.frames import Tensor
+from net.transport.host import DialError
 
 
 def _chain(exc: BaseException | None) -> list[str]:

@@ -1,4 +1,4 @@
-"""Tests in the network lab (net/lab.py): namespaces, NAT routers, rate limits.
+"""Tests in the network lab (net/testing/lab.py): namespaces, NAT routers, rate limits.
 
 They need root and the ip/nft/tc commands. Elsewhere they are skipped, except where
 MOEHOME_REQUIRE_LAB=1 (set by .ci/run, which installs what they need): there a missing
@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from net import lab_upnp
-from net.lab import missing_requirements
+from net.testing import lab_upnp
+from net.testing.lab import missing_requirements
 
 
 @pytest.fixture(autouse=True)

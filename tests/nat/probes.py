@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from net.lab import LabHost
+from net.testing.lab import LabHost
 
 #: listens on argv[1], prints "ready", then answers each connection with the address it
 #: came from, as "ip port"

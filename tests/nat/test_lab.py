@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from net.lab import Home, LabError, network_lab, remove_stale
+from net.testing.lab import Home, LabError, network_lab, remove_stale
 from tests.child_processes import stop_processes
 from tests.nat.probes import ask, punch, start_echo
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from net.lab import Home, network_lab
+from net.testing.lab import Home, network_lab
 from tests.child_processes import stop_processes
 from tests.nat.conftest import require_upnp
 from tests.nat.probes import PEER_PORT, start_peer

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from net.lab import Home, network_lab
+from net.testing.lab import Home, network_lab
 from tests.child_processes import stop_processes
 from tests.nat.probes import PEER_PORT, Lines, start_peer
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from net.lab import Home, Lab, LabHost, network_lab
+from net.testing.lab import Home, Lab, LabHost, network_lab
 from tests.child_processes import stop_processes
 from tests.nat.conftest import require_lab
 from tests.nat.probes import ROOT, Lines, start_peer
@@ -56,7 +56,7 @@ def call(host: LabHost, world: World, *, punch: bool, nbytes: int = 0) -> dict[s
     and waits up to 20 s for a direct connection."""
     cmd = [sys.executable, "-m", "tests.nat.caller", world.target, *world.circuits]
     cmd += ["--bytes", str(nbytes)]
-    if punch:  # three attempts of at most 5 s each (net/holepunch.py)
+    if punch:  # three attempts of at most 5 s each (net/reach/holepunch.py)
         cmd += ["--bootstrap", world.boot_addr, "--direct-within", "20"]
     done = subprocess.run(
         host.command(cmd), cwd=ROOT, capture_output=True, text=True, timeout=120, check=True

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from net.dht.records import RecordRejected, SignedRecord
-from net.wire import FrameError, FrameReader, Limits
+from net.rpc.frames import FrameError, FrameReader, Limits
 
 LIMITS = Limits(max_header_bytes=4096, max_payload_bytes=1 << 20)
 

@@ -1,4 +1,4 @@
-"""Signed address records (net/addressbook.py): a peer publishes where it can be dialled,
+"""Signed address records (net/reach/addressbook.py): a peer publishes where it can be dialled,
 and is found there by a peer that knew no address of it, or only an old one."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import trio
 
 from net import Identity
 from net.dht.records import decode_peer_addrs, peer_record_key
-from net.host import DialError
 from net.peer import PeerConfig
 from net.testing import open_swarm
+from net.transport.host import DialError
 from tests.waiting import eventually
 
 PUBLISHING = PeerConfig(address_record=True)

@@ -43,8 +43,8 @@ from core.protocol.expert_methods import BACKWARD
 from core.protocol.versions import version_key
 from core.trainer.train import _accuse
 from net import BadRequest
+from net.codec import pack
 from net.testing import open_swarm
-from net.wire import pack
 from tests.swarm.test_project import small_manifest
 
 UID = "ffn0.0.1"

@@ -13,8 +13,8 @@ from net.dht import DhtConfig, DhtError, SignedRecord, sign_record
 from net.dht.node import STORE
 from net.identity import Identity
 from net.peer import Peer, PeerConfig
+from net.rpc.frames import Tensor
 from net.testing import open_swarm
-from net.wire import Tensor
 from tests.waiting import eventually
 
 

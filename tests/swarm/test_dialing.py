@@ -11,8 +11,8 @@ import trio
 from libp2p.peer.peerstore import PeerStoreError
 
 from net import Identity
-from net.host import DialError, SwarmHost, interface_addresses
-from net.keepalive import Keepalive, socket_of
+from net.transport.host import DialError, SwarmHost, interface_addresses
+from net.transport.keepalive import Keepalive, socket_of
 from tests.waiting import eventually
 
 

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from net import BadRequest, CallContext, Identity, Peer, PeerConfig, RateLimited, Reply
-from net.reachability import (
+from net.reach.reachability import (
     DIAL_BACK,
     DialBackService,
     Reachability,

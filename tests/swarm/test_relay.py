@@ -19,11 +19,10 @@ from libp2p.connection_types import ConnectionType
 from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
 from net import Identity, Peer
-from net.holepunch import PROTOCOL as HOLE_PUNCH
-from net.holepunch import HolePunchConfig, HolePuncher
-from net.host import DialError
 from net.peer import PING
-from net.relay import (
+from net.reach.holepunch import PROTOCOL as HOLE_PUNCH
+from net.reach.holepunch import HolePunchConfig, HolePuncher
+from net.reach.relay import (
     HOP,
     RelayClient,
     RelayClientConfig,
@@ -34,8 +33,9 @@ from net.relay import (
     write_message,
 )
 from net.rpc import RpcError
+from net.rpc.frames import Tensor
 from net.testing import dial_from
-from net.wire import Tensor
+from net.transport.host import DialError
 from tests.strangers import count_connections
 from tests.waiting import eventually
 

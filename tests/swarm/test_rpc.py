@@ -12,7 +12,6 @@ import msgpack
 import pytest
 import trio
 
-from net.host import SwarmHost
 from net.identity import Identity
 from net.ratelimit import RateLimits
 from net.rpc import (
@@ -28,10 +27,8 @@ from net.rpc import (
     RpcTimeout,
     TooLarge,
     UnknownMethod,
-    _PeerPool,
-    _PooledStream,
 )
-from net.wire import (
+from net.rpc.frames import (
     KIND_RESPONSE,
     FrameReader,
     Limits,
@@ -40,6 +37,8 @@ from net.wire import (
     build_response,
     encode_request,
 )
+from net.rpc.service import _PeerPool, _PooledStream
+from net.transport.host import SwarmHost
 
 MiB = 1024 * 1024
 

@@ -10,11 +10,11 @@ from contextlib import AbstractAsyncContextManager
 import pytest
 import trio
 
-from net.admission import AdmissionLimits
-from net.host import DialError, SwarmHost, parse_peer_addr
 from net.identity import Identity
 from net.rpc import Reply, RpcService
-from net.wire import KIND_RESPONSE, FrameReader, Limits, build_response
+from net.rpc.frames import KIND_RESPONSE, FrameReader, Limits, build_response
+from net.transport.admission import AdmissionLimits
+from net.transport.host import DialError, SwarmHost, parse_peer_addr
 from tests.strangers import (
     frame,
     hold_sockets,

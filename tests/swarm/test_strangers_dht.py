@@ -12,12 +12,13 @@ import psutil
 import pytest
 import trio
 
+from net.codec import pack
 from net.dht import SignedRecord, sign_record
 from net.dht.node import FIND, STORE
 from net.identity import Identity
 from net.rpc import PeerUnreachable, RateLimited, RpcService
+from net.rpc.frames import Tensor
 from net.testing import open_swarm
-from net.wire import Tensor, pack
 from tests.strangers import count_connections, stranger
 
 MiB = 1024 * 1024

@@ -19,7 +19,7 @@ from core.project.chunks import ChunkStore
 from core.project.distribution import WeightsService
 from net import Identity, Peer, PeerConfig, RemoteError, RequestHead
 from net.rpc import CallContext, InternalError
-from net.wire import DTYPE_SIZES, Request, Tensor
+from net.rpc.frames import DTYPE_SIZES, Request, Tensor
 from tests.unit.test_aggregator_core import make_core, settings
 
 FFN = ExpertSpec("ffn", hidden=8, inner=16)

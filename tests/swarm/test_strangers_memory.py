@@ -11,10 +11,10 @@ import psutil
 import pytest
 import trio
 
-from net.host import SwarmHost
 from net.identity import Identity
 from net.rpc import Reply, RpcConfig, RpcService
-from net.wire import Tensor
+from net.rpc.frames import Tensor
+from net.transport.host import SwarmHost
 from tests.strangers import frame, rpc_server, send_raw, stranger
 from tests.waiting import eventually
 

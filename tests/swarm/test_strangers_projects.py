@@ -24,9 +24,9 @@ from core.project.manifest import ManifestError, load_manifest, parse_manifest
 from core.project.publish import prepare, serve_project
 from core.project.signed import SignedManifest, canonical, project_id
 from net import CallContext, Identity, NamespacedValidator, Peer, Reply
+from net.codec import pack
 from net.dht.node import DhtError
 from net.testing import open_swarm
-from net.wire import pack
 from tests.swarm.test_node import options
 from tests.swarm.test_project import small_manifest
 

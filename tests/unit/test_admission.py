@@ -1,10 +1,10 @@
-"""Admission of inbound connections (net/admission.py): pure, table-driven."""
+"""Admission of inbound connections (net/transport/admission.py): pure, table-driven."""
 
 from __future__ import annotations
 
 import pytest
 
-from net.admission import AdmissionLimits, InboundAdmission, source_of
+from net.transport.admission import AdmissionLimits, InboundAdmission, source_of
 
 LIMITS = AdmissionLimits(
     max_handshakes=6,

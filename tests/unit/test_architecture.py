@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,30 +52,92 @@ def test_modules_loaded_at_run_time(module, forbidden):
     assert not loaded_after_import(module) & forbidden
 
 
-def _core_layers() -> list[set[str]]:
+def _contracts() -> list[dict[str, Any]]:
     import tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts: list[dict[str, Any]] = config["tool"]["importlinter"]["contracts"]
+    return contracts
+
+
+def _layers(package: str) -> set[str]:
+    """Every name the layers contract of ``package`` places (core: full names; net: the
+    names inside its container)."""
     (contract,) = [
-        c for c in config["tool"]["importlinter"]["contracts"] if c.get("type") == "layers"
+        c
+        for c in _contracts()
+        if c.get("type") == "layers"
+        and (c.get("containers") == [package] or c["layers"][0].startswith(f"{package}."))
     ]
-    return [
-        {name.strip() for name in layer.replace(":", "|").split("|")}
-        for layer in contract["layers"]
-    ]
+    named: set[str] = set()
+    for layer in contract["layers"]:
+        named |= {name.strip() for name in layer.replace(":", "|").split("|")}
+    return {n if n.startswith(f"{package}.") else f"{package}.{n}" for n in named}
 
 
-def test_every_package_and_module_of_core_sits_in_a_layer():
-    """A new folder of core/ left out of the layers contract would be free to import
-    anything: the contract names every one."""
-    named = set().union(*_core_layers())
-    present = {
-        f"core.{p.stem}"
-        for p in (ROOT / "core").iterdir()
+def _children(package: str) -> set[str]:
+    return {
+        f"{package}.{p.stem}"
+        for p in (ROOT / package).iterdir()
         if (p.is_dir() and (p / "__init__.py").exists())
         or (p.suffix == ".py" and p.stem != "__init__")
     }
-    assert present == named
+
+
+@pytest.mark.parametrize("package", ["core", "net"])
+def test_every_package_and_module_sits_in_a_layer(package):
+    """A new folder or module left out of a layers contract would be free to import
+    anything: each contract names every one."""
+    assert _children(package) == _layers(package)
+
+
+def test_net_keeps_its_wings():
+    """net/: at most 8 modules at the top besides its wings (transport, rpc, reach, dht,
+    testing), so that a new module finds its wing instead of widening the top."""
+    top = [p.name for p in (ROOT / "net").glob("*.py") if p.name != "__init__.py"]
+    wings = {p.name for p in (ROOT / "net").iterdir() if (p / "__init__.py").exists()}
+    assert wings == {"transport", "rpc", "reach", "dht", "testing"}
+    assert len(top) <= 8, sorted(top)
+
+
+RIG = {"core.demo", "core.cli"}
+
+
+def test_every_product_package_is_forbidden_the_rig():
+    """The contract that keeps the rig (net.testing, core.demo) out of the product names
+    every package of core/ but the rig and the CLI that starts it."""
+    (contract,) = [c for c in _contracts() if "net.testing" in c.get("forbidden_modules", ())]
+    assert set(contract["source_modules"]) == (_children("core") - RIG) | {"app"}
+    assert set(contract["forbidden_modules"]) == {"net.testing", "core.demo"}
+
+
+def test_core_and_app_import_only_nets_faces():
+    """core/ and app/ import ``net``, a wing (``net.rpc``) or a top module of net
+    (``net.identity``), never a module inside a wing nor a private one: the wings may be
+    rearranged without touching core. The rig may use the lab (net.testing.lab)."""
+    import ast
+
+    reaching = []
+    for root in ("core", "app"):
+        for path in (ROOT / root).rglob("*.py"):
+            relative = path.relative_to(ROOT)
+            rig = ".".join(relative.with_suffix("").parts[:2]) in RIG
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    modules = [node.module or ""]
+                elif isinstance(node, ast.Import):
+                    modules = [a.name for a in node.names]
+                else:
+                    continue
+                for module in modules:
+                    parts = module.split(".")
+                    if parts[0] != "net":
+                        continue
+                    private = any(p.startswith("_") for p in parts)
+                    deep = len(parts) > 2 and not (rig and parts[1] == "testing")
+                    if private or deep:
+                        reaching.append(f"{relative}:{node.lineno} imports {module}")
+    assert not reaching, reaching
 
 
 def test_no_import_inside_a_function_crosses_between_core_packages():

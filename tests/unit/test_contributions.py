@@ -169,7 +169,7 @@ def test_inflated_sample_count_is_refused():
     honest, parts = make(receipts=receipts)
     # a volunteer signing its own (inflated) claim: the signature is fine, the sum is not
     unsigned = replace(honest, samples=8000, signature=b"")
-    from net.wire import pack
+    from net.codec import pack
 
     inflated = replace(unsigned, signature=VOLUNTEER.sign(pack(unsigned.signed_fields())))
     with pytest.raises(Rejected) as info:

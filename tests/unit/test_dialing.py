@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from net.dialing import MAX_DIAL_ADDRS, MAX_PORTS_PER_IP, dial_order, proven_addrs
 from net.peer import network_config
+from net.transport.dialing import MAX_DIAL_ADDRS, MAX_PORTS_PER_IP, dial_order, proven_addrs
 
 PUB = "/ip4/198.18.0.10/tcp/4001"
 LAN = "/ip4/198.18.1.10/tcp/4001"

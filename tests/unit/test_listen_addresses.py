@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from net.host import expand_unspecified
+from net.transport.host import expand_unspecified
 
 INTERFACES = ["127.0.0.1", "::1", "192.168.1.20", "fd00::2", "fe80::1", "169.254.3.4", "10.0.0.5"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from net.codec import pack
 from net.dht.records import (
     MAX_PEER_ADDRS,
     NamespacedValidator,
@@ -19,7 +20,6 @@ from net.dht.routing import RoutingTable, key_id_of
 from net.dht.store import RecordStore, StoreLimits
 from net.identity import Identity
 from net.ratelimit import Admission, FairRate, PeerRateLimiter, RateLimits, TokenBucket
-from net.wire import pack
 
 NOW = 1_700_000_000_000
 

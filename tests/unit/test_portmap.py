@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from net.portmap import PortMapConfig, PortMapper
+from net.reach.portmap import PortMapConfig, PortMapper
 
 
 class Router:

@@ -6,7 +6,7 @@ import pytest
 
 from net import Identity
 from net._libp2p import PeerID
-from net.reachability import (
+from net.reach.reachability import (
     DialBackAnswer,
     Reachability,
     _answer,

@@ -7,7 +7,7 @@ import struct
 import msgpack
 import pytest
 
-from net.wire import (
+from net.rpc.frames import (
     KIND_REQUEST,
     KIND_RESPONSE,
     ErrorInfo,

@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-import msgpack
 import trio
+
+from net.codec import NotMsgpack, pack, unpack_bounded
 
 MiB: Final = 1024 * 1024
 MAGIC: Final = b"MH"
@@ -228,41 +229,6 @@ def parse_prefix(prefix: bytes, limits: Limits) -> tuple[int, int]:
     if header_len > limits.max_header_bytes:
         raise FrameTooLarge(f"header of {header_len} bytes exceeds {limits.max_header_bytes}")
     return kind, header_len
-
-
-def pack(obj: Any) -> bytes:
-    """Canonical msgpack bytes (what signatures cover)."""
-    data = msgpack.packb(obj, use_bin_type=True)
-    assert isinstance(data, bytes)
-    return data
-
-
-class NotMsgpack(ValueError):
-    """Bytes that are not bounded, plain msgpack (whatever msgpack itself raised)."""
-
-
-def _refuse_ext(code: int, data: bytes) -> Any:
-    raise NotMsgpack(f"msgpack extension type {code} is not allowed")
-
-
-def unpack_bounded(data: bytes, max_bytes: int) -> Any:
-    """msgpack decode with every container bounded and extension types refused. Any
-    failure is a NotMsgpack (a ValueError): msgpack raises many types on garbage."""
-    try:
-        return msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            ext_hook=_refuse_ext,
-            max_str_len=max_bytes,
-            max_bin_len=max_bytes,
-            max_array_len=max_bytes,
-            max_map_len=max_bytes,
-        )
-    except NotMsgpack:
-        raise
-    except Exception as exc:
-        raise NotMsgpack(str(exc)[:200]) from exc
 
 
 def parse_header(kind: int, data: bytes, limits: Limits) -> FrameHeader:

@@ -49,9 +49,9 @@ from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeer
 from libp2p.relay.circuit_v2.pb.circuit_pb2 import Status as Code
 
 from net._libp2p import PeerID
-from net.admission import FairSlots, source_of
-from net.host import DialError, SwarmHost, parse_peer_addr
 from net.ratelimit import FairRate
+from net.transport.admission import FairSlots, source_of
+from net.transport.host import DialError, SwarmHost, parse_peer_addr
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class RelayError(DialError):
 @dataclass(frozen=True)
 class RelayLimits:
     """What a relay grants. A circuit is meant for the first answers and for hole
-    punching (net/holepunch.py); heavy traffic goes direct when it can."""
+    punching (net/reach/holepunch.py); heavy traffic goes direct when it can."""
 
     max_reservations: int = 128
     reservations_per_ip: int = 4
@@ -364,7 +364,7 @@ class RelayService:
                     StopMessage(
                         type=StopMessage.CONNECT,
                         # where the initiator's connection came from: the only address
-                        # the target may dial for it (hole punching, net/holepunch.py)
+                        # the target may dial for it (hole punching, net/reach/holepunch.py)
                         peer=CircuitPeer(id=initiator.to_bytes(), addrs=_seen(_remote_ip(stream))),
                         limit=self._limit(),
                     ),
@@ -551,7 +551,7 @@ class RelayClient:
     config: RelayClientConfig = field(default_factory=RelayClientConfig)
     on_change: Callable[[list[str]], None] | None = None
     #: run for each circuit accepted, while it lasts, with the address the relay saw
-    #: its initiator at (hole punching: net/holepunch.py)
+    #: its initiator at (hole punching: net/reach/holepunch.py)
     on_circuit: Callable[[PeerID, str | None], Awaitable[Any]] | None = None
     held: dict[PeerID, _Held] = field(default_factory=dict)
     circuits_accepted: int = 0

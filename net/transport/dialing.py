@@ -18,7 +18,7 @@ import logging
 import random
 from collections.abc import Collection, Sequence
 
-from net.admission import source_of
+from net.transport.admission import source_of
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def relayed_candidates(addrs: Sequence[str]) -> list[str]:
 
 
 def address_source(addr: str) -> str | None:
-    """The source (net.admission.source_of: IPv4 address, IPv6 /64) an ``/ip4`` or
+    """The source (net.transport.admission.source_of: IPv4 address, IPv6 /64) an ``/ip4`` or
     ``/ip6`` address dials; None for anything else (dns names prove nothing)."""
     parts = addr.split("/")
     if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):

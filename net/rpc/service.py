@@ -8,7 +8,7 @@ as many streams (all over one connection).
 Robustness rules this module keeps:
 
 * limits are checked from the frame header before any payload is allocated
-  (:mod:`net.wire`); an oversized or malformed frame gets an error reply and the stream is
+  (:mod:`net.rpc.frames`); an oversized or malformed frame gets an error reply and the stream is
   reset, and the server goes on serving everything else;
 * the server reads a whole request before it runs the handler, and the client reads a
   whole response as soon as it arrives, so no writer ever waits on a stalled reader (Yamux
@@ -24,20 +24,35 @@ import contextlib
 import itertools
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 import trio
 from libp2p.exceptions import BaseLibp2pError
 
 from net._libp2p import PeerID
-from net.admission import source_of
-from net.budget import BudgetLimits, SharedBudget
-from net.host import DialError, SwarmHost
 from net.logs import ThrottledLog
 from net.ratelimit import Admission, PeerRateLimiter, RateLimits
-from net.wire import (
+from net.rpc.budget import BudgetLimits, SharedBudget
+from net.rpc.calls import CallContext, Handler, Reply, RequestHead, Screen
+from net.rpc.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    InternalError,
+    Overloaded,
+    PeerUnreachable,
+    ProtocolViolation,
+    RateLimited,
+    RemoteError,
+    RpcError,
+    RpcTimeout,
+    TooLarge,
+    Unavailable,
+    UnknownMethod,
+    remote_error,
+)
+from net.rpc.frames import (
     KIND_REQUEST,
     KIND_RESPONSE,
     ErrorInfo,
@@ -58,144 +73,12 @@ from net.wire import (
     encode_response,
     write_frame,
 )
+from net.transport.admission import source_of
+from net.transport.host import DialError, SwarmHost
 
 log = logging.getLogger(__name__)
 
 RPC_PROTOCOL: Final = "/moehome/rpc/1.0.0"
-
-
-# ---------------------------------------------------------------- errors
-
-
-class RpcError(Exception):
-    """Base class of every error a call can raise."""
-
-
-class RpcTimeout(RpcError, TimeoutError):
-    """The call's deadline passed before a response arrived."""
-
-
-class PeerUnreachable(RpcError):
-    """No stream to the peer could be opened, or the connection broke mid-call."""
-
-
-class ProtocolViolation(RpcError):
-    """The peer answered with something that is not a valid response."""
-
-
-class RemoteError(RpcError):
-    """The remote side answered with an error. Subclasses name the reason; handlers raise
-    them to send that reason back."""
-
-    code: ClassVar[str] = "remote_error"
-
-    def __init__(self, message: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"[{self.code}] {self.message}"
-
-
-class BadRequest(RemoteError):
-    code = "bad_request"
-
-
-class UnknownMethod(RemoteError):
-    code = "unknown_method"
-
-
-class TooLarge(RemoteError):
-    code = "too_large"
-
-
-class RateLimited(RemoteError):
-    code = "rate_limited"
-
-
-class Overloaded(RemoteError):
-    code = "overloaded"
-
-
-class DeadlineExceeded(RemoteError):
-    code = "deadline_exceeded"
-
-
-class Unavailable(RemoteError):
-    """The peer is up but will not do this now (paused, shutting down)."""
-
-    code = "unavailable"
-
-
-class InternalError(RemoteError):
-    code = "internal"
-
-
-_ERRORS_BY_CODE: Final[Mapping[str, type[RemoteError]]] = {
-    cls.code: cls
-    for cls in (
-        BadRequest,
-        UnknownMethod,
-        TooLarge,
-        RateLimited,
-        Overloaded,
-        DeadlineExceeded,
-        Unavailable,
-        InternalError,
-    )
-} | {"bad_frame": BadRequest, "truncated": BadRequest}
-
-
-def remote_error(info: ErrorInfo) -> RemoteError:
-    cls = _ERRORS_BY_CODE.get(info.code)
-    if cls is None:
-        err = RemoteError(info.message)
-        err.code = info.code  # type: ignore[misc]  # an unknown code from a newer peer
-        return err
-    return cls(info.message)
-
-
-# ---------------------------------------------------------------- handler API
-
-
-@dataclass(frozen=True)
-class Reply:
-    meta: Mapping[str, Any] = field(default_factory=dict)
-    tensors: tuple[Tensor, ...] = ()
-
-
-@dataclass(frozen=True)
-class CallContext:
-    peer_id: PeerID
-    request: Request
-    #: the caller's address as limits count it (net.admission.source_of)
-    source: str = "?"
-    #: when the handler was handed the request (trio's clock): an answer can say how
-    #: long it took here, so that the caller can tell that from the link's share
-    arrived: float = field(default_factory=trio.current_time)
-
-
-Handler = Callable[[CallContext], Awaitable[Reply]]
-
-
-@dataclass(frozen=True)
-class RequestHead:
-    """What is known of a request before its payload is read: enough to refuse it
-    without holding a byte of that payload."""
-
-    peer_id: PeerID
-    source: str
-    method: str
-    meta: Mapping[str, Any]
-    payload_bytes: int
-    #: dtype and shape of each tensor the payload holds
-    specs: tuple[tuple[str, tuple[int, ...]], ...] = ()
-
-
-#: Decides from a request's head alone: an error to refuse it with, or None to read it.
-#: Runs on the event loop for every request of its method: it must be cheap (no
-#: signature checks).
-Screen = Callable[[RequestHead], RemoteError | None]
 
 
 @dataclass(frozen=True)

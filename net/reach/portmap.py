@@ -1,7 +1,7 @@
 """Port mapping on the home router (UPnP IGD through miniupnpc), off by default.
 
 A volunteer who allows it (a preference) lets the node ask the router to forward its
-listening port: peers then dial it directly, and reachability (net/reachability.py)
+listening port: peers then dial it directly, and reachability (net/reach/reachability.py)
 learns so from their dial-backs, as for any other route in. The mapping is leased
 (renewed at half its lease) and removed when the node stops, so a node that crashed
 leaves nothing open for longer than one lease. NAT-PMP/PCP is not spoken: no maintained

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from net import lab_upnp
+from net.testing import lab_upnp
 
 log = logging.getLogger(__name__)
 

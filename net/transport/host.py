@@ -30,17 +30,17 @@ from net._libp2p import (
     info_from_p2p_addr,
     new_host,
 )
-from net.admission import AdmissionLimits, AdmissionStatistics, source_of
-from net.dialing import (
+from net.identity import Identity
+from net.transport.admission import AdmissionLimits, AdmissionStatistics, source_of
+from net.transport.dialing import (
     CIRCUIT_AFTER_S,
     CIRCUIT_TIMEOUT_S,
     STAGGER_S,
     dial_order,
     relayed_candidates,
 )
-from net.identity import Identity
-from net.inbound import InboundGate, StreamGate, StreamLimits
-from net.keepalive import Keepalive, KeepaliveNotifee
+from net.transport.inbound import InboundGate, StreamGate, StreamLimits
+from net.transport.keepalive import Keepalive, KeepaliveNotifee
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +158,9 @@ class SwarmHost:
         self._listen = [multiaddr.Multiaddr(a) for a in listen]
         self._public: list[str] = []
         self._relayed: list[str] = []
-        #: dials a circuit address (net/relay.py sets it; None: circuits are not dialled)
+        #: dials a circuit address (net/reach/relay.py sets it; None: circuits are not dialled)
         self.relayed_dialer: RelayedDialer | None = None
-        #: looks up the addresses a peer published (net/addressbook.py); None: never
+        #: looks up the addresses a peer published (net/reach/addressbook.py); None: never
         self.resolver: Resolver | None = None
         self._host = new_host(
             key_pair=identity.key_pair(),
@@ -170,7 +170,7 @@ class SwarmHost:
             ),
             listen_addrs=self._listen,
             # Identify tells peers what we announce, never the raw listeners: libp2p
-            # sent /ip4/0.0.0.0/... and peers dialled themselves (net/dialing.py)
+            # sent /ip4/0.0.0.0/... and peers dialled themselves (net/transport/dialing.py)
             addrs_factory=self._identify_addrs,
         )
         # One dial attempt per call of ours: connect() below owns retries and deadlines
@@ -179,7 +179,7 @@ class SwarmHost:
         if not isinstance(network, Swarm):
             raise TypeError(f"libp2p gave a {type(network).__name__}, not its Swarm")
         network.retry_config = RetryConfig(max_retries=0)
-        # Inbound connections are admitted by our gate (net/inbound.py: libp2p's leaked
+        # Inbound connections are admitted by our gate (net/transport/inbound.py: libp2p's leaked
         # a slot per connection and let idle sockets hold every slot).
         self._gate = InboundGate(network, admission)
         self._gate.install()
@@ -211,7 +211,7 @@ class SwarmHost:
 
     def penalize(self, source: str) -> None:
         """A peer from ``source`` misbehaved: enough offences ban the source (its
-        connections closed, new ones refused for a while; net/admission.py)."""
+        connections closed, new ones refused for a while; net/transport/admission.py)."""
         self._gate.penalize(source)
 
     def listen_addrs(self) -> list[str]:
@@ -228,12 +228,12 @@ class SwarmHost:
         return expand_unspecified(bound, interface_addresses())
 
     def set_public_addrs(self, addrs: Sequence[str]) -> None:
-        """Addresses peers outside dialled us back on (net/reachability.py): announced
+        """Addresses peers outside dialled us back on (net/reach/reachability.py): announced
         before the interfaces' own, which a NAT or a LAN may hide from others."""
         self._public = list(addrs)
 
     def set_relayed_addrs(self, addrs: Sequence[str]) -> None:
-        """Circuit addresses of the relays that hold a reservation for us (net/relay.py):
+        """Circuit addresses of the relays that hold a reservation for us (net/reach/relay.py):
         announced after the direct ones."""
         self._relayed = list(addrs)
 
@@ -324,8 +324,8 @@ class SwarmHost:
         return [c for c in conns if not c.is_closed and not c.muxed_conn.is_closed]
 
     def note_seen_by_relay(self, peer_id: PeerID, ip: str | None) -> None:
-        """The relay we reached ``peer_id`` through saw it at ``ip`` (net/relay.py):
-        the one address a hole punch may dial for it (net/holepunch.py)."""
+        """The relay we reached ``peer_id`` through saw it at ``ip`` (net/reach/relay.py):
+        the one address a hole punch may dial for it (net/reach/holepunch.py)."""
         self._seen_by_relay.pop(peer_id, None)
         if ip is not None:
             self._seen_by_relay[peer_id] = ip
@@ -342,7 +342,7 @@ class SwarmHost:
         return await self._gate.arrival(peer_id, since, timeout)
 
     def source_of_peer(self, peer_id: PeerID) -> str | None:
-        """The source address (net.admission.source_of) of a direct connection to
+        """The source address (net.transport.admission.source_of) of a direct connection to
         ``peer_id``; None when there is none."""
         for conn in self._open_connections(peer_id):
             if conn.get_connection_type() == ConnectionType.RELAYED:

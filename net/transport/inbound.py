@@ -9,7 +9,7 @@ handshakes held a slot for the whole 10 s upgrade timeout, so 260 idle TCP socke
 everyone out.
 
 Here a connection's bookkeeping ends when *it* closes, and admission follows
-:mod:`net.admission` (bounds per source address, short handshake deadline, the oldest
+:mod:`net.transport.admission` (bounds per source address, short handshake deadline, the oldest
 stalled handshake dropped first). libp2p's own resource manager is switched off: its
 counters are what leaked, and these limits replace it.
 """
@@ -28,14 +28,14 @@ import trio
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.network.swarm import Swarm
 
-from net.admission import (
+from net.logs import ThrottledLog
+from net.transport.admission import (
     AdmissionLimits,
     AdmissionStatistics,
     FairSlots,
     InboundAdmission,
     source_of,
 )
-from net.logs import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +56,13 @@ class InboundGate:
         self._connections: dict[str, set[trio.CancelScope]] = {}
         self._log = ThrottledLog(log)
         #: (ip, port) -> (peer, until): a hole punch in which we are the Noise initiator
-        #: (net/holepunch.py). A connection from there is the punch: when the other
+        #: (net/reach/holepunch.py). A connection from there is the punch: when the other
         #: side's SYN came before ours left, our listener accepted it, and must not
         #: take the responder's part the other side takes too.
         self._punches: dict[tuple[str, int], tuple[Any, float]] = {}
         #: peer -> (when, our port) of the latest direct inbound connections: a dial-back
         #: claimed by a peer is believed only when its dialer really came in
-        #: (net/reachability.py)
+        #: (net/reach/reachability.py)
         self._arrivals: OrderedDict[Any, tuple[float, int | None]] = OrderedDict()
         self._arrived = trio.Event()
 

@@ -19,9 +19,9 @@ import trio
 from libp2p.transport.tcp.tcp import TCP
 
 from net.dht import NamespacedValidator
-from net.host import SwarmHost
 from net.identity import Identity
 from net.peer import Peer, PeerConfig
+from net.transport.host import SwarmHost
 
 
 def dial_from(host: SwarmHost, source_ip: str) -> SwarmHost:
@@ -36,7 +36,7 @@ def dial_from(host: SwarmHost, source_ip: str) -> SwarmHost:
 
 
 def raw_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    """A request frame with any header at all (net.wire's encoder would refuse most of
+    """A request frame with any header at all (net.rpc.frames's encoder would refuse most of
     what hostile tests send)."""
     raw: bytes = msgpack.packb(header, use_bin_type=True)
     return struct.pack(">2sBBI", b"MH", 1, 1, len(raw)) + raw + payload

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from net._libp2p import PeerID
-from net.host import DialError, SwarmHost, interface_addresses
 from net.identity import Identity
 from net.ratelimit import Admission, PeerRateLimiter, RateLimits
 from net.rpc import BadRequest, CallContext, RateLimited, Reply, RpcError, RpcService
+from net.transport.host import DialError, SwarmHost, interface_addresses
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class DialBackAnswer:
     #: the ports the server's dialer was seen to come in on (its word alone: none)
     reachable_ports: tuple[int, ...]
     tried_ports: tuple[int, ...]
-    #: the address (net.admission.source_of) the server answered from, as we see it
+    #: the address (net.transport.admission.source_of) the server answered from, as we see it
     source: str = "?"
 
 

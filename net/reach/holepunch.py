@@ -28,7 +28,7 @@ Anyone can open a circuit to a peer behind NAT (issue 35): its punch used to dia
 whatever the other side named (a third party, its own router's LAN port, the relay's
 host on any port) and told that side the home's public address. So each side dials
 only addresses on the IP the relay saw the other at (the relay is in the circuit
-message: net/relay.py), and B punches (and names its address) only for the peers
+message: net/reach/relay.py), and B punches (and names its address) only for the peers
 ``allowed`` says it chose to talk to.
 """
 
@@ -46,8 +46,8 @@ from libp2p.connection_types import ConnectionType
 from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
 from net._libp2p import PeerID
-from net.host import SwarmHost
-from net.relay import RelayError, read_message, reset_quietly, write_message
+from net.reach.relay import RelayError, read_message, reset_quietly, write_message
+from net.transport.host import SwarmHost
 
 log = logging.getLogger(__name__)
 
