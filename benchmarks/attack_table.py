@@ -31,9 +31,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.contributing.attacks import ATTACKS
+from core.demo.attacks import ATTACKS
+from core.demo.cheats import ANSWER_CHEATS
 from core.demo.emulated import EmulationOptions, run_emulated
-from core.experts.cheats import ANSWER_CHEATS
 
 
 def contribution_audits(trainer: dict[str, Any]) -> dict[str, int]:

@@ -60,7 +60,8 @@ from core.experts import activations
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.uid import ExpertUID
-from core.moe.audit import Answer, AnswerAuditor, audit, recompute
+from core.moe.answer_checks import Answer, audit, recompute
+from core.moe.audit import AnswerAuditor
 from core.trainer.data import load_corpus
 from core.trainer.model import LocalMixtureOfExperts, build_model
 from core.trainer.session import SessionSettings, TrainingSession

@@ -9,7 +9,7 @@ core/aggregator/audit.py, as an aggregator does.
   every codec, their requests batched as a server batches them (the auditor recomputes
   one request at a time), computed on one thread against the auditor's several or in
   float64 (a more precise device), on experts of several weight scales.
-- **Cheats**: the gradient attacks of core/contributing/attacks.py (sign flip, ALIE,
+- **Cheats**: the gradient attacks of core/demo/attacks.py (sign flip, ALIE,
   copied from other data, a small drift), plus a gradient scaled by 1.05 and one with 1%
   noise; ``detected`` is the share of audits that fail. Every cheating contribution fails
   its audit or is not audited, so with rate r, ``catch_probability_100 = 1 - (1 - r x
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from core.aggregator.audit import Verdict, audit
-from core.contributing.attacks import Attack
 from core.contributing.sender import ContributionSender, SenderConfig, _Kept
+from core.demo.attacks import ATTACKS, Attack
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.uid import ExpertUID
@@ -42,7 +42,7 @@ UID = "ffn0.0.0"
 PROJECT = "0" * 32
 TRAINER = Identity.from_seed(b"t" * 32)
 VOLUNTEER = Identity.from_seed(b"v" * 32)
-#: cheats beyond core/contributing/attacks.py's: what a careful cheater might shade
+#: cheats beyond core/demo/attacks.py's: what a careful cheater might shade
 EXTRA_CHEATS = {
     "scaled x1.05": lambda g, gen: g * 1.05,
     "noised 1%": lambda g, gen: (
@@ -72,7 +72,7 @@ class Volunteer:
             {UID: self.backend},
             [TRAINER.peer_id],
             SenderConfig(project=PROJECT, codec=codec, kept_bytes=2**30),
-            attack=Attack(attack) if attack in ("sign-flip", "alie", "copied", "drift") else None,
+            sums_hook=Attack(attack) if attack in ATTACKS else None,
         )
         self.extra = EXTRA_CHEATS.get(attack or "")
         self.precise = precise

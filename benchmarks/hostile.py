@@ -77,13 +77,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.service import AggregatorService
 from core.contributing.codecs import codec
+from core.demo.cheats import ANSWER_CHEATS
 from core.experts.backend import ExpertBackend
-from core.experts.cheats import ANSWER_CHEATS
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.experts.wire import from_wire, to_wire
-from core.moe.audit import Answer, AnswerAuditor
+from core.moe.answer_checks import Answer
+from core.moe.audit import AnswerAuditor
 from core.moe.client import ExpertCaller, ExpertServerRef
 from core.namespaces import moehome_validator
 from core.node.serving import project_summary
@@ -123,6 +124,7 @@ from net.codec import pack
 from net.dht import sign_record
 from net.dht.node import FIND, GET, STORE, DhtError
 from net.peer import PING
+from net.reach.circuit import read_message, write_message
 from net.reach.holepunch import PROTOCOL as HOLE_PUNCH
 from net.reach.reachability import (
     DIAL_BACK,
@@ -130,13 +132,8 @@ from net.reach.reachability import (
     ReachabilityConfig,
     ReachabilityMonitor,
 )
-from net.reach.relay import (
-    RelayClient,
-    RelayClientConfig,
-    RelayService,
-    read_message,
-    write_message,
-)
+from net.reach.relay import RelayService
+from net.reach.relay_client import RelayClient, RelayClientConfig
 from net.rpc import RPC_PROTOCOL, RpcConfig, RpcError
 from net.rpc.frames import Tensor
 from net.testing import count_connections, dial_from, raw_frame
@@ -796,7 +793,7 @@ async def attack_quorum_framing(target: Any, started: trio.Event) -> None:
             config = ServerConfig(
                 project=PROJECT,
                 trainers=frozenset({TRAINER.public_key}),
-                cheat=ANSWER_CHEATS["scaled-answers"],
+                answer_hook=ANSWER_CHEATS["scaled-answers"],
             )
             await nursery.start(ExpertServer(sybil, {UID: backend}, config).run)
             servers.append(sybil.addrs()[0])

@@ -15,6 +15,7 @@ from net._libp2p import PeerID
 from net.dht import DhtConfig, DhtError, DhtNode, NamespacedValidator
 from net.identity import Identity
 from net.reach.addressbook import AddressBook
+from net.reach.circuit import dial_relayed
 from net.reach.holepunch import HolePuncher
 from net.reach.portmap import PortMapConfig, PortMapper
 from net.reach.reachability import (
@@ -25,7 +26,8 @@ from net.reach.reachability import (
     Verdict,
     tcp_ports,
 )
-from net.reach.relay import RelayClient, RelayClientConfig, RelayLimits, RelayService, dial_relayed
+from net.reach.relay import RelayLimits, RelayService
+from net.reach.relay_client import RelayClient, RelayClientConfig
 from net.rpc import CallContext, Reply, RpcConfig, RpcService
 from net.transport.admission import AdmissionLimits
 from net.transport.host import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,28 +20,25 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.aggregator.journal import Journal
+from core.aggregator.journal import Journal, tensor_from_record, tensor_record
 from core.aggregator.robust import (
     ExpertRoundState,
     RobustSettings,
-    influence,
+    load_round_state,
     lower_median,
-    robust_round,
+    save_round_state,
 )
+from core.aggregator.rounds import ExpertRounds, RoundRule
+from core.aggregator.stats import AggregatorStatistics, ContributorStatistics
+from core.aggregator.strikes import Strikes
+from core.aggregator.trunk import TrunkRounds, TrunkSettings
 from core.aggregator.verify import Rejected, VerifyContext, check_claims, check_payload
-from core.checkpoints import (
-    CheckpointStore,
-    load_optimizer_state,
-    make_optimizer,
-    optimizer_state,
-)
+from core.checkpoints import CheckpointStore, load_optimizer_state, optimizer_state
 from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
-from core.experts.wire import NAME_BY_TORCH, from_wire
 from core.protocol.contributions import TRUNK_UID, Contribution
 from core.protocol.refusals import BANNED, WAITING, is_offence
-from net import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +46,9 @@ log = logging.getLogger(__name__)
 #: them, those it has are refused (not an offence) until another contributor comes.
 THIN_ROUND_ROUNDS = 4
 
-#: Contributors whose statistics are kept without any accepted contribution, and
-#: identities whose strikes and bans are remembered (the oldest are forgotten).
+#: Contributors whose statistics are kept without any accepted contribution (the
+#: oldest are forgotten; strikes and bans: core/aggregator/strikes.py).
 MAX_CONTRIBUTORS = 1024
-MAX_TRACKED = 10_000
-
-
-@dataclass(frozen=True)
-class TrunkSettings:
-    """The trainers' shared layers (core/trainer/trunk.py): an outer SGD with Nesterov
-    momentum on the sum of the trainers' changes, once every trainer sent one or
-    ``round_seconds`` after the first."""
-
-    outer_learning_rate: float = 1.0
-    outer_momentum: float = 0.0
-    round_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -108,39 +93,6 @@ class _Pending:
     uid: str = ""
 
 
-@dataclass
-class ContributorStatistics:
-    accepted: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
-    rounds: int = 0
-    #: rounds it shared with other contributors, and the sum over those of the share of
-    #: its input the robust rule kept (1: untouched)
-    compared_rounds: int = 0
-    influence_sum: float = 0.0
-
-    def to_obj(self) -> dict[str, Any]:
-        return {
-            "accepted": self.accepted,
-            "rejected": dict(self.rejected),
-            "rounds": self.rounds,
-            "influence": (
-                self.influence_sum / self.compared_rounds if self.compared_rounds else None
-            ),
-        }
-
-
-@dataclass
-class AggregatorStatistics:
-    accepted: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
-    rounds: int = 0
-    banned_peers: int = 0
-    #: per contributor (hex public key); only what its signature makes attributable
-    contributors: dict[str, ContributorStatistics] = field(
-        default_factory=lambda: defaultdict(ContributorStatistics)
-    )
-
-
 class Banned(Rejected):
     def __init__(self, seconds: float) -> None:
         super().__init__(BANNED, f"too many invalid contributions; try again in {seconds:.0f} s")
@@ -160,40 +112,42 @@ class AggregatorCore:
         self.versions: dict[str, int] = {}
         self.robust: dict[str, ExpertRoundState] = {}
         self.pending: dict[str, list[_Pending]] = defaultdict(list)
-        #: contributors (hex public keys) a project ban names: refused, not struck
-        self._project_banned: set[str] = set()
         self.round_started: dict[str, float] = {}
         self.seen_nonces: set[bytes] = set()
         self.seen_batches: set[bytes] = set()
         self.applied: set[bytes] = set()
         self.stats = AggregatorStatistics()
         # per contributor (hex key), bounded: identities are free to make
-        self._invalid: OrderedDict[str, list[float]] = OrderedDict()
-        self._banned_until: OrderedDict[str, float] = OrderedDict()
+        self.strikes = Strikes(
+            max_invalid=settings.max_invalid,
+            window=settings.ban_window,
+            ban_seconds=settings.ban_seconds,
+        )
         self._checkpoints = CheckpointStore(folder / "checkpoints")
         self._checkpoint_number = 0
         #: per expert, the weights of recent versions (audits recompute with them)
         self.history: dict[str, OrderedDict[int, dict[str, torch.Tensor]]] = defaultdict(
             OrderedDict
         )
+        self.rules: dict[str, RoundRule] = {}
         for uid in settings.uids:
-            if uid == TRUNK_UID:
+            if uid == TRUNK_UID:  # the one place the trunk is told apart: its rules
                 if settings.trunk is None or initial is None or uid not in initial:
                     raise ValueError("the trunk needs its settings and initial weights")
-                module = self.modules[uid] = initial[uid]
-                momentum = settings.trunk.outer_momentum
-                self.optimizers[uid] = torch.optim.SGD(
-                    module.parameters(),
-                    lr=settings.trunk.outer_learning_rate,
-                    momentum=momentum,
-                    nesterov=momentum > 0,
-                )
+                self.rules[uid] = TrunkRounds(settings.trunk, len(settings.trainers))
+                module = initial[uid]
             else:
-                module = (initial or {}).get(uid) or build_expert(settings.spec, seed=settings.seed)
-                self.modules[uid] = module
-                self.optimizers[uid] = make_optimizer(
-                    settings.optimizer, module, settings.learning_rate
+                self.rules[uid] = ExpertRounds(
+                    settings.min_contributors,
+                    settings.round_samples,
+                    settings.round_seconds,
+                    settings.optimizer,
+                    settings.learning_rate,
+                    settings.robust,
                 )
+                module = (initial or {}).get(uid) or build_expert(settings.spec, seed=settings.seed)
+            self.modules[uid] = module
+            self.optimizers[uid] = self.rules[uid].optimizer(module)
             self.versions[uid] = 0
             self.robust[uid] = ExpertRoundState()
         self._params = {
@@ -231,11 +185,11 @@ class AggregatorCore:
         refusal counts against that contributor; otherwise it counts only once the
         message's own signature is checked."""
         who = contribution.contributor.hex()
-        until = self._banned_until.get(who, 0.0)
-        if until > now:
+        left = self.strikes.ban_left(who, now)
+        if left > 0:
             self.stats.rejected["banned"] += 1
-            raise Banned(until - now)
-        if who in self._project_banned:
+            raise Banned(left)
+        if who in self.strikes.project_banned:
             self.stats.rejected["banned_by_project"] += 1
             raise Rejected("banned_by_project", "a trainer or aggregator of the project banned it")
         try:
@@ -249,7 +203,7 @@ class AggregatorCore:
     def _check_room(self, c: Contribution) -> None:
         """A round waiting for more distinct contributors keeps what it has up to a
         bound; past it, only a contributor it lacks gets in."""
-        if c.uid == TRUNK_UID or self.contributors_short(c.uid) == 0:
+        if self.contributors_short(c.uid) == 0:
             return
         full = self.pending_samples(c.uid) >= THIN_ROUND_ROUNDS * self.settings.round_samples
         if full and c.contributor.hex() in {p.contributor for p in self._ready(c.uid)}:
@@ -290,7 +244,7 @@ class AggregatorCore:
         Rejected otherwise. ``held``: drawn for an audit, it joins no round until
         ``release``d (or ``discard``ed)."""
         self.screen(contribution, now, authenticated=True)
-        record = ["c", contribution.encode(), [_tensor_record(p) for p in parts]]
+        record = ["c", contribution.encode(), [tensor_record(p) for p in parts]]
         self._journal.append([*record, True] if held else record)
         self._remember(contribution, grads, list(parts) if held else None)
         self.stats.accepted += 1
@@ -385,30 +339,21 @@ class AggregatorCore:
         return None if kept is None else dict(kept)
 
     def _strike(self, who: str, now: float) -> None:
-        window = now - self.settings.ban_window
-        strikes = [t for t in self._invalid.pop(who, []) if t > window] + [now]
-        self._invalid[who] = strikes  # most recent last
-        while len(self._invalid) > MAX_TRACKED:  # throwaway identities: the oldest go
-            self._invalid.popitem(last=False)
-        if len(strikes) >= self.settings.max_invalid:
-            self._banned_until[who] = now + self.settings.ban_seconds
-            self._banned_until.move_to_end(who)
-            while len(self._banned_until) > MAX_TRACKED:
-                self._banned_until.popitem(last=False)
-            del self._invalid[who]
+        strikes = self.strikes.strike(who, now)
+        if strikes:
             self.stats.banned_peers += 1
             log.warning(
                 "banning %s for %.0f s after %d invalid contributions",
                 who[:16],
                 self.settings.ban_seconds,
-                len(strikes),
+                strikes,
             )
 
     def ban_contributor(self, public_key: bytes) -> int:
         """Honour a project ban (core/project/bans.py): refuse the contributor from now
         on, and drop what it has pending. Returns the contributions dropped."""
         who = public_key.hex()
-        self._project_banned.add(who)
+        self.strikes.project_banned.add(who)
         dropped = 0
         for uid, pending in self.pending.items():
             kept = [p for p in pending if p.contributor != who]
@@ -420,11 +365,7 @@ class AggregatorCore:
 
     def prune(self, now: float) -> None:
         """Forget strikes and bans that ended (called now and then)."""
-        for who in [w for w, t in self._banned_until.items() if t <= now]:
-            del self._banned_until[who]
-        window = now - self.settings.ban_window
-        for who in [w for w, strikes in self._invalid.items() if strikes[-1] <= window]:
-            del self._invalid[who]
+        self.strikes.prune(now)
 
     # ------------------------------------------------------------ rounds
 
@@ -435,25 +376,15 @@ class AggregatorCore:
         if not self._ready(uid):
             return False
         waited = time.monotonic() - self.round_started.get(uid, time.monotonic())
-        if uid == TRUNK_UID:
-            assert self.settings.trunk is not None
-            senders = {p.contributor for p in self._ready(uid)}
-            return (
-                len(senders) >= len(self.settings.trainers)
-                or waited >= self.settings.trunk.round_seconds
-            )
-        if self.contributors_short(uid):
-            return False  # a version is never set by fewer voices than the manifest says
-        if self.pending_samples(uid) >= self.settings.round_samples:
-            return True
-        return waited >= self.settings.round_seconds
+        senders = len({p.contributor for p in self._ready(uid)})
+        return self.rules[uid].due(senders, self.pending_samples(uid), waited)
 
     def stalled(self, uid: str) -> bool:
         """Whether ``uid``'s round has waited a whole round's time and still lacks
         distinct contributors. A round short of them for less is the normal course: its
         samples may be in before the other volunteers' next contributions (every
         contribution_seconds), and an owner's healthy swarm was reported stuck."""
-        if uid == TRUNK_UID or not self._ready(uid) or not self.contributors_short(uid):
+        if not self._ready(uid) or not self.contributors_short(uid):
             return False
         waited = time.monotonic() - self.round_started.get(uid, time.monotonic())
         return waited >= self.settings.round_seconds
@@ -461,7 +392,7 @@ class AggregatorCore:
     def contributors_short(self, uid: str) -> int:
         """How many more distinct contributors ``uid``'s round needs (0: enough)."""
         senders = {p.contributor for p in self._ready(uid)}
-        return max(0, self.settings.min_contributors - len(senders))
+        return max(0, self.rules[uid].min_contributors - len(senders))
 
     def _sibling_scale(self) -> float | None:
         """The scale of this aggregator's other experts (all of one spec): what a lone
@@ -482,24 +413,9 @@ class AggregatorCore:
             total, samples = per_contributor.get(p.contributor, (torch.zeros_like(flat), 0))
             per_contributor[p.contributor] = (total + flat, samples + p.samples)
         means = {who: total / samples for who, (total, samples) in per_contributor.items()}
-        if uid == TRUNK_UID:
-            # the trainers the manifest lists are trusted (they sign every receipt): the
-            # sum of their changes, each whole, as steps of one run are. DiLoCo averages
-            # its workers' changes, after hundreds of steps each; after a few, averaging
-            # keeps one trainer's progress of several (measured: core/trainer/trunk.py)
-            aggregate = torch.stack(list(means.values())).sum(dim=0)
-            kept = dict.fromkeys(means, 1.0)
-        else:
-            generator = torch.Generator().manual_seed(self.versions[uid])
-            aggregate = robust_round(
-                self.robust[uid], means, self.settings.robust, generator, self._sibling_scale()
-            )
-            momenta = self.robust[uid].momenta or {}
-            kept = influence(
-                {who: momenta.get(who, g) for who, g in means.items()},
-                aggregate,
-                self.settings.robust,
-            )
+        aggregate, kept = self.rules[uid].combine(
+            means, self.robust[uid], self.versions[uid], self._sibling_scale()
+        )
         for who, share in kept.items():
             self.stats.contributors[who].rounds += 1
             if len(kept) > 1:  # alone in a round, there is nothing to compare it with
@@ -510,7 +426,7 @@ class AggregatorCore:
             n = param.numel()
             param.grad = aggregate[offset : offset + n].reshape(param.shape).to(param.dtype).clone()
             offset += n
-        if self.settings.contribution_audit_rate > 0 and uid != TRUNK_UID:
+        if self.settings.contribution_audit_rate > 0 and self.rules[uid].audited:
             self._keep_version(uid)
         self.optimizers[uid].step()
         self.optimizers[uid].zero_grad(set_to_none=True)
@@ -548,16 +464,7 @@ class AggregatorCore:
             for name, t in module.state_dict().items():
                 tensors[f"w/{uid}/{name}"] = t.detach().cpu()
             opt_meta[uid] = optimizer_state(self.optimizers[uid], f"o/{uid}", tensors)
-            st = self.robust[uid]
-            if st.previous is not None:
-                tensors[f"r/{uid}/previous"] = st.previous
-            for who, m in (st.momenta or {}).items():
-                tensors[f"r/{uid}/m/{who}"] = m
-            robust_meta[uid] = {
-                "rounds": st.rounds,
-                "last_seen": st.last_seen or {},
-                "scale": st.scale,
-            }
+            robust_meta[uid] = save_round_state(self.robust[uid], f"r/{uid}", tensors)
         state = {
             "versions": self.versions,
             "applied": sorted(self.applied),
@@ -583,17 +490,7 @@ class AggregatorCore:
                 load_optimizer_state(
                     self.optimizers[uid], state["optimizers"][uid], f"o/{uid}", tensors
                 )
-                meta = state["robust"][uid]
-                momenta = {
-                    k.split("/", 3)[3]: v for k, v in tensors.items() if k.startswith(f"r/{uid}/m/")
-                }
-                self.robust[uid] = ExpertRoundState(
-                    tensors.get(f"r/{uid}/previous"),
-                    momenta,
-                    dict(meta["last_seen"]),
-                    meta["rounds"],
-                    meta.get("scale"),
-                )
+                self.robust[uid] = load_round_state(state["robust"][uid], f"r/{uid}", tensors)
             self.versions = dict(state["versions"])
             self.applied = set(state["applied"])
             self.seen_nonces = set(state["seen_nonces"])
@@ -606,7 +503,7 @@ class AggregatorCore:
             c = Contribution.decode(record[1])
             if c.nonce in self.applied:
                 continue
-            parts = [_tensor_from_record(r) for r in record[2]]
+            parts = [tensor_from_record(r) for r in record[2]]
             chosen = codec(c.codec)
             per_param = len(parts) // len(c.params)
             grads = {
@@ -630,13 +527,3 @@ class AggregatorCore:
         already, and a restart replays it (so this is also what kill -9 leaves)."""
         if not self._journal._file.closed:
             self._journal.close()
-
-
-def _tensor_record(t: torch.Tensor) -> list[Any]:
-    t = t.detach().contiguous().cpu()
-    data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    return [NAME_BY_TORCH[t.dtype], list(t.shape), data]
-
-
-def _tensor_from_record(r: list[Any]) -> torch.Tensor:
-    return from_wire(Tensor(r[0], tuple(r[1]), bytearray(r[2])))

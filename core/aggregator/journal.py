@@ -22,7 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
+import torch
+
+from core.experts.wire import NAME_BY_TORCH, from_wire
 from net.codec import pack, unpack_bounded
+from net.rpc import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +71,14 @@ class Journal:
                     log.warning("journal %s: torn last record dropped (never acknowledged)", path)
                     return
                 yield unpack_bounded(data, MAX_RECORD_BYTES)
+
+
+def tensor_record(t: torch.Tensor) -> list[Any]:
+    """A tensor as a journal record's field: [dtype, shape, raw bytes]."""
+    t = t.detach().contiguous().cpu()
+    data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return [NAME_BY_TORCH[t.dtype], list(t.shape), data]
+
+
+def tensor_from_record(r: list[Any]) -> torch.Tensor:
+    return from_wire(Tensor(r[0], tuple(r[1]), bytearray(r[2])))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -143,6 +144,32 @@ class ExpertRoundState:
     #: middle) of the last round that had two contributors or more. A round with one
     #: contributor has nothing to compare it with, so its step is clipped to this.
     scale: float | None = None
+
+
+def save_round_state(
+    state: ExpertRoundState, prefix: str, tensors: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """``state`` for a checkpoint: its tensors into ``tensors`` under ``prefix``, the
+    rest returned."""
+    if state.previous is not None:
+        tensors[f"{prefix}/previous"] = state.previous
+    for who, m in (state.momenta or {}).items():
+        tensors[f"{prefix}/m/{who}"] = m
+    return {"rounds": state.rounds, "last_seen": state.last_seen or {}, "scale": state.scale}
+
+
+def load_round_state(
+    meta: dict[str, Any], prefix: str, tensors: dict[str, torch.Tensor]
+) -> ExpertRoundState:
+    """The state :func:`save_round_state` saved."""
+    momenta = {k[len(prefix) + 3 :]: v for k, v in tensors.items() if k.startswith(f"{prefix}/m/")}
+    return ExpertRoundState(
+        tensors.get(f"{prefix}/previous"),
+        momenta,
+        dict(meta["last_seen"]),
+        meta["rounds"],
+        meta.get("scale"),
+    )
 
 
 def robust_round(

@@ -20,7 +20,7 @@ from core.aggregator.verify import Rejected, check_payload
 from core.experts.registry import build_expert
 from core.experts.weights import save_weights
 from core.experts.wire import from_wire, to_wire
-from core.moe.audit import recompute_rows
+from core.moe.answer_checks import recompute_rows
 from core.project.chunks import ChunkStore, FileEntry, split_file
 from core.protocol.aggregator_methods import (
     CONTRIBUTE,

@@ -122,13 +122,11 @@ def demo(
     publishing a project, an aggregator, volunteer nodes and a trainer, each its own
     process on 127.0.0.1. Live progress, then a summary. Ctrl-C stops everything."""
     from core.aggregator.robust import RULES
-    from core.contributing.attacks import ATTACKS
     from core.demo import DemoOptions, print_summary, run_demo, wire_codecs
-    from core.experts.cheats import ANSWER_CHEATS
+    from core.demo.rig import KNOWN
 
-    if any(a not in (*ATTACKS, *ANSWER_CHEATS) for a in attack.split(",")):
-        known = ", ".join((*ATTACKS, *ANSWER_CHEATS))
-        typer.echo(f"error: --attack must be one of {known}", err=True)
+    if any(a not in KNOWN for a in attack.split(",")):
+        typer.echo(f"error: --attack must be one of {', '.join(KNOWN)}", err=True)
         raise typer.Exit(2)
     if slow > volunteers:
         typer.echo("error: --slow cannot exceed --volunteers", err=True)

@@ -74,13 +74,14 @@ def node(
     ] = False,
 ) -> None:
     """Run the volunteer node (what the tray starts): serves experts when allowed."""
-    from core.contributing.attacks import ATTACKS
-    from core.experts.cheats import ANSWER_CHEATS
+    answer_hook = sums_hook = None
+    if attack is not None:  # the rig is loaded only when asked for
+        from core.demo.rig import KNOWN, node_hooks
 
-    known = (*ATTACKS, *ANSWER_CHEATS)
-    if attack is not None and attack not in known:
-        typer.echo(f"error: --attack must be one of {', '.join(known)}", err=True)
-        raise typer.Exit(2)
+        if attack not in KNOWN:
+            typer.echo(f"error: --attack must be one of {', '.join(KNOWN)}", err=True)
+            raise typer.Exit(2)
+        answer_hook, sums_hook = node_hooks(attack)
     if selftest:
         _node_selftest()
         return
@@ -101,7 +102,8 @@ def node(
             listen=tuple(listen or ()),  # none: as the preferences say
             experts=experts,
             benchmark=benchmark,
-            attack=attack,
+            answer_hook=answer_hook,
+            sums_hook=sums_hook,
             reply_delay=reply_delay_ms / 1000,
         )
         probes = FileProbes(fake_probes) if fake_probes else probe_for_this_os()

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 import trio
 
-from core.contributing.attacks import Attack
 from core.contributing.codecs import ErrorFeedback, codec
 from core.contributing.reveal import Reveal
 from core.experts.backend import ExpertBackend, GradientAccumulator
@@ -27,6 +26,11 @@ from core.protocol.refusals import COME_BACK_LATER, STALE, is_offence, pause_aft
 from net import Peer, PeerID, RemoteError, RpcError, TooLarge
 
 log = logging.getLogger(__name__)
+
+#: Alters an expert's gradient sums over ``samples`` before they are sent: (uid, sums,
+#: samples) -> the sums sent. Only the rig sets one (core/demo/attacks.py, to show the
+#: aggregators' robust rules at work); an honest node sends what it computed.
+SumsHook = Callable[[str, dict[str, torch.Tensor], int], dict[str, torch.Tensor]]
 
 #: after the project banned this volunteer (an aggregator refused it so), how long the
 #: sender waits before it tries again: bans last hours, and every contribution until
@@ -99,7 +103,7 @@ class ContributionSender:
         config: SenderConfig,
         *,
         on_result: Callable[[str, str], None] | None = None,
-        attack: Attack | None = None,
+        sums_hook: SumsHook | None = None,
     ) -> None:
         if not aggregators:
             raise ValueError("a project needs at least one aggregator to send contributions to")
@@ -110,7 +114,7 @@ class ContributionSender:
         self.stats = SenderStatistics()
         # told (uid, "accepted" | a refusal code | "given_up") when a delivery ends
         self.on_result = on_result
-        self.attack = attack  # demo and tests only: poison what is sent
+        self.sums_hook = sums_hook  # the rig only: alter what is sent
         self._in_flight = 0
         self._all_delivered = trio.Event()
         self._all_delivered.set()
@@ -194,8 +198,8 @@ class ContributionSender:
         if not receipts or not sums:
             kept.drop(self.kept_budget)
             return None
-        if self.attack is not None:
-            sums = self.attack.poison(uid, sums, samples)
+        if self.sums_hook is not None:
+            sums = self.sums_hook(uid, sums, samples)
         chosen = codec(self.config.codec)
         names = [n for n, _ in module.named_parameters()]
         feedback = self._feedback[uid]

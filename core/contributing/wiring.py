@@ -10,9 +10,8 @@ from pathlib import Path
 
 import trio
 
-from core.contributing.attacks import Attack
 from core.contributing.puller import WeightsPuller
-from core.contributing.sender import ContributionSender, SenderConfig
+from core.contributing.sender import ContributionSender, SenderConfig, SumsHook
 from core.experts.backend import ExpertBackend
 from core.experts.server import ExpertServer
 from core.project.chunks import ChunkStore
@@ -34,7 +33,7 @@ async def start_contributing(
     data_dir: Path,
     *,
     on_result: Callable[[str, str], None] | None = None,
-    attack: Attack | None = None,
+    sums_hook: SumsHook | None = None,
 ) -> ContributionSender | None:
     keys = [bytes.fromhex(a.key) for a in manifest.aggregators]
     if not keys:
@@ -57,7 +56,7 @@ async def start_contributing(
                 round_seconds=manifest.training.round_seconds,
             ),
             on_result=on_result,
-            attack=attack,
+            sums_hook=sums_hook,
         ).run
     )
     puller = WeightsPuller(

@@ -8,7 +8,7 @@ with batches in flight); only the volunteers' hardware is emulated:
 * compute: a volunteer of speed ``v`` samples/s spends ``1 / (v * rows * 3)`` seconds
   per expert row forward and twice that backward (``rows``: expert rows per sample, a
   sample's tokens x k_best x mixture layers), sleeping whatever its real (tiny) expert
-  did not take (``ServerConfig.emulated_seconds_per_row``);
+  did not take (``ServerConfig.pace``);
 * link: every answer leaves through an emulated uplink (``upload_mbit``, one answer at
   a time) and ``delay_ms`` later (``RpcConfig.reply_upload_bytes_per_second`` and
   ``reply_delay``): a call's round trip grows by the delay.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -20,9 +21,8 @@ from pathlib import Path
 
 import trio
 
-from core.contributing.attacks import ATTACKS as GRADIENT_ATTACKS
-from core.contributing.attacks import Attack
-from core.experts.cheats import ANSWER_CHEATS
+from core.demo.rig import node_hooks
+from core.experts.batching import Pace
 from core.experts.server import ServerConfig
 from core.namespaces import moehome_validator
 from core.roles.expert_server import serve_project_experts
@@ -52,8 +52,8 @@ class HostSpec:
     announce_seconds: float
     announce_ttl: float
     #: which of this host's volunteers (indices into ``experts``) cheat, and how (a
-    #: gradient attack of core/contributing/attacks.py or an answer cheat of
-    #: core/experts/cheats.py)
+    #: gradient attack of core/demo/attacks.py or an answer cheat of
+    #: core/demo/cheats.py)
     attacking: list[int] = field(default_factory=list)
     attack: str = ""
     #: which of this host's volunteers sit behind a link ``slow_delay`` seconds long
@@ -63,10 +63,15 @@ class HostSpec:
     def server_config(self) -> ServerConfig:
         return ServerConfig(
             project=self.project,
-            emulated_seconds_per_row=self.seconds_per_row,
+            pace=per_row(self.seconds_per_row),
             announce_interval=self.announce_seconds,
             announce_ttl=self.announce_ttl,
         )
+
+
+def per_row(seconds: float) -> Pace | None:
+    """The pace of a volunteer that spends ``seconds`` per forward row (None: 0)."""
+    return partial(operator.mul, seconds) if seconds > 0 else None
 
 
 async def start_peer(
@@ -96,10 +101,10 @@ async def serve_volunteers(nursery: trio.Nursery, spec: HostSpec) -> list[str]:
         volunteer = await start_peer(nursery, spec.bootstrap, link=(delay, spec.upload))
         data_dir = Path(spec.workdir) / f"host{spec.host}" / f"volunteer{i}"
         cheats = i in spec.attacking
-        config = replace(honest, cheat=ANSWER_CHEATS.get(spec.attack)) if cheats else honest
-        attack = Attack(spec.attack) if cheats and spec.attack in GRADIENT_ATTACKS else None
+        answer_hook, sums_hook = node_hooks(spec.attack if cheats else None)
+        config = replace(honest, answer_hook=answer_hook)
         await serve_project_experts(
-            nursery, volunteer, spec.project, mine, data_dir, config, attack=attack
+            nursery, volunteer, spec.project, mine, data_dir, config, sums_hook=sums_hook
         )
         peers.append(str(volunteer.peer_id))
     return peers

@@ -14,7 +14,7 @@ class DemoOptions:
     steps: int = 200
     churn: bool = False
     attackers: int = 0
-    #: what the attackers do (core/contributing/attacks.py, core/experts/cheats.py);
+    #: what the attackers do (core/demo/attacks.py, core/demo/cheats.py);
     #: several, comma-separated: the attackers take turns
     attack: str = "sign-flip"
     slow: int = 0

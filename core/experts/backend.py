@@ -430,3 +430,21 @@ class ExpertBackend:
         )
         assert graph.inputs.grad is not None
         return graph.inputs.grad.cpu()
+
+
+def batch_forward(
+    backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object, extras: list[Any]
+) -> tuple[torch.Tensor, int | None, int]:
+    """A forward batch of a task pool (core/experts/batching.py): (outputs, handle of
+    the kept graph or None, version of the weights that computed it)."""
+    # the device is held: no new weights are swapped in while this runs
+    version = backend.version
+    return (*backend.forward(inputs[0], keep=keep, owner=owner), version)
+
+
+def batch_backward(
+    backend: ExpertBackend, inputs: list[torch.Tensor], keep: bool, owner: object, extras: list[Any]
+) -> tuple[torch.Tensor, int | None, int]:
+    """A backward batch of a task pool: (input gradients, None, version)."""
+    version = backend.version
+    return backend.backward(inputs[0], inputs[1], receipts=extras), None, version

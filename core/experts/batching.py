@@ -37,6 +37,11 @@ from net import Overloaded
 
 log = logging.getLogger(__name__)
 
+#: The emulated swarm's pace (the rig: core/demo/emulated.py): the seconds the device is
+#: held for a batch of this much work, in forward rows (a backward row is 2), whatever
+#: this computer's speed. None in real use: a batch takes what it takes.
+Pace = Callable[[float], float]
+
 #: Runs one batch: (batched input tensors, keep, owner, extras) -> (outputs, handle of a
 #: kept autograd graph or None, the version of the weights that computed them). ``keep``
 #: is only ever True for a batch of a single request, whose caller is ``owner``;

@@ -23,7 +23,8 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from core.experts import activations
 from core.experts.activations import ActivationCodecError, WireCodecs
-from core.moe.audit import Answer, AnswerAuditor, Evidence, statement_problem
+from core.moe.answer_checks import Answer, Evidence, statement_problem
+from core.moe.audit import AnswerAuditor
 from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS, ServerLoads
 from core.moe.voices import ExpertVoices
 from core.protocol.aggregator_methods import MAX_REFEREE_ROWS, REFEREE

@@ -5,8 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from net.transport import DEFAULT_LISTEN
+
+if TYPE_CHECKING:  # the options stay light to import (no torch)
+    from core.contributing.sender import SumsHook
+    from core.experts.answers import AnswerHook
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,9 @@ class NodeOptions:
     #: After a start or a join, how long a manifest not found yet is no error (the DHT
     #: is still being reached; the node says "starting" meanwhile).
     first_look_s: float = 60.0
-    #: Demo and tests only: poison the contributions this node sends (core.contributing.attacks).
-    attack: str | None = None
+    #: The rig only (core/demo: attacks and cheats): alter the answers this node signs,
+    #: and the gradient sums it sends. None, both, in real use.
+    answer_hook: AnswerHook | None = None
+    sums_hook: SumsHook | None = None
     #: Demo and tests only: answer every request this many seconds late (a slow link).
     reply_delay: float = 0.0

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import trio
 
-from core.contributing.attacks import ATTACKS as GRADIENT_ATTACKS
-from core.contributing.attacks import Attack
 from core.contributing.sender import ContributionSender
 from core.contributing.wiring import start_contributing
 from core.control.limits import check_project_id
@@ -29,7 +27,6 @@ from core.control.models import (
 )
 from core.control.preferences import Preferences
 from core.errors import UserFacingError, one_line
-from core.experts.cheats import ANSWER_CHEATS
 from core.experts.records import SERVING, ExpertAnnouncement, expert_key
 from core.experts.server import ExpertServer, ServerConfig
 from core.files import replace_file
@@ -231,7 +228,7 @@ class ProjectService:
                     project=project,
                     require_receipts=True,
                     trainers=frozenset(bytes.fromhex(t.key) for t in manifest.trainers),
-                    cheat=ANSWER_CHEATS.get(self.options.attack or ""),
+                    answer_hook=self.options.answer_hook,
                 ),
                 paused=decision is None or not decision.run,
             )
@@ -249,11 +246,7 @@ class ProjectService:
                         server,
                         self.options.data_dir,
                         on_result=self._contribution_ended,
-                        attack=(
-                            Attack(self.options.attack)
-                            if self.options.attack in GRADIENT_ATTACKS
-                            else None
-                        ),
+                        sums_hook=self.options.sums_hook,
                     )
                     self.server, self.sender, self.project_error = server, sender, ""
                     await self.governor.attach(server)

@@ -12,9 +12,10 @@ import torch
 import trio
 
 from core.aggregator.auditor import ContributionFinding
-from core.aggregator.core import AggregatorCore, AggregatorSettings, TrunkSettings
+from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.robust import RobustSettings
 from core.aggregator.service import AggregatorService
+from core.aggregator.trunk import TrunkSettings
 from core.errors import UserFacingError
 from core.namespaces import moehome_validator
 from core.project.bans import BanBoard

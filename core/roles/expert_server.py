@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from core.contributing.attacks import Attack
+from core.contributing.sender import SumsHook
 from core.contributing.wiring import start_contributing
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
@@ -74,11 +74,11 @@ async def serve_project_experts(
     data_dir: Path,
     server_config: ServerConfig,
     *,
-    attack: Attack | None = None,
+    sums_hook: SumsHook | None = None,
 ) -> ExpertServer:
     """Join the project, serve its experts with receipts required, send contributions to
-    its aggregators and pull the new versions they publish. ``attack``: poison the
-    contributions (demo and benchmarks only)."""
+    its aggregators and pull the new versions they publish. ``sums_hook``: alters the
+    contributions (the rig only: core/demo/attacks.py)."""
     signed, backends = await join_project(peer, project, uids, data_dir=data_dir)
     log.info("joined %s (%s)", signed.manifest.project.name, project)
     trainers = frozenset(bytes.fromhex(t.key) for t in signed.manifest.trainers)
@@ -88,6 +88,6 @@ async def serve_project_experts(
         ).run
     )
     await start_contributing(
-        nursery, peer, project, signed.manifest, backends, server, data_dir, attack=attack
+        nursery, peer, project, signed.manifest, backends, server, data_dir, sums_hook=sums_hook
     )
     return server

@@ -26,11 +26,13 @@ import trio
 
 from core.errors import UserFacingError
 from core.experts.uid import ExpertUID, Grid
-from core.moe.audit import Answer, AnswerAuditor, Finding, PublishedWeights
+from core.moe.answer_checks import Answer, Finding
+from core.moe.audit import AnswerAuditor
 from core.moe.client import ExpertCaller, Portal, ReceiptSigner
 from core.moe.finder import ExpertFinder
 from core.moe.load import ServerLoads
 from core.moe.mixture import MoEConfig, RemoteMixtureOfExperts
+from core.moe.published import PublishedWeights
 from core.moe.voices import ExpertVoices
 from core.namespaces import moehome_validator
 from core.project.bans import BanBoard

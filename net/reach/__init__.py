@@ -3,7 +3,8 @@ mapping, relays, hole punching), plus the signed address book that finds a peer 
 
 from net.reach.portmap import PortMapConfig
 from net.reach.reachability import Reachability, ReachabilityConfig, Verdict
-from net.reach.relay import RelayClientConfig, RelayLimits
+from net.reach.relay import RelayLimits
+from net.reach.relay_client import RelayClientConfig
 
 __all__ = [
     "PortMapConfig",

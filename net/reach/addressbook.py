@@ -5,8 +5,9 @@ record up.
 
 Addresses otherwise travel unsigned, in the metadata of DHT messages: anyone can claim
 any addresses for any peer there (a dial to a wrong one fails Noise, so it costs only
-time). The record is the peer's own word, relayed addresses included (net/reach/relay.py), and
-it follows every change: a new relay, a new public address after the router renumbered.
+time). The record is the peer's own word, relayed addresses included
+(net/reach/relay_client.py), and it follows every change: a new relay, a new public
+address after the router renumbered.
 """
 
 from __future__ import annotations

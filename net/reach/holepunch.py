@@ -46,7 +46,7 @@ from libp2p.connection_types import ConnectionType
 from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
 from net._libp2p import PeerID
-from net.reach.relay import RelayError, read_message, reset_quietly, write_message
+from net.reach.circuit import RelayError, read_message, reset_quietly, write_message
 from net.transport.host import SwarmHost
 
 log = logging.getLogger(__name__)

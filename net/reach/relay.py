@@ -1,12 +1,9 @@
-"""Circuit relay: a peer that cannot be dialled (behind NAT) is reached through a public
-peer that it keeps a connection to.
+"""Circuit relay, the relay's side (the wire format and dialling: net/reach/circuit.py).
 
-The wire format is libp2p's circuit relay v2 (``/libp2p/circuit/relay/0.2.0/hop`` and
-``/stop``, its protobuf messages from py-libp2p), so the roles and codes are the spec's;
-the relay and its client are ours. py-libp2p 0.8.1's relay keys a reservation by a field
-the client writes, holds 4 reservations for the whole relay, lets an idle circuit outlive
-its duration limit and tears down a circuit when a second one to the same peer opens;
-its client renews reservations only after they expired (docs/decisions/007).
+py-libp2p 0.8.1's relay keys a reservation by a field the client writes, holds 4
+reservations for the whole relay, lets an idle circuit outlive its duration limit and
+tears down a circuit when a second one to the same peer opens (docs/decisions/007); this
+relay is ours.
 
 - **Relay** (:class:`RelayService`): a reachable peer grants *reservations* (bounded in
   number, per address and in time) to the peer at the other end of the stream, never to
@@ -14,59 +11,36 @@ its client renews reservations only after they expired (docs/decisions/007).
   *circuit*; the relay opens a STOP stream to the reserved peer and splices the two
   streams, each circuit bounded in time and in bytes per direction: a relay carries
   handshakes and light traffic, never a swarm's.
-- **Client** (:class:`RelayClient`): a peer that learned it cannot be dialled keeps
-  reservations on ``relays`` peers, renews them at half their life, replaces a relay
-  whose connection ended, accepts circuits only from its relays, and gives its relayed
-  addresses (``<relay address>/p2p/<relay>/p2p-circuit``) to announce.
-- **Dialling** (:func:`dial_relayed`): open a circuit through the relay and run the
-  usual Noise + Yamux upgrade over it. The relay sees only ciphertext, and Noise checks
-  the far end's peer id, so a relay can break a connection but never read or alter it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import multiaddr
 import trio
-from google.protobuf.message import Message
-from libp2p.connection_types import ConnectionType
 from libp2p.exceptions import BaseLibp2pError
-from libp2p.network.connection.raw_connection import RawConnection
-from libp2p.relay.circuit_v2.pb.circuit_pb2 import (
-    HopMessage,
-    Limit,
-    Reservation,
-    StopMessage,
-)
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage, Limit, Reservation, StopMessage
 from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeer
 from libp2p.relay.circuit_v2.pb.circuit_pb2 import Status as Code
 
 from net._libp2p import PeerID
 from net.ratelimit import FairRate
+from net.reach.circuit import HOP, STOP, RelayError, read_message, reset_quietly, write_message
 from net.transport.admission import FairSlots, source_of
-from net.transport.host import DialError, SwarmHost, parse_peer_addr
+from net.transport.host import DialError, SwarmHost
 
 log = logging.getLogger(__name__)
 
-HOP = "/libp2p/circuit/relay/0.2.0/hop"
-STOP = "/libp2p/circuit/relay/0.2.0/stop"
-#: The longest hop or stop message we read (a few addresses and ids).
-MAX_MESSAGE_BYTES = 4096
 _CHUNK = 64 * 1024
 #: A read this small through a circuit is a keepalive (a Noise-sealed yamux ping is 30
 #: bytes), not traffic: it does not keep an idle circuit open.
 _KEEPALIVE_BYTES = 64
-
-
-class RelayError(DialError):
-    """A relay refused or failed a reservation or a circuit."""
 
 
 @dataclass(frozen=True)
@@ -123,84 +97,6 @@ class _Reservation:
     expires: float  # trio clock
     source: str  # the address it came from
     circuits: int = 0
-
-
-# ------------------------------------------------------------------ messages
-
-
-async def write_message(stream: Any, message: Message) -> None:
-    """One length-prefixed protobuf message (the relay's and DCUtR's framing)."""
-    body = message.SerializeToString()
-    await stream.write(_varint(len(body)) + body)
-
-
-async def read_message(stream: Any, kind: type[Any]) -> Any:
-    """One length-prefixed protobuf message, read byte by byte up to its end (the bytes
-    after it belong to the circuit); bounded before anything is allocated."""
-    length = 0
-    for shift in range(0, 35, 7):
-        byte = await _read_exactly(stream, 1)
-        length |= (byte[0] & 0x7F) << shift
-        if not byte[0] & 0x80:
-            break
-    else:
-        raise RelayError("malformed message length")
-    if length > MAX_MESSAGE_BYTES:
-        raise RelayError(f"a relay message of {length} bytes (the limit is {MAX_MESSAGE_BYTES})")
-    message = kind()
-    try:
-        message.ParseFromString(await _read_exactly(stream, length))
-    except Exception as exc:  # protobuf's DecodeError and friends
-        raise RelayError(f"malformed relay message: {exc}") from exc
-    return message
-
-
-async def _read_exactly(stream: Any, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        try:
-            chunk = await stream.read(n - len(data))
-        except EOFError:
-            chunk = b""
-        if not chunk:
-            raise RelayError("the stream ended inside a relay message")
-        data += chunk
-    return data
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _status(code: Any) -> str:
-    try:
-        return str(Code.Name(code))
-    except ValueError:
-        return str(code)
-
-
-def circuit_addr(relay_addr: str, relay: PeerID) -> str:
-    """The address a peer reserved on ``relay`` announces (without its own /p2p/)."""
-    return f"{relay_addr.split('/p2p/', 1)[0]}/p2p/{relay}/p2p-circuit"
-
-
-def split_circuit(addr: str) -> tuple[str, PeerID] | None:
-    """``<relay address>/p2p/<relay>``, and the relay's id, of a circuit address; None
-    when ``addr`` is not one."""
-    head, sep, _ = addr.partition("/p2p-circuit")
-    if not sep or "/p2p/" not in head:
-        return None
-    try:
-        info = parse_peer_addr(head)
-    except ValueError:
-        return None
-    return head, info.peer_id
 
 
 # ------------------------------------------------------------------ relay
@@ -475,16 +371,6 @@ async def _send_and_close(stream: Any, message: HopMessage | StopMessage) -> Non
         await reset_quietly(stream)
 
 
-async def reset_quietly(stream: Any) -> None:
-    """Reset a stream that may be gone already (relay and hole-punch streams)."""
-    with (
-        trio.CancelScope(shield=True),
-        trio.move_on_after(1),
-        contextlib.suppress(Exception),  # already gone
-    ):
-        await stream.reset()
-
-
 def _seen(ip: str | None) -> list[bytes]:
     """An address as the relay saw it, for a circuit message (none when not IPv4)."""
     try:
@@ -493,228 +379,9 @@ def _seen(ip: str | None) -> list[bytes]:
         return []
 
 
-def seen_ip(peer: Any) -> str | None:
-    """The IPv4 address a relay said it saw a peer at (a circuit message's ``peer``)."""
-    for raw in list(getattr(peer, "addrs", []))[:1]:
-        addr = _readable_addr(raw)
-        parts = (addr or "").split("/")
-        if len(parts) == 3 and parts[1] == "ip4":
-            return parts[2]
-    return None
-
-
 def _remote_ip(stream: Any) -> str | None:
     try:
         address = stream.muxed_conn.secured_conn.get_remote_address()
     except Exception:  # noqa: BLE001 - a relayed or exotic connection has none
         return None
     return str(address[0]) if address else None
-
-
-# ------------------------------------------------------------------ client
-
-
-@dataclass(frozen=True)
-class RelayClientConfig:
-    #: reservations kept at once
-    relays: int = 2
-    #: a reservation is renewed when this share of its life has passed
-    renew_at: float = 0.5
-    #: seconds between looks (connections lost, reservations to renew or replace)
-    check_s: float = 2.0
-    #: a peer that refused a reservation is not asked again for this long; one that
-    #: could not be reached, for this long
-    refused_s: float = 300.0
-    unreachable_s: float = 30.0
-    #: circuits accepted at once
-    max_inbound_circuits: int = 32
-
-
-@dataclass
-class _Held:
-    relay: PeerID
-    #: the relay's own addresses (full, with /p2p/), from its answer
-    addrs: tuple[str, ...]
-    renew_at: float  # trio clock
-    expires: float
-
-
-@dataclass
-class RelayClient:
-    """Keeps reservations on relays while ``wanted()`` (we cannot be dialled), and
-    accepts the circuits they bring. ``candidates()`` names peers to ask, best first;
-    ``on_change`` is told our relayed addresses whenever they change."""
-
-    host: SwarmHost
-    candidates: Callable[[], Sequence[PeerID]]
-    wanted: Callable[[], bool]
-    config: RelayClientConfig = field(default_factory=RelayClientConfig)
-    on_change: Callable[[list[str]], None] | None = None
-    #: run for each circuit accepted, while it lasts, with the address the relay saw
-    #: its initiator at (hole punching: net/reach/holepunch.py)
-    on_circuit: Callable[[PeerID, str | None], Awaitable[Any]] | None = None
-    held: dict[PeerID, _Held] = field(default_factory=dict)
-    circuits_accepted: int = 0
-    circuits_refused: int = 0
-    _refused: dict[PeerID, float] = field(default_factory=dict)
-    _inbound: int = 0
-    _wake: trio.Event = field(default_factory=trio.Event)
-
-    def relayed_addrs(self) -> list[str]:
-        out: list[str] = []
-        for held in self.held.values():
-            for addr in held.addrs:
-                parts = addr.split("/")
-                if len(parts) > 2 and parts[2].startswith("127.") and len(held.addrs) > 1:
-                    continue
-                out.append(circuit_addr(addr, held.relay))
-        return out
-
-    def wake(self) -> None:
-        """Look again now (e.g. we just learned that we cannot be dialled)."""
-        self._wake.set()
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.host.set_stream_handler(STOP, self._on_stop)
-        task_status.started()
-        while True:
-            before = self.relayed_addrs()
-            await self._tend()
-            after = self.relayed_addrs()
-            if after != before and self.on_change is not None:
-                self.on_change(after)
-            with trio.move_on_after(self.config.check_s):
-                await self._wake.wait()
-            self._wake = trio.Event()
-
-    async def _tend(self) -> None:
-        now = trio.current_time()
-        if not self.wanted():
-            self.held.clear()
-            return
-        for relay, held in list(self.held.items()):
-            if held.expires <= now or not self.host.is_connected(relay):
-                log.info("relay %s lost; looking for another", relay)
-                del self.held[relay]
-            elif held.renew_at <= now:
-                await self._reserve(relay)
-        tried: set[PeerID] = set()
-        for peer in self.candidates():
-            if len(self.held) >= self.config.relays:
-                break
-            if peer in self.held or peer in tried or self._refused.get(peer, 0) > now:
-                continue
-            tried.add(peer)
-            await self._reserve(peer)
-
-    async def _reserve(self, relay: PeerID) -> None:
-        try:
-            with trio.fail_after(10):
-                stream = await self.host.new_stream(relay, HOP, timeout=5, attempts=1)
-                await write_message(stream, HopMessage(type=HopMessage.RESERVE))
-                answer = await read_message(stream, HopMessage)
-                await stream.close()
-        except (DialError, RelayError, trio.TooSlowError, BaseLibp2pError, OSError) as exc:
-            log.debug("no reservation on %s: %s", relay, exc)
-            self._refused[relay] = trio.current_time() + self.config.unreachable_s
-            self.held.pop(relay, None)
-            return
-        if answer.status != Code.OK or not answer.HasField("reservation"):
-            log.debug("%s refused a reservation: %s", relay, _status(answer.status))
-            self._refused[relay] = trio.current_time() + self.config.refused_s
-            self.held.pop(relay, None)
-            return
-        now = trio.current_time()
-        life = max(1.0, answer.reservation.expire - time.time())
-        addrs = []
-        for raw in list(answer.reservation.addrs)[:8]:
-            addr = _readable_addr(raw)
-            if addr is not None and addr.endswith(f"/p2p/{relay}") and len(addr) <= 200:
-                addrs.append(addr)
-        if not addrs:
-            self._refused[relay] = now + self.config.refused_s
-            return
-        if relay not in self.held:
-            log.info("reservation on relay %s for %.0f s", relay, life)
-        self.held[relay] = _Held(relay, tuple(addrs), now + life * self.config.renew_at, now + life)
-
-    async def _on_stop(self, stream: Any) -> None:
-        relay = stream.muxed_conn.peer_id
-        if relay not in self.held or self._inbound >= self.config.max_inbound_circuits:
-            self.circuits_refused += 1
-            await reset_quietly(stream)
-            return
-        try:
-            with trio.fail_after(10):
-                message = await read_message(stream, StopMessage)
-                initiator = PeerID(message.peer.id)
-                initiator_ip = seen_ip(message.peer)
-                if message.type != StopMessage.CONNECT:
-                    raise RelayError("unexpected stop message")
-                await write_message(stream, StopMessage(type=StopMessage.STATUS, status=Code.OK))
-        except Exception as exc:  # noqa: BLE001 - a bad stop request ends only itself
-            log.debug("bad circuit from relay %s: %s", relay, exc)
-            await reset_quietly(stream)
-            return
-        addr = multiaddr.Multiaddr(f"/p2p/{relay}/p2p-circuit/p2p/{initiator}")
-        raw = RawConnection(stream, False, ConnectionType.RELAYED, [addr])
-        self._inbound += 1
-        try:
-            swarm = self.host.libp2p_host.get_network()
-            muxed = await swarm.upgrade_inbound_raw_conn(raw, addr)
-            if muxed.peer_id != initiator:  # Noise proved another identity than claimed
-                raise RelayError(f"the circuit's peer is {muxed.peer_id}, not {initiator}")
-            self.circuits_accepted += 1
-            # the circuit lives as long as this handler: wait for its connection to end
-            for conn in list(swarm.connections.get(initiator, [])):
-                if conn.muxed_conn is muxed:
-                    async with trio.open_nursery() as nursery:
-                        if self.on_circuit is not None:
-                            nursery.start_soon(self.on_circuit, initiator, initiator_ip)
-                        await conn.event_closed.wait()
-                        nursery.cancel_scope.cancel()
-        except (BaseLibp2pError, OSError, RelayError) as exc:
-            log.debug("relayed connection from %s failed: %s", initiator, exc)
-            await reset_quietly(stream)
-        finally:
-            self._inbound -= 1
-
-
-def _readable_addr(raw: bytes) -> str | None:
-    try:
-        return str(multiaddr.Multiaddr(raw))
-    except Exception as exc:  # noqa: BLE001 - an address we cannot read is skipped
-        log.debug("unreadable relay address: %s", exc)
-        return None
-
-
-# ------------------------------------------------------------------ dialling
-
-
-async def dial_relayed(host: SwarmHost, target: PeerID, circuit: str, timeout: float) -> Any:
-    """A connection to ``target`` through the relay named in ``circuit``; raises
-    :class:`RelayError` (or DialError) when the relay refuses or cannot be reached."""
-    parsed = split_circuit(circuit)
-    if parsed is None:
-        raise RelayError(f"{circuit!r} is not a relay circuit address")
-    relay_addr, relay = parsed
-    if relay in (target, host.peer_id):
-        raise RelayError("a circuit through the target itself or through us")
-    with trio.fail_after(timeout):
-        await host.connect(relay, [relay_addr.split("/p2p/", 1)[0]], timeout=timeout, attempts=1)
-        stream = await host.new_stream(relay, HOP, timeout=timeout, attempts=1)
-        try:
-            await write_message(
-                stream,
-                HopMessage(type=HopMessage.CONNECT, peer=CircuitPeer(id=target.to_bytes())),
-            )
-            answer = await read_message(stream, HopMessage)
-            if answer.type != HopMessage.STATUS or answer.status != Code.OK:
-                raise RelayError(f"relay {relay} refused the circuit: {_status(answer.status)}")
-            host.note_seen_by_relay(target, seen_ip(answer.peer))
-            addr = multiaddr.Multiaddr(f"{circuit}/p2p/{target}")
-            raw = RawConnection(stream, True, ConnectionType.RELAYED, [addr])
-            return await host.libp2p_host.upgrade_outbound_connection(raw, target)
-        except BaseException:
-            await reset_quietly(stream)
-            raise

@@ -158,7 +158,8 @@ class SwarmHost:
         self._listen = [multiaddr.Multiaddr(a) for a in listen]
         self._public: list[str] = []
         self._relayed: list[str] = []
-        #: dials a circuit address (net/reach/relay.py sets it; None: circuits are not dialled)
+        #: dials a circuit address (net/peer.py sets it to net/reach/circuit.py's
+        #: dial_relayed; None: circuits are not dialled)
         self.relayed_dialer: RelayedDialer | None = None
         #: looks up the addresses a peer published (net/reach/addressbook.py); None: never
         self.resolver: Resolver | None = None
@@ -233,8 +234,8 @@ class SwarmHost:
         self._public = list(addrs)
 
     def set_relayed_addrs(self, addrs: Sequence[str]) -> None:
-        """Circuit addresses of the relays that hold a reservation for us (net/reach/relay.py):
-        announced after the direct ones."""
+        """Circuit addresses of the relays that hold a reservation for us
+        (net/reach/relay_client.py): announced after the direct ones."""
         self._relayed = list(addrs)
 
     def announce_addrs(self) -> list[str]:
@@ -324,7 +325,7 @@ class SwarmHost:
         return [c for c in conns if not c.is_closed and not c.muxed_conn.is_closed]
 
     def note_seen_by_relay(self, peer_id: PeerID, ip: str | None) -> None:
-        """The relay we reached ``peer_id`` through saw it at ``ip`` (net/reach/relay.py):
+        """The relay we reached ``peer_id`` through saw it at ``ip`` (net/reach/circuit.py):
         the one address a hole punch may dial for it (net/reach/holepunch.py)."""
         self._seen_by_relay.pop(peer_id, None)
         if ip is not None:

@@ -19,19 +19,15 @@ import trio
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.service import AggregatorService
+from core.demo.cheats import ANSWER_CHEATS
 from core.experts import activations
-from core.experts.cheats import ANSWER_CHEATS
 from core.experts.registry import build_expert
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.weights import save_weights, weights_hash
-from core.moe.audit import (
-    QUORUM_EXCLUSION_S,
-    Answer,
-    AnswerAuditor,
-    PublishedWeights,
-    check_evidence,
-)
+from core.moe.answer_checks import QUORUM_EXCLUSION_S, Answer, check_evidence
+from core.moe.audit import AnswerAuditor
 from core.moe.client import ExpertCaller, ExpertServerRef
+from core.moe.published import PublishedWeights
 from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore, split_file
 from core.project.joining import join_project
@@ -82,7 +78,7 @@ async def serve_expert(
     """``peer`` joins the project and serves UID, cheating with ``cheat`` (None: honest);
     ``trainers``: the public keys it serves as the project's trainers."""
     signed, backends = await join_project(peer, pid, [UID], data_dir=data_dir)
-    config = ServerConfig(project=pid, cheat=cheat, trainers=frozenset(trainers))
+    config = ServerConfig(project=pid, answer_hook=cheat, trainers=frozenset(trainers))
     return signed, await nursery.start(ExpertServer(peer, backends, config).run)
 
 

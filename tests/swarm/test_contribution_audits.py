@@ -18,8 +18,8 @@ from core.aggregator.audit import check_contribution_evidence
 from core.aggregator.auditor import ContributionFinding
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.service import AggregatorService
-from core.contributing.attacks import Attack
 from core.contributing.sender import ContributionSender, SenderConfig
+from core.demo.attacks import Attack
 from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.server import ExpertServer, ServerConfig
@@ -91,7 +91,7 @@ async def start_rig(
             {UID: backend},
             [aggregator.peer_id],
             sender_config,
-            attack=None if attack is None else Attack(attack),
+            sums_hook=None if attack is None else Attack(attack),
         ).run
     )
     caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))

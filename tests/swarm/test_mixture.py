@@ -276,7 +276,7 @@ async def test_a_long_call_is_split_over_an_experts_servers_and_put_back_togethe
     one call per expert."""
     uids = [str(u) for u in GRID]
     slow = ServerConfig(
-        announce_interval=1.0, announce_ttl=ANNOUNCE_TTL, emulated_seconds_per_row=0.005
+        announce_interval=1.0, announce_ttl=ANNOUNCE_TTL, pace=lambda rows: 0.005 * rows
     )
     async with (
         open_swarm(3, validator=moehome_validator()) as swarm,

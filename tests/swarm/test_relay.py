@@ -20,18 +20,11 @@ from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
 from net import Identity, Peer
 from net.peer import PING
+from net.reach.circuit import HOP, read_message, split_circuit, write_message
 from net.reach.holepunch import PROTOCOL as HOLE_PUNCH
 from net.reach.holepunch import HolePunchConfig, HolePuncher
-from net.reach.relay import (
-    HOP,
-    RelayClient,
-    RelayClientConfig,
-    RelayLimits,
-    RelayService,
-    read_message,
-    split_circuit,
-    write_message,
-)
+from net.reach.relay import RelayLimits, RelayService
+from net.reach.relay_client import RelayClient, RelayClientConfig
 from net.rpc import RpcError
 from net.rpc.frames import Tensor
 from net.testing import dial_from

@@ -6,6 +6,8 @@ their answers, and the time its link adds."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
+from operator import mul
 
 import torch
 import trio
@@ -58,9 +60,12 @@ async def test_calls_go_to_the_server_expected_to_finish_first():
         servers = {}
         for peer, per_row in ((slow_peer, 0.01), (fast_peer, 0.0)):
             backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+            pace = partial(mul, per_row) if per_row else None
             servers[peer.peer_id] = await nursery.start(
                 ExpertServer(
-                    peer, {UID: backend}, ServerConfig(emulated_seconds_per_row=per_row)
+                    peer,
+                    {UID: backend},
+                    ServerConfig(pace=pace),
                 ).run
             )
         slow = ExpertServerRef(slow_peer.peer_id, "")
@@ -105,7 +110,7 @@ async def test_of_two_equal_servers_the_one_behind_a_slow_link_gets_fewer_calls(
         for peer in (far_peer, near_peer):
             backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
             await nursery.start(
-                ExpertServer(peer, {UID: backend}, ServerConfig(emulated_seconds_per_row=0.002)).run
+                ExpertServer(peer, {UID: backend}, ServerConfig(pace=partial(mul, 0.002))).run
             )
         far = ExpertServerRef(far_peer.peer_id, "")
         near = ExpertServerRef(near_peer.peer_id, "")

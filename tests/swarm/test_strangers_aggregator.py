@@ -8,8 +8,8 @@ import pytest
 import torch
 import trio
 
-from core.aggregator.core import MAX_TRACKED
 from core.aggregator.service import AggregatorService
+from core.aggregator.strikes import MAX_TRACKED
 from core.experts.wire import to_wire
 from core.namespaces import moehome_validator
 from core.protocol.aggregator_methods import CONTRIBUTE
@@ -113,10 +113,10 @@ async def test_junk_from_a_crowd_of_identities_is_refused_before_it_is_buffered(
         # home router or a carrier-grade NAT shares with honest volunteers
         assert peer.host.admission_statistics().bans == 0
         assert peak[0] < 1 * MiB  # no junk payload was ever held (the honest ones are tiny)
-        assert len(core._invalid) + len(core._banned_until) <= MAX_TRACKED
+        assert len(core.strikes.invalid) + len(core.strikes.banned_until) <= MAX_TRACKED
         core.prune(1e12)  # long after every ban ended: nothing is left of the crowd
-        assert not core._invalid
-        assert not core._banned_until
+        assert not core.strikes.invalid
+        assert not core.strikes.banned_until
         assert service is not None
         nursery.cancel_scope.cancel()
 
@@ -129,9 +129,9 @@ async def test_contributions_of_a_throwaway_identity_leave_bounded_state(tmp_pat
         with pytest.raises(Exception, match="foreign_receipt"):
             core.submit(msg, parts)
     assert len(core.stats.contributors) <= 1024
-    assert len(core._invalid) == 50
+    assert len(core.strikes.invalid) == 50
     core.prune(1e12)
-    assert not core._invalid
+    assert not core.strikes.invalid
     msg, parts = contribution(core, Identity.generate())
     core.submit(msg, parts)
     assert TRAINER.public_key in core.settings.trainers

@@ -15,14 +15,14 @@ import torch
 import trio
 from torch import nn
 
+from core.demo.cheats import ANSWER_CHEATS
 from core.experts import activations
-from core.experts.cheats import ANSWER_CHEATS, Answering
+from core.experts.answers import AnswerDraft
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.tolerance import excess
-from core.moe.audit import (
+from core.moe.answer_checks import (
     QUORUM_EXCLUSION_S,
     Answer,
-    AnswerAuditor,
     Evidence,
     EvidenceError,
     Finding,
@@ -31,6 +31,7 @@ from core.moe.audit import (
     check_evidence,
     recompute,
 )
+from core.moe.audit import AnswerAuditor
 from core.protocol.answers import NONE, AnswerStatement, parts_digest
 from core.protocol.contributions import tensor_digest
 from net import Identity
@@ -317,14 +318,14 @@ def test_the_demos_answer_cheats_fail_their_audits(name):
     with torch.no_grad():
         y = module(x)
     cheat = ANSWER_CHEATS[name]
-    sent = cheat(Answering("forward", y, x, older(module)))
+    sent = cheat(AnswerDraft("forward", y, x, older(module)))
     assert sent.shape == y.shape
     assert torch.isfinite(sent).all()  # plausible: nothing a NaN check would catch
     claimed = activations.roundtrip(sent, "q4z")
     assert audit(module, answer("forward", claimed, x, codec="q4z"), torch.float32) > 1
     # the stale cheat answers honestly while it has no older weights
     if name == "stale-answers":
-        assert torch.equal(cheat(Answering("forward", y, x, None)), y)
+        assert torch.equal(cheat(AnswerDraft("forward", y, x, None)), y)
 
 
 @pytest.mark.parametrize(

@@ -24,10 +24,10 @@ from core.aggregator.audit import (
 from core.aggregator.auditor import ContributionAuditor, _kind
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.verify import check_payload
-from core.contributing.attacks import Attack
 from core.contributing.codecs import CODECS
 from core.contributing.reveal import Reveal, RevealError
 from core.contributing.sender import ContributionSender, SenderConfig, _Kept
+from core.demo.attacks import Attack
 from core.experts.backend import ExpertBackend
 from core.experts.kept import KeptBudget
 from core.experts.registry import ExpertSpec, build_expert
@@ -63,7 +63,7 @@ class Volunteer:
             {UID: self.backend},
             [TRAINER.peer_id],
             SenderConfig(project=PROJECT, codec=codec, kept_bytes=budget),
-            attack=None if attack is None else Attack(attack),
+            sums_hook=None if attack is None else Attack(attack),
         )
         self.generator = torch.Generator().manual_seed(seed)
 

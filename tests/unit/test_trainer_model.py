@@ -12,7 +12,7 @@ import torch
 import trio
 
 from core.aggregator.robust import RobustSettings, influence
-from core.contributing.attacks import SIGN_FLIP_SCALE, Attack, alie, sign_flip
+from core.demo.attacks import SIGN_FLIP_SCALE, Attack, alie, sign_flip
 from core.errors import UserFacingError
 from core.experts.records import SERVING, ExpertAnnouncement
 from core.experts.registry import build_expert
@@ -150,7 +150,7 @@ def test_sign_flip_and_alie():
     # mean 2, std sqrt(2) on the first coordinate; nothing to hide in on the second
     assert torch.allclose(out, torch.tensor([2.0 - 2**0.5, 0.0]))
     attack = Attack("alie")
-    sums = attack.poison("e", {"w": torch.tensor([4.0, 4.0])}, samples=4)
+    sums = attack("e", {"w": torch.tensor([4.0, 4.0])}, samples=4)
     assert torch.allclose(sums["w"], torch.tensor([0.0, 0.0]))  # mean - |mean| at first
     with pytest.raises(ValueError, match="unknown attack"):
         Attack("nonsense")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.aggregator.core import AggregatorCore, AggregatorSettings, TrunkSettings
+from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.trunk import TrunkSettings
 from core.aggregator.verify import Rejected
 from core.experts.registry import ExpertSpec
 from core.experts.uid import Grid

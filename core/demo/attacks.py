@@ -1,6 +1,7 @@
 """Poisoned contributions: what a malicious volunteer would send, so that the demo and the
 tests can show the aggregators' robust rules at work. Used only when asked for
-(``moehome node --attack``, a hidden option); an honest node never poisons anything.
+(``moehome node --attack``, a hidden option), through the sender's hook on gradient sums
+(core/contributing/sender.py ``SumsHook``); an honest node never poisons anything.
 
 - ``sign-flip``: the gradient times -1000 (a crude, loud attack).
 - ``alie`` ("A Little Is Enough", Baruch et al., NeurIPS 2019): mean - z x std,
@@ -86,7 +87,7 @@ class Attack:
         if self.kind not in ATTACKS:
             raise ValueError(f"unknown attack {self.kind!r}; one of {', '.join(ATTACKS)}")
 
-    def poison(
+    def __call__(
         self, uid: str, sums: dict[str, torch.Tensor], samples: int
     ) -> dict[str, torch.Tensor]:
         """Gradient sums over ``samples`` -> the poisoned sums to send instead."""

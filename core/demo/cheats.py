@@ -1,7 +1,8 @@
 """Wrong answers: what a volunteer that cheats on its expert answers would send, so that
 the demo and the tests can show answer audits (core/moe/audit.py) at work. Used only
-when asked for (``moehome node --attack``, a hidden option); an honest node never
-alters an answer.
+when asked for (``moehome node --attack``, a hidden option), through the answer hook
+the expert server offers (core/experts/answers.py); an honest node never alters an
+answer.
 
 Each cheat looks plausible: the right shape, finite, of the right magnitude.
 
@@ -16,50 +17,37 @@ Each cheat looks plausible: the right shape, finite, of the right magnitude.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 import torch
-from torch import nn
 
-
-@dataclass(frozen=True)
-class Answering:
-    """What a cheat may use: the honest answer, the request's tensor the lazy cheat
-    returns instead (inputs, or output gradients), and the expert's older weights."""
-
-    kind: str  # "forward" or "backward"
-    answer: torch.Tensor
-    lazy: torch.Tensor
-    older: nn.Module | None  # the weights before the current version, if kept
-
+from core.experts.answers import AnswerDraft, AnswerHook
 
 #: -> the answer sent
-Cheat = Callable[[Answering], torch.Tensor]
+Cheat = AnswerHook
 
 SCALE: Final = 1.05
 NOISE: Final = 0.05
 
 
-def scaled(a: Answering) -> torch.Tensor:
+def scaled(a: AnswerDraft) -> torch.Tensor:
     return a.answer * SCALE
 
 
-def noised(a: Answering) -> torch.Tensor:
+def noised(a: AnswerDraft) -> torch.Tensor:
     rms = a.answer.float().pow(2).mean().sqrt()
     return a.answer + (NOISE * rms * torch.randn_like(a.answer.float())).to(a.answer.dtype)
 
 
-def lazy(a: Answering) -> torch.Tensor:
-    return a.lazy.to(a.answer.dtype).clone()
+def lazy(a: AnswerDraft) -> torch.Tensor:
+    return a.request.to(a.answer.dtype).clone()
 
 
-def stale(a: Answering) -> torch.Tensor:
+def stale(a: AnswerDraft) -> torch.Tensor:
     if a.kind != "forward" or a.older is None:
         return a.answer
     with torch.no_grad():
-        out: torch.Tensor = a.older(a.lazy.to(next(a.older.parameters()).device))
+        out: torch.Tensor = a.older(a.request.to(next(a.older.parameters()).device))
     return out.to(a.answer.device, a.answer.dtype)
 
 
