@@ -175,7 +175,7 @@ def network_demo(
 
     Every peer is a separate process; Ctrl-C stops them all.
     """
-    from core.network_demo import run_demo
+    from core.demo.network import run_demo
 
     run_async(run_demo, peers, gets)
 

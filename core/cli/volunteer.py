@@ -74,6 +74,11 @@ def node(
     ] = False,
 ) -> None:
     """Run the volunteer node (what the tray starts): serves experts when allowed."""
+    link = None
+    if reply_delay_ms > 0:  # the rig is loaded only when asked for
+        from net.testing.link import EmulatedLink
+
+        link = EmulatedLink(delay=reply_delay_ms / 1000)
     answer_hook = sums_hook = None
     if attack is not None:  # the rig is loaded only when asked for
         from core.demo.rig import KNOWN, node_hooks
@@ -104,7 +109,7 @@ def node(
             benchmark=benchmark,
             answer_hook=answer_hook,
             sums_hook=sums_hook,
-            reply_delay=reply_delay_ms / 1000,
+            link=link,
         )
         probes = FileProbes(fake_probes) if fake_probes else probe_for_this_os()
         async with trio.open_nursery() as nursery:

@@ -10,8 +10,8 @@ with batches in flight); only the volunteers' hardware is emulated:
   sample's tokens x k_best x mixture layers), sleeping whatever its real (tiny) expert
   did not take (``ServerConfig.pace``);
 * link: every answer leaves through an emulated uplink (``upload_mbit``, one answer at
-  a time) and ``delay_ms`` later (``RpcConfig.reply_upload_bytes_per_second`` and
-  ``reply_delay``): a call's round trip grows by the delay.
+  a time) and ``delay_ms`` later (``net/testing/link.py``, the peer's ``RpcConfig.link``):
+  a call's round trip grows by the delay.
 
 So the swarm's capacity, the sum of its volunteers' speeds, is known, and is low enough
 that this machine's CPU does not decide the result: what is measured is how much of the

@@ -27,6 +27,7 @@ from core.experts.server import ServerConfig
 from core.namespaces import moehome_validator
 from core.roles.expert_server import serve_project_experts
 from net import Identity, Peer, network_config
+from net.testing.link import EmulatedLink
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ async def start_peer(
         delay, upload = link
         config = replace(
             config,
-            rpc=replace(config.rpc, reply_delay=delay, reply_upload_bytes_per_second=upload),
+            rpc=replace(config.rpc, link=EmulatedLink(delay, upload)),
         )
     peer: Peer = await nursery.start(
         Peer(Identity.generate(), config, validator=moehome_validator()).run

@@ -154,7 +154,7 @@ class Node:
                 relay=self.preferences.current.relay_for_others,
                 port_mapping=self.preferences.current.map_port,
             ),
-            rpc=RpcConfig(reply_delay=opts.reply_delay),
+            rpc=RpcConfig(link=opts.link),
         )
         if config.relay is not None:  # a home line: relay at most a share of it
             config = replace(config, relay=replace(config.relay, bytes_per_s=VOLUNTEER_RELAY_RATE))

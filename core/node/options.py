@@ -12,6 +12,7 @@ from net.transport import DEFAULT_LISTEN
 if TYPE_CHECKING:  # the options stay light to import (no torch)
     from core.contributing.sender import SumsHook
     from core.experts.answers import AnswerHook
+    from net.rpc import ReplyLink
 
 
 @dataclass(frozen=True)
@@ -42,5 +43,5 @@ class NodeOptions:
     #: and the gradient sums it sends. None, both, in real use.
     answer_hook: AnswerHook | None = None
     sums_hook: SumsHook | None = None
-    #: Demo and tests only: answer every request this many seconds late (a slow link).
-    reply_delay: float = 0.0
+    #: The rig only (net/testing/link.py): hold every answer as a slow link would.
+    link: ReplyLink | None = None

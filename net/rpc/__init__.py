@@ -1,7 +1,7 @@
 """Framed request/response RPC with tensor payloads: the service (pooled streams, typed
 refusals, deadlines that travel, memory taken by arrival), its frames and errors."""
 
-from net.rpc.calls import CallContext, Handler, Reply, RequestHead, Screen
+from net.rpc.calls import CallContext, Handler, Reply, ReplyLink, RequestHead, Screen
 from net.rpc.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -35,6 +35,7 @@ __all__ = [
     "RateLimited",
     "RemoteError",
     "Reply",
+    "ReplyLink",
     "RequestHead",
     "RpcConfig",
     "RpcError",

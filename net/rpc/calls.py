@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -52,3 +52,10 @@ class RequestHead:
 #: Runs on the event loop for every request of its method: it must be cheap (no
 #: signature checks).
 Screen = Callable[[RequestHead], RemoteError | None]
+
+
+class ReplyLink(Protocol):
+    """Holds each answer as a slow home line would before it is sent: the rig's
+    emulated link (net/testing/link.py). None in real use."""
+
+    async def carry(self, nbytes: int) -> None: ...

@@ -35,7 +35,7 @@ from net._libp2p import PeerID
 from net.logs import ThrottledLog
 from net.ratelimit import Admission, PeerRateLimiter, RateLimits
 from net.rpc.budget import BudgetLimits, SharedBudget
-from net.rpc.calls import CallContext, Handler, Reply, RequestHead, Screen
+from net.rpc.calls import CallContext, Handler, Reply, ReplyLink, RequestHead, Screen
 from net.rpc.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -114,12 +114,9 @@ class RpcConfig:
     #: Client: idle streams kept per peer, and for how long.
     max_idle_streams_per_peer: int = 16
     client_idle_seconds: float = 60.0
-    #: Server: answer every request this much later, as a slow link would (tests and the
-    #: demo's slow volunteers; 0 in real use).
-    reply_delay: float = 0.0
-    #: Server: answers leave one after another at this many bytes per second, as through
-    #: a home uplink (the emulated swarm; 0, no limit, in real use).
-    reply_upload_bytes_per_second: float = 0.0
+    #: Server: the rig's emulated link, which holds every answer as a slow home line
+    #: would (net/testing/link.py); None in real use.
+    link: ReplyLink | None = None
 
 
 @dataclass
@@ -172,7 +169,6 @@ class RpcService:
         self._log = ThrottledLog(log)
         self._next_sweep = 0.0
         self._serving: set[trio.CancelScope] = set()
-        self._uplink = trio.Lock()  # the emulated uplink: one answer on it at a time
         self.stats = RpcStatistics()
 
     # ---- registration
@@ -644,10 +640,8 @@ class RpcService:
         try:
             with trio.move_on_after(budget) as scope:
                 reply = await handler(CallContext(peer_id, request, source))
-                if self.config.reply_upload_bytes_per_second > 0:
-                    await self._emulated_upload(sum(t.nbytes for t in reply.tensors))
-                if self.config.reply_delay > 0:
-                    await trio.sleep(self.config.reply_delay)
+                if self.config.link is not None:
+                    await self.config.link.carry(sum(t.nbytes for t in reply.tensors))
             if scope.cancelled_caught:
                 return _error(
                     request.request_id,
@@ -669,12 +663,6 @@ class RpcService:
                 exc_info=True,
             )
             return _error(request.request_id, InternalError(f"{request.method} failed"))
-
-    async def _emulated_upload(self, nbytes: int) -> None:
-        """Holds an answer for as long as ``nbytes`` take on the emulated uplink, which
-        carries one answer at a time (answers queue behind each other, as on a real one)."""
-        async with self._uplink:
-            await trio.sleep(nbytes / self.config.reply_upload_bytes_per_second)
 
     async def _send_error_quietly(
         self, stream: Any, request_id: int, code: str, message: str

@@ -21,6 +21,7 @@ from core.moe.load import ServerLoads
 from core.namespaces import moehome_validator
 from net import PeerConfig, Reply, Tensor
 from net.testing import open_swarm
+from net.testing.link import EmulatedLink
 
 SPEC = ExpertSpec("ffn", hidden=8, inner=16)
 UID = "ffn0.0.0"
@@ -33,7 +34,9 @@ async def test_an_emulated_uplink_sends_one_answer_at_a_time_at_its_rate():
     def config(i: int) -> PeerConfig:
         base = PeerConfig()
         if i == 1:
-            return replace(base, rpc=replace(base.rpc, reply_upload_bytes_per_second=rate))
+            return replace(
+                base, rpc=replace(base.rpc, link=EmulatedLink(upload_bytes_per_second=rate))
+            )
         return base
 
     async with open_swarm(2, config) as swarm:
@@ -99,7 +102,7 @@ async def test_of_two_equal_servers_the_one_behind_a_slow_link_gets_fewer_calls(
     def config(i: int) -> PeerConfig:
         base = PeerConfig()
         if i == 1:
-            return replace(base, rpc=replace(base.rpc, reply_delay=delay))
+            return replace(base, rpc=replace(base.rpc, link=EmulatedLink(delay=delay)))
         return base
 
     async with (
