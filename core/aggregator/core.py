@@ -38,7 +38,7 @@ from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
 from core.protocol.contributions import TRUNK_UID, Contribution
-from core.protocol.refusals import BANNED, WAITING, is_offence
+from core.protocol.refusals import BANNED, WAITING, Refusal, is_offence
 
 log = logging.getLogger(__name__)
 
@@ -187,11 +187,13 @@ class AggregatorCore:
         who = contribution.contributor.hex()
         left = self.strikes.ban_left(who, now)
         if left > 0:
-            self.stats.rejected["banned"] += 1
+            self.stats.rejected[Refusal.BANNED] += 1
             raise Banned(left)
         if who in self.strikes.project_banned:
-            self.stats.rejected["banned_by_project"] += 1
-            raise Rejected("banned_by_project", "a trainer or aggregator of the project banned it")
+            self.stats.rejected[Refusal.BANNED_BY_PROJECT] += 1
+            raise Rejected(
+                Refusal.BANNED_BY_PROJECT, "a trainer or aggregator of the project banned it"
+            )
         try:
             check_claims(contribution, self._context(now), payload_bytes)
             self._check_room(contribution)

@@ -30,7 +30,7 @@ from core.protocol.aggregator_methods import (
     STATS,
 )
 from core.protocol.contributions import TRUNK_UID, Contribution, MessageError
-from core.protocol.refusals import SLOW_DOWN, is_offence
+from core.protocol.refusals import SLOW_DOWN, Refusal, is_offence
 from core.protocol.versions import version_key
 from net import (
     BadRequest,
@@ -62,7 +62,7 @@ PRUNE_SECONDS: Final = 60.0
 class Refused(RemoteError):
     """A contribution was refused; the error code is the reason."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: Refusal, detail: str) -> None:
         super().__init__(detail)
         self.code = reason  # type: ignore[misc]  # one code per reason, not per class
 
@@ -168,9 +168,11 @@ class AggregatorService:
         try:
             contribution = Contribution.decode(raw)
         except MessageError as exc:
-            raise Refused("malformed", str(exc)) from exc
+            raise Refused(Refusal.MALFORMED, str(exc)) from exc
         if peer_id != peer_id_from_public_key(contribution.contributor):
-            raise Refused("not_yours", "contributions are sent by the volunteer that signed them")
+            raise Refused(
+                Refusal.NOT_YOURS, "contributions are sent by the volunteer that signed them"
+            )
         return contribution
 
     def _screen(self, head: RequestHead) -> RemoteError | None:

@@ -22,7 +22,7 @@ from core.experts.kept import KeptBudget
 from core.experts.wire import to_wire
 from core.protocol.aggregator_methods import CONTRIBUTE, REVEAL, responsible_aggregator
 from core.protocol.contributions import Contribution, ParamSpec
-from core.protocol.refusals import COME_BACK_LATER, STALE, is_offence, pause_after
+from core.protocol.refusals import COME_BACK_LATER, Refusal, is_offence, pause_after
 from net import Peer, PeerID, RemoteError, RpcError, TooLarge
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ class ContributionSender:
                 return
             except RemoteError as exc:
                 self._answered(target)
-                if exc.code == "replay":  # an earlier try got through; its ack was lost
+                if exc.code == Refusal.REPLAY:  # an earlier try got through; its ack was lost
                     self._ended(uid, "accepted")
                     # and with it whether it is audited: reveal in case (ignored if not)
                     await self._reveal(target, contribution, kept, asked=False)
@@ -295,11 +295,11 @@ class ContributionSender:
                 else:
                     self._ended(uid, exc.code)
                     self._forget_residual(uid, contribution)
-                    if exc.code == "banned_by_project":
+                    if exc.code == Refusal.BANNED_BY_PROJECT:
                         self._pause_for_ban(exc)
                     elif exc.code in COME_BACK_LATER:
                         self._come_back_later(uid, exc)
-                    elif exc.code == STALE:
+                    elif exc.code == Refusal.STALE:
                         # not an offence: versions moved faster than we pulled them
                         log.info("contribution to %s came too late: %s", uid, exc.message)
                         if self.on_stale is not None:

@@ -169,18 +169,18 @@ async def on_device(
     device: trio.CapacityLimiter,
     fn: Callable[..., T],
     *args: Any,
-    emulated_seconds: float | None = None,
+    paced_seconds: float | None = None,
 ) -> tuple[T, float]:
     """``fn(*args)`` in a worker thread holding ``device``, and the seconds the device was
-    busy with it. With ``emulated_seconds`` (the emulated swarm), the device is held that
+    busy with it. With ``paced_seconds`` (the emulated swarm), the device is held that
     long from when it is acquired, sleeping whatever ``fn`` did not take."""
-    if emulated_seconds is None:
+    if paced_seconds is None:
         return await trio.to_thread.run_sync(_timed, fn, *args, limiter=device)
     async with device:
         result, seconds = await trio.to_thread.run_sync(_timed, fn, *args)
-        if emulated_seconds > seconds:
-            await trio.sleep(emulated_seconds - seconds)
-            seconds = emulated_seconds
+        if paced_seconds > seconds:
+            await trio.sleep(paced_seconds - seconds)
+            seconds = paced_seconds
     return result, seconds
 
 
@@ -223,9 +223,9 @@ class TaskPool:
         max_queued_per_caller: int | None = None,
         max_queued_strangers: int | None = None,
         max_stranger_batch: int | None = None,
-        emulated_seconds: Callable[[int], float] | None = None,
+        paced_seconds: Callable[[int], float] | None = None,
     ) -> None:
-        """``emulated_seconds``: how long a batch of so many rows takes on the device
+        """``paced_seconds``: how long a batch of so many rows takes on the device
         being emulated (the emulated swarm); the device is held that long, sleeping
         whatever the real computation did not take."""
         self.name = name
@@ -234,7 +234,7 @@ class TaskPool:
         self._refuse = refuse
         self._priority = priority
         self._limiter = device_limiter
-        self._emulated_seconds = emulated_seconds
+        self._paced_seconds = paced_seconds
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait
         self._queue: FairQueue[_Task] = FairQueue(
@@ -317,9 +317,9 @@ class TaskPool:
         try:
             keep = len(live) == 1 and live[0].keep
             args = (inputs, keep, live[0].owner, [t.extra for t in live])
-            emulated = None if self._emulated_seconds is None else self._emulated_seconds(size)
+            paced = None if self._paced_seconds is None else self._paced_seconds(size)
             (output, handle, version), seconds = await on_device(
-                self._limiter, self._process, *args, emulated_seconds=emulated
+                self._limiter, self._process, *args, paced_seconds=paced
             )
         except Exception as exc:
             log.exception("%s failed on a batch of %d", self.name, sum(t.size for t in live))

@@ -163,7 +163,7 @@ class ExpertServer:
             max_queued_per_caller=config.max_queued_per_caller,
             max_queued_strangers=config.max_queued_strangers or max(1, config.max_batch_size // 4),
             max_stranger_batch=self.admission.stranger_batch,
-            emulated_seconds=None if pace is None else (lambda rows: pace(cost * rows)),
+            paced_seconds=None if pace is None else (lambda rows: pace(cost * rows)),
         )
 
     def _paced(self, cost: float, rows: int) -> float | None:
@@ -347,7 +347,7 @@ class ExpertServer:
         (grad_x, version), _ = await on_device(
             self._device,
             run,
-            emulated_seconds=self._paced(3.0, x.shape[0]),  # forward, backward
+            paced_seconds=self._paced(3.0, x.shape[0]),  # forward, backward
         )
         return self._backward_reply(ctx, backend, grad_x, version, tensor_digest([x]), grad)
 
@@ -373,7 +373,7 @@ class ExpertServer:
         run = partial(backend.backward_kept, ctx.peer_id, handle, grad, receipts=[receipt])
         try:  # held on the device (and paced) like the pools' backward batches
             grad_x, _ = await on_device(
-                self._device, run, emulated_seconds=self._paced(2.0, grad.shape[0])
+                self._device, run, paced_seconds=self._paced(2.0, grad.shape[0])
             )
         except CacheMiss:
             raise GraphGone(gone) from None

@@ -13,38 +13,71 @@ versions its own contributions made.
 
 from __future__ import annotations
 
+import enum
 from typing import Final
 
-#: The round of the expert holds enough of this volunteer's samples and waits for other
-#: volunteers; what is sent meanwhile would change nothing: come back later.
-WAITING: Final = "waiting_for_contributors"
-#: Offences from the volunteer's address (other identities, the same home router or
-#: carrier-grade NAT) used up its credit: come back later. Never a ban of the address.
-SLOW_DOWN: Final = "slow_down"
-#: The gradients were computed on weights too old: pull the new ones.
-STALE: Final = "stale"
+
+class Refusal(enum.StrEnum):
+    """Every reason an aggregator refuses a contribution for: the code both ends speak
+    (the aggregator's RPC error code, the volunteer's outcome). A code from a newer
+    aggregator may be none of these: the functions below take any string."""
+
+    # the contribution's claims (checked from its header, before its payload)
+    WRONG_PROJECT = "wrong_project"
+    UNKNOWN_EXPERT = "unknown_expert"
+    NOT_A_TRAINER = "not_a_trainer"  # only the project's trainers change the trunk
+    REPLAY = "replay"
+    CLOCK = "clock"
+    FUTURE_VERSION = "future_version"
+    #: The gradients were computed on weights too old: pull the new ones.
+    STALE = "stale"
+    NO_RECEIPTS = "no_receipts"
+    FOREIGN_RECEIPT = "foreign_receipt"
+    RECEIPT_REUSED = "receipt_reused"
+    INFLATED_SAMPLES = "inflated_samples"
+    SHAPE = "shape"
+    CODEC = "codec"
+    # the message itself and its payload
+    MALFORMED = "malformed"
+    NOT_YOURS = "not_yours"
+    BAD_SIGNATURE = "bad_signature"
+    PAYLOAD_MISMATCH = "payload_mismatch"
+    NON_FINITE = "non_finite"
+    #: The round of the expert holds enough of this volunteer's samples and waits for
+    #: other volunteers; what is sent meanwhile would change nothing: come back later.
+    WAITING = "waiting_for_contributors"
+    #: Offences from the volunteer's address (other identities, the same home router or
+    #: carrier-grade NAT) used up its credit: come back later. Never a ban of the address.
+    SLOW_DOWN = "slow_down"
+    #: The aggregator banned this contributor for a while (after offences): the refusal
+    #: is no new offence; sending on until the ban ends would only be refused.
+    BANNED = "banned"
+    BANNED_BY_PROJECT = "banned_by_project"
+
+
+WAITING: Final = Refusal.WAITING
+SLOW_DOWN: Final = Refusal.SLOW_DOWN
+STALE: Final = Refusal.STALE
+BANNED: Final = Refusal.BANNED
 
 #: Refusals honest volunteers meet in the normal course: no strike, never a ban.
 NORMAL: Final = frozenset(
     {
-        "replay",  # an earlier try got through; its acknowledgement was lost
-        WAITING,
-        SLOW_DOWN,
-        STALE,
-        "future_version",  # the aggregator's state was reset by its owner
-        "clock",  # the volunteer's clock is wrong: the status says so
-        "banned_by_project",  # counted once, by whoever banned it
+        Refusal.REPLAY,  # an earlier try got through; its acknowledgement was lost
+        Refusal.WAITING,
+        Refusal.SLOW_DOWN,
+        Refusal.STALE,
+        Refusal.FUTURE_VERSION,  # the aggregator's state was reset by its owner
+        Refusal.CLOCK,  # the volunteer's clock is wrong: the status says so
+        Refusal.BANNED_BY_PROJECT,  # counted once, by whoever banned it
         # a trainer whose backward call failed on its side (a timeout) recomputes it
         # elsewhere with the same receipt: two honest servers then hold it, and the
         # second to send it is refused (counting a batch twice is what this prevents)
-        "receipt_reused",
+        Refusal.RECEIPT_REUSED,
     }
 )
-#: The aggregator banned this contributor for a while (after offences): the refusal is
-#: no new offence; sending on until the ban ends would only be refused.
-BANNED: Final = "banned"
 #: Refusals after which a volunteer waits before sending that expert's gradients again.
-COME_BACK_LATER: Final = frozenset({WAITING, SLOW_DOWN, BANNED})
+COME_BACK_LATER: Final = frozenset({Refusal.WAITING, Refusal.SLOW_DOWN, Refusal.BANNED})
 
 
 def is_offence(reason: str) -> bool:

@@ -280,7 +280,7 @@ async def test_an_emulated_device_takes_its_time_per_row_and_reports_it():
         lambda inputs, keep, owner, extras: (inputs[0], None, 0),
         trio.CapacityLimiter(1),
         max_batch_size=64,
-        emulated_seconds=lambda rows: 0.02 * rows,
+        paced_seconds=lambda rows: 0.02 * rows,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
