@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import trio
@@ -18,7 +18,13 @@ from core.experts.activations import ActivationCodecError
 from core.experts.backend import ExpertBackend
 from core.protocol.answers import NONE, AnswerStatement, parts_digest
 from core.protocol.contributions import MessageError, Receipt, tensor_digest
-from core.protocol.expert_methods import GRAPH_GONE
+from core.protocol.expert_methods import (
+    GRAPH_GONE,
+    RAW,
+    Backlog,
+    ExpertAnswer,
+    ExpertRequest,
+)
 from net import BadRequest, CallContext, Identity, PeerID, RemoteError, Reply
 from net.identity import peer_id_from_public_key
 
@@ -56,22 +62,34 @@ class GraphGone(RemoteError):
 RECEIPTS_REMEMBERED = 1_000_000
 
 
-def request_tensors(ctx: CallContext, backend: ExpertBackend, count: int) -> list[torch.Tensor]:
-    """The request's ``count`` tensors, decoded with the codecs its ``codecs`` field
-    names (one per tensor; none: raw), each checked before it is decoded."""
-    codecs = ctx.request.meta.get("codecs", ["raw"] * count)
-    if not isinstance(codecs, list) or len(codecs) != count:
-        raise BadRequest(f"codecs must name {count} codec(s)")
+@dataclass(frozen=True)
+class ExpertCall:
+    """A request to an expert server, parsed and its expert found."""
+
+    ctx: CallContext
+    method: str
+    request: ExpertRequest
+    backend: ExpertBackend
+
+    @property
+    def caller(self) -> PeerID:
+        return self.ctx.peer_id
+
+
+def request_tensors(call: ExpertCall) -> list[torch.Tensor]:
+    """The request's tensors, decoded with the codecs it names (one per tensor; none:
+    raw), each checked before it is decoded."""
+    count = call.request.tensors(call.method)
     try:
-        names = [activations.check_codec(c) for c in codecs]
+        names = [activations.check_codec(c) for c in call.request.codecs or [RAW] * count]
     except ActivationCodecError as exc:
         raise BadRequest(str(exc)) from exc
     sizes = [activations.parts_per_tensor(n) for n in names]
-    wires = ctx.request.tensors
+    wires = call.ctx.request.tensors
     if len(wires) != sum(sizes):
         raise BadRequest(f"expected {sum(sizes)} tensor(s), got {len(wires)}")
     out, at = [], 0
-    spec = backend.spec
+    spec = call.backend.spec
     for name, size in zip(names, sizes, strict=True):
         try:
             out.append(
@@ -85,10 +103,10 @@ def request_tensors(ctx: CallContext, backend: ExpertBackend, count: int) -> lis
     return out
 
 
-def answer_codec(ctx: CallContext) -> str:
+def answer_codec(request: ExpertRequest) -> str:
     """The codec the request asks its answer in (checked before the work, not after)."""
     try:
-        return activations.check_codec(ctx.request.meta.get("answer", "raw"))
+        return activations.check_codec(request.answer)
     except ActivationCodecError as exc:
         raise BadRequest(str(exc)) from exc
 
@@ -96,38 +114,42 @@ def answer_codec(ctx: CallContext) -> str:
 def signed_reply(
     identity: Identity,
     project: str,
-    ctx: CallContext,
-    backend: ExpertBackend,
+    call: ExpertCall,
     t: torch.Tensor,
     version: int,
-    kind: Literal["forward", "backward"],
     inputs_sha256: bytes,
     grad: torch.Tensor | None,
-    meta: dict[str, Any],
+    backlog: Backlog,
+    handle: int | None = None,
 ) -> Reply:
     """``t`` in the codec the request asked its answer in, naming the ``version`` of the
     weights that computed it, with this volunteer's signed statement of what it computed
     from what (``inputs_sha256``: of the inputs; ``grad``: the output gradients of a
-    backward pass). ``meta``: more fields of the answer (the server's backlog...)."""
-    codec = answer_codec(ctx)
-    meta = dict(meta)
-    if codec != "raw":
-        meta["codec"] = codec
-    meta["seconds"] = round(trio.current_time() - ctx.arrived, 4)
+    backward pass, None for a forward pass)."""
+    codec = answer_codec(call.request)
     parts = tuple(activations.encode(t, codec))
-    meta["statement"] = AnswerStatement.sign(
+    statement = AnswerStatement.sign(
         identity,
         project=project,
-        uid=str(backend.uid),
+        uid=str(call.backend.uid),
         version=version,
-        kind=kind,
+        kind="forward" if grad is None else "backward",
         codec=codec,
         inputs_sha256=inputs_sha256,
         grads_sha256=NONE if grad is None else tensor_digest([grad]),
         answer_sha256=parts_digest(parts),
-    ).encode()
-    weights = {"version": version, "sha256": backend.sha256_of_version(version)}
-    return Reply({**weights, **meta}, parts)
+    )
+    answer = ExpertAnswer(
+        version,
+        call.backend.sha256_of_version(version),
+        backlog,
+        codec=codec,
+        seconds=round(trio.current_time() - call.ctx.arrived, 4),
+        statement=statement.encode(),
+        handle=handle,
+        gradient=grad is not None,
+    )
+    return Reply(answer.to_meta(), parts)
 
 
 class ReceiptCheck:
@@ -141,8 +163,7 @@ class ReceiptCheck:
 
     def __call__(
         self,
-        ctx: CallContext,
-        backend: ExpertBackend,
+        call: ExpertCall,
         inputs_digest: bytes,
         grad: torch.Tensor,
         *,
@@ -150,10 +171,10 @@ class ReceiptCheck:
     ) -> Receipt | None:
         """The request's receipt, checked against what the request carries and the
         weights that will compute it (``version``; None: the current ones)."""
-        raw = ctx.request.meta.get("receipt")
+        raw, backend = call.request.receipt, call.backend
         if not self.required:
             return None
-        if not isinstance(raw, bytes):
+        if raw is None:
             raise BadRequest("this server needs a signed receipt with every backward request")
         try:
             receipt = Receipt.decode(raw)
@@ -167,7 +188,7 @@ class ReceiptCheck:
             # trainers would be refused with the volunteer's whole contribution, a strike
             # against the volunteer that a stranger could buy with one small request
             (bool(self.trainers) and signer not in self.trainers, "signer is no trainer"),
-            (signer != ctx.peer_id, "sent by someone other than its signer"),
+            (signer != call.caller, "sent by someone other than its signer"),
             (receipt.project != self.project, "project"),
             (receipt.uid != str(backend.uid), "uid"),
             (receipt.version != (backend.version if version is None else version), "version"),

@@ -7,7 +7,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
 
 import torch
 import trio
@@ -17,6 +16,7 @@ from core.experts.announcer import Announcer
 from core.experts.answers import (
     AnswerDraft,
     AnswerHook,
+    ExpertCall,
     GraphGone,
     ReceiptCheck,
     answer_codec,
@@ -34,7 +34,15 @@ from core.experts.backend import (
 from core.experts.batching import Pace, Process, TaskPool, on_device
 from core.experts.records import check_project
 from core.protocol.contributions import tensor_digest
-from core.protocol.expert_methods import BACKWARD, FORWARD, INFO
+from core.protocol.expert_methods import (
+    BACKWARD,
+    FORWARD,
+    INFO,
+    Backlog,
+    ExpertInfo,
+    ExpertRequest,
+    RequestError,
+)
 from net import BadRequest, CallContext, Peer, RemoteError, Reply, RequestHead, Unavailable
 from net.identity import peer_id_from_public_key
 
@@ -218,127 +226,116 @@ class ExpertServer:
 
     # ------------------------------------------------------------ RPC handlers
 
-    def _backend(self, ctx: CallContext) -> ExpertBackend:
+    def _call(self, ctx: CallContext, method: str) -> ExpertCall:
+        """The request, parsed, and the expert it names (refused while paused)."""
         if self._paused:
             raise Unavailable(PAUSED)
-        uid = ctx.request.meta.get("uid")
-        backend = self.backends.get(uid) if isinstance(uid, str) else None
+        try:
+            request = ExpertRequest.parse(method, ctx.request.meta)
+        except RequestError as exc:
+            raise BadRequest(str(exc)) from exc
+        backend = self.backends.get(request.uid)
         if backend is None:
-            raise BadRequest(f"expert {uid!r} is not served here")
-        return backend
+            raise BadRequest(f"expert {request.uid!r} is not served here")
+        return ExpertCall(ctx, method, request, backend)
 
     def _reply(
         self,
-        ctx: CallContext,
-        backend: ExpertBackend,
+        call: ExpertCall,
         t: torch.Tensor,
         version: int,
-        kind: Literal["forward", "backward"],
         inputs_sha256: bytes,
         grad: torch.Tensor | None = None,
-        **meta: Any,
+        handle: int | None = None,
     ) -> Reply:
         """The signed answer (core/experts/answers.py), with this server's backlog."""
-        meta = {**self.backlog(), **meta}
         sign = partial(signed_reply, self.peer.identity, self.config.project)
-        return sign(ctx, backend, t, version, kind, inputs_sha256, grad, meta)
+        return sign(call, t, version, inputs_sha256, grad, self.backlog(), handle)
 
     def _altered(self, draft: AnswerDraft) -> torch.Tensor:
         hook = self.config.answer_hook
         return draft.answer if hook is None else hook(draft)
 
-    def _identity(self, backend: ExpertBackend) -> dict[str, Any]:
-        return {"version": backend.version, "sha256": backend.sha256, **self.backlog()}
-
-    def backlog(self) -> dict[str, float]:
+    def backlog(self) -> Backlog:
         """What each answer tells the caller of this server's load (core/moe/load.py):
-        ``queue``, the work waiting here, and ``rate``, the work done per second on the
-        device, in units (a forward row 1, a backward row 2)."""
+        the work waiting here, and the work done per second on the device, in units (a
+        forward row 1, a backward row 2)."""
         queue = done = seconds = 0.0
         for pools, units in ((self._forward_pools, 1.0), (self._backward_pools, 2.0)):
             for pool in pools.values():
                 queue += pool.queued_samples * units
                 done += pool.stats.samples * units
                 seconds += pool.stats.compute_seconds
-        out = {"queue": queue}
-        if seconds > 0:
-            out["rate"] = done / seconds
-        return out
+        return Backlog(queue, done / seconds if seconds > 0 else None)
 
     async def _forward(self, ctx: CallContext) -> Reply:
-        backend = self._backend(ctx)
-        (x,) = request_tensors(ctx, backend, 1)
-        answer_codec(ctx)  # refused before the work, not after
+        call = self._call(ctx, FORWARD)
+        backend = call.backend
+        (x,) = request_tensors(call)
+        answer_codec(call.request)  # refused before the work, not after
         try:
             backend.check_inputs(x)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        keep = ctx.request.meta.get("keep") is True and self.admission.is_trainer(ctx.peer_id)
+        keep = call.request.keep and self.admission.is_trainer(call.caller)
         pool = self._forward_pools[str(backend.uid)]
-        y, handle, version = await pool.submit(x, keep=keep, owner=ctx.peer_id)
+        y, handle, version = await pool.submit(x, keep=keep, owner=call.caller)
         y = self._altered(AnswerDraft("forward", y, x, older_weights(backend)))
-        meta: dict[str, Any] = {}
         inputs_sha256 = tensor_digest([x])
         if handle is not None:
-            meta["handle"] = handle
             # the backward pass's receipt and signed answer name them
-            key = (ctx.peer_id, str(backend.uid), handle)
-            self._input_digests[key] = inputs_sha256
+            self._input_digests[(call.caller, str(backend.uid), handle)] = inputs_sha256
             while len(self._input_digests) > 4096:
                 del self._input_digests[next(iter(self._input_digests))]
-        return self._reply(ctx, backend, y, version, "forward", inputs_sha256, **meta)
+        return self._reply(call, y, version, inputs_sha256, handle=handle)
 
     async def _backward(self, ctx: CallContext) -> Reply:
-        backend = self._backend(ctx)
-        handle = ctx.request.meta.get("handle")
-        if handle is not None:
-            return await self._backward_kept(ctx, backend, handle)
-        if ctx.request.meta.get("recompute") is True:
-            return await self._recompute_backward(ctx, backend)
-        x, grad = self._backward_inputs(ctx, backend)
+        call = self._call(ctx, BACKWARD)
+        if call.request.handle is not None:
+            return await self._backward_kept(call, call.request.handle)
+        if call.request.recompute:
+            return await self._recompute_backward(call)
+        x, grad = self._backward_inputs(call)
         inputs_sha256 = tensor_digest([x])
-        receipt = self._receipt(ctx, backend, inputs_sha256, grad)
-        grad_x, _, version = await self._backward_pools[str(backend.uid)].submit(
-            x, grad, owner=ctx.peer_id, extra=receipt
+        receipt = self._receipt(call, inputs_sha256, grad)
+        grad_x, _, version = await self._backward_pools[str(call.backend.uid)].submit(
+            x, grad, owner=call.caller, extra=receipt
         )
-        return self._backward_reply(ctx, backend, grad_x, version, inputs_sha256, grad)
+        return self._backward_reply(call, grad_x, version, inputs_sha256, grad)
 
-    def _backward_inputs(
-        self, ctx: CallContext, backend: ExpertBackend
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _backward_inputs(self, call: ExpertCall) -> tuple[torch.Tensor, torch.Tensor]:
         """A backward request's inputs and output gradients, checked (its answer's codec
         too: refused before the work, not after)."""
-        x, grad = request_tensors(ctx, backend, 2)
-        answer_codec(ctx)
+        x, grad = request_tensors(call)
+        answer_codec(call.request)
         try:
-            backend.check_grad_outputs(x, grad)
+            call.backend.check_grad_outputs(x, grad)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
         return x, grad
 
     def _backward_reply(
         self,
-        ctx: CallContext,
-        backend: ExpertBackend,
+        call: ExpertCall,
         grad_x: torch.Tensor,
         version: int,
         inputs_sha256: bytes,
         grad: torch.Tensor,
     ) -> Reply:
         """The signed answer of a backward pass."""
-        grad_x = self._altered(AnswerDraft("backward", grad_x, grad, older_weights(backend)))
-        return self._reply(
-            ctx, backend, grad_x, version, "backward", inputs_sha256, grad, gradient=True
-        )
+        older = older_weights(call.backend)
+        grad_x = self._altered(AnswerDraft("backward", grad_x, grad, older))
+        return self._reply(call, grad_x, version, inputs_sha256, grad)
 
-    async def _recompute_backward(self, ctx: CallContext, backend: ExpertBackend) -> Reply:
+    async def _recompute_backward(self, call: ExpertCall) -> Reply:
         """Input gradients at the current weights that go into no contribution: a
         trainer's second opinion on another server's backward answer (core/moe/audit.py),
         for a trainer without the room for the weights. Only the manifest's trainers
         may ask: the work earns the volunteer nothing."""
-        if not self.admission.is_trainer(ctx.peer_id):
+        if not self.admission.is_trainer(call.caller):
             raise BadRequest("only the project's trainers may ask for a recomputation")
-        x, grad = self._backward_inputs(ctx, backend)
+        x, grad = self._backward_inputs(call)
+        backend = call.backend
 
         def run() -> tuple[torch.Tensor, int]:
             # the device is held: no new weights are swapped in while this runs
@@ -349,28 +346,25 @@ class ExpertServer:
             run,
             paced_seconds=self._paced(3.0, x.shape[0]),  # forward, backward
         )
-        return self._backward_reply(ctx, backend, grad_x, version, tensor_digest([x]), grad)
+        return self._backward_reply(call, grad_x, version, tensor_digest([x]), grad)
 
-    async def _backward_kept(
-        self, ctx: CallContext, backend: ExpertBackend, handle: object
-    ) -> Reply:
+    async def _backward_kept(self, call: ExpertCall, handle: int) -> Reply:
         """Backward through the graph a forward pass kept: only grad_outputs travel."""
-        if not isinstance(handle, int) or isinstance(handle, bool):
-            raise BadRequest("handle must be an integer")
-        (grad,) = request_tensors(ctx, backend, 1)
-        answer_codec(ctx)
+        backend, caller = call.backend, call.caller
+        (grad,) = request_tensors(call)
+        answer_codec(call.request)
         if grad.dtype != backend.spec.torch_dtype or not torch.isfinite(grad).all():
             raise BadRequest(f"grad_outputs must be finite {backend.spec.dtype}")
         gone = f"forward graph {handle} is gone; send the inputs again"
         # the weights that kept the graph compute its backward pass, whatever was swapped
         # in since
-        version = backend.kept_version(ctx.peer_id, handle)
-        digest = self._input_digests.pop((ctx.peer_id, str(backend.uid), handle), None)
+        version = backend.kept_version(caller, handle)
+        digest = self._input_digests.pop((caller, str(backend.uid), handle), None)
         if version is None or digest is None:
             raise GraphGone(gone)
         # a graph kept across a swap of weights: the receipt names the old version
-        receipt = self._receipt(ctx, backend, digest, grad, version=version)
-        run = partial(backend.backward_kept, ctx.peer_id, handle, grad, receipts=[receipt])
+        receipt = self._receipt(call, digest, grad, version=version)
+        run = partial(backend.backward_kept, caller, handle, grad, receipts=[receipt])
         try:  # held on the device (and paced) like the pools' backward batches
             grad_x, _ = await on_device(
                 self._device, run, paced_seconds=self._paced(2.0, grad.shape[0])
@@ -379,17 +373,18 @@ class ExpertServer:
             raise GraphGone(gone) from None
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from exc
-        return self._backward_reply(ctx, backend, grad_x, version, digest, grad)
+        return self._backward_reply(call, grad_x, version, digest, grad)
 
     async def _info(self, ctx: CallContext) -> Reply:
-        backend = self._backend(ctx)
+        backend = self._call(ctx, INFO).backend
         uid = str(backend.uid)
-        return Reply(
-            {
-                **self._identity(backend),
-                "uid": uid,
-                "spec": backend.spec.to_dict(),
-                "max_batch": self.config.max_batch_size,
-                "load": self.load(uid),
-            }
+        info = ExpertInfo(
+            uid,
+            backend.spec.to_dict(),
+            backend.version,
+            backend.sha256,
+            self.config.max_batch_size,
+            self.load(uid),
+            self.backlog(),
         )
+        return Reply(info.to_meta())

@@ -9,7 +9,6 @@ thread (``trio.to_thread.run_sync``) and reaches the loop through a :class:`Port
 from __future__ import annotations
 
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,14 @@ from core.moe.voices import ExpertVoices
 from core.protocol.aggregator_methods import MAX_REFEREE_ROWS, REFEREE
 from core.protocol.answers import AnswerStatement
 from core.protocol.contributions import Receipt
-from core.protocol.expert_methods import BACKWARD, FORWARD, GRAPH_GONE
+from core.protocol.expert_methods import (
+    BACKWARD,
+    FORWARD,
+    GRAPH_GONE,
+    RAW,
+    ExpertAnswer,
+    ExpertRequest,
+)
 from core.protocol.fields import MessageError
 from net import (
     Overloaded,
@@ -161,16 +167,14 @@ class ExpertCaller:
         the server keeps the autograd graph for the backward pass (see ``backward``)."""
         self.stats.forward_calls += 1
         codec = self.codecs.activations
-        meta: dict[str, Any] = {"uid": uid, "keep": True} if keep else {"uid": uid}
-        if codec != "raw":
-            meta |= {"codecs": [codec], "answer": codec}
+        request = ExpertRequest(uid, None if codec == RAW else (codec,), codec, keep=keep)
         parts = activations.encode(x, codec)
         self.stats.count(parts, x)
         server, reply = await self._try_servers(
             uid,
             servers,
             FORWARD,
-            meta,
+            request.to_meta(),
             parts,
             self.forward_timeout,
             x.shape[0] * FORWARD_UNITS,
@@ -178,16 +182,11 @@ class ExpertCaller:
             rows=x.shape[0] if keep else 0,
         )
         outputs = self._answer(uid, server, reply, x)
-        handle = reply.meta.get("handle")
         self._offer_audit("forward", uid, server, reply, x, None, outputs)
-        return ForwardResult(
-            server,
-            outputs,
-            handle if isinstance(handle, int) else None,
-            # the weights that answered: a receipt names them, and the volunteer's
-            # contribution is tied to them
-            _version(reply),
-        )
+        answer = ExpertAnswer.read(reply.meta)
+        # the weights that answered: a receipt names them, and the volunteer's
+        # contribution is tied to them
+        return ForwardResult(server, outputs, answer.handle, answer.version)
 
     async def backward(
         self,
@@ -205,7 +204,7 @@ class ExpertCaller:
         act, grad_codec = self.codecs.activations, self.codecs.gradients
         # gradients are rounded at random: unbiased, whatever the codec drops
         grad_parts = activations.encode(grad_outputs, grad_codec, stochastic=True)
-        meta: dict[str, Any] = {"uid": uid}
+        receipt = None
         if self.receipts is not None:
             # the receipt names what the server decodes: the inputs its forward pass saw
             # and the gradients this request carries
@@ -214,17 +213,21 @@ class ExpertCaller:
             seen_grad = activations.decode(
                 grad_parts, grad_codec, width=grad_outputs.shape[-1], dtype=grad_outputs.dtype
             )
-            meta["receipt"] = self.receipts.sign(uid, version, seen_x, seen_grad)
+            receipt = self.receipts.sign(uid, version, seen_x, seen_grad)
         if kept is not None and kept.handle is not None:
-            kept_meta = {**meta, "handle": kept.handle}
-            if grad_codec != "raw":
-                kept_meta |= {"codecs": [grad_codec], "answer": grad_codec}
+            through_kept = ExpertRequest(
+                uid,
+                None if grad_codec == RAW else (grad_codec,),
+                grad_codec,
+                handle=kept.handle,
+                receipt=receipt,
+            )
             self.stats.count(grad_parts, grad_outputs)
             try:
                 reply = await self._call(
                     kept.server,
                     BACKWARD,
-                    kept_meta,
+                    through_kept.to_meta(),
                     grad_parts,
                     self.backward_timeout,
                     x.shape[0] * BACKWARD_UNITS,
@@ -240,8 +243,12 @@ class ExpertCaller:
                 self.stats.graph_misses += 1
             except (RpcError, ExpertCallError) as exc:
                 log.info("kept-graph backward of %s failed (%s); recomputing elsewhere", uid, exc)
-        if (act, grad_codec) != ("raw", "raw"):
-            meta |= {"codecs": [act, grad_codec], "answer": grad_codec}
+        request = ExpertRequest(
+            uid,
+            None if (act, grad_codec) == (RAW, RAW) else (act, grad_codec),
+            grad_codec,
+            receipt=receipt,
+        )
         x_parts = activations.encode(x, act)
         self.stats.count(x_parts, x)
         self.stats.count(grad_parts, grad_outputs)
@@ -249,7 +256,7 @@ class ExpertCaller:
             uid,
             servers,
             BACKWARD,
-            meta,
+            request.to_meta(),
             [*x_parts, *grad_parts],
             self.backward_timeout,
             x.shape[0] * (FORWARD_UNITS + BACKWARD_UNITS),  # recomputed, then backward
@@ -287,13 +294,13 @@ class ExpertCaller:
                 kind,
                 uid,
                 server.peer_id,
-                _version(reply),
+                ExpertAnswer.read(reply.meta).version,
                 # every row is encoded on its own: these rows' codes are those the server
                 # decoded
                 seen_x[rows],
                 None if seen_grad is None else seen_grad[rows],
                 answer[rows],
-                str(reply.meta.get("codec", "raw")),  # checked by _answer
+                ExpertAnswer.read(reply.meta).codec,  # checked by _answer
                 evidence,
             )
         )
@@ -311,21 +318,21 @@ class ExpertCaller:
         candidates = [s for s in servers if s.peer_id not in asked]
         _OPINIONS.shuffle(candidates)
         candidates.sort(key=lambda s: s.version != answer.version)
-        meta: dict[str, Any] = {"uid": answer.uid}
+        request = ExpertRequest(answer.uid, recompute=answer.kind != "forward")
         if answer.kind == "forward":
             method, timeout = FORWARD, self.forward_timeout
             tensors = [answer.inputs]
         else:
             assert answer.grad_outputs is not None
             method, timeout = BACKWARD, self.backward_timeout
-            meta["recompute"] = True
             tensors = [answer.inputs, answer.grad_outputs]
         wires = [part for t in tensors for part in activations.encode(t, "raw")]
         for server in candidates[:OPINION_TRIES]:
             asked.add(server.peer_id)
             try:
+                meta = request.to_meta()
                 reply = await self.rpc.call(server.peer_id, method, meta, wires, timeout=timeout)
-                if _version(reply) != answer.version:
+                if ExpertAnswer.read(reply.meta).version != answer.version:
                     continue  # another version's outputs say nothing of this answer
                 return server.peer_id, self._answer(answer.uid, server, reply, answer.inputs)
             except (RemoteError, RpcError, ExpertCallError) as exc:
@@ -369,12 +376,13 @@ class ExpertCaller:
     ) -> Evidence | None:
         """The server's signed statement with what it covers, if it is the statement of
         this answer, by this server, of this request; else None."""
+        told = ExpertAnswer.read(reply.meta)
         try:
-            statement = AnswerStatement.decode(reply.meta.get("statement"))
+            statement = AnswerStatement.decode(told.statement)
         except MessageError:
             return None
         evidence = Evidence(statement, seen_x, seen_grad, tuple(reply.tensors))
-        expected = (uid, _version(reply), kind, str(reply.meta.get("codec", "raw")))
+        expected = (uid, told.version, kind, told.codec)
         project = statement.project if self.receipts is None else self.receipts.project
         if (
             (statement.uid, statement.version, statement.kind, statement.codec) != expected
@@ -398,20 +406,21 @@ class ExpertCaller:
         if self.loads is None:
             return await self.rpc.call(server.peer_id, method, meta, wires, timeout=timeout)
         self.loads.sent(server.peer_id, units)
-        reply = None
+        told = ExpertAnswer.read({})  # no answer: nothing reported
         started = trio.current_time()
         try:
             reply = await self.rpc.call(server.peer_id, method, meta, wires, timeout=timeout)
+            told = ExpertAnswer.read(reply.meta)
             return reply
         finally:
             self.loads.ended(
                 server.peer_id,
                 units,
                 trio.current_time(),
-                queue=_reported(reply, "queue"),
-                rate=_reported(reply, "rate"),
+                queue=told.backlog.queue,
+                rate=told.backlog.rate,
                 elapsed=trio.current_time() - started,
-                seconds=_reported(reply, "seconds"),
+                seconds=told.seconds,
             )
 
     def _answer(
@@ -419,9 +428,8 @@ class ExpertCaller:
     ) -> torch.Tensor:
         """The reply's one tensor (outputs or input gradients, shaped like ``like``),
         decoded with the codec the reply names."""
-        codec = reply.meta.get("codec", "raw")
         try:
-            name = activations.check_codec(codec)
+            name = activations.check_codec(ExpertAnswer.read(reply.meta).codec)
             out = activations.decode(reply.tensors, name, width=like.shape[-1], dtype=like.dtype)
         except ActivationCodecError as exc:
             self.stats.failures += 1
@@ -485,26 +493,12 @@ class ExpertCaller:
         )
 
 
-def _version(reply: Reply) -> int:
-    """The weights version an answer names (0 when it names none)."""
-    version = reply.meta.get("version")
-    return version if isinstance(version, int) and not isinstance(version, bool) else 0
-
-
-def _reported(reply: Reply | None, name: str) -> float | None:
-    """A finite number the server reported in its answer's ``name`` (None: no answer,
-    or no such number)."""
-    value = None if reply is None else reply.meta.get(name)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def _parts_of(reply: Reply) -> int:
     """How many tensors a reply of one tensor should carry, by the codec it names (0,
     which no reply matches, for a codec we do not know)."""
     try:
-        return activations.parts_per_tensor(activations.check_codec(reply.meta.get("codec", "raw")))
+        codec = activations.check_codec(ExpertAnswer.read(reply.meta).codec)
+        return activations.parts_per_tensor(codec)
     except ActivationCodecError:
         return 0
 

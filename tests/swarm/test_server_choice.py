@@ -92,7 +92,7 @@ async def test_calls_go_to_the_server_expected_to_finish_first():
         # the slow server is listed first each time; the fast one finishes every call
         # (and its backlog of 60 rows) long before the slow one would finish one
         assert answered == [fast] * 6
-        assert servers[slow_peer.peer_id].backlog()["queue"] == 0
+        assert servers[slow_peer.peer_id].backlog().queue == 0
         nursery.cancel_scope.cancel()
 
 
