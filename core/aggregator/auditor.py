@@ -15,7 +15,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import torch
 import trio
@@ -25,6 +25,7 @@ from core.aggregator.core import AggregatorCore
 from core.contributing.reveal import Reveal, RevealError
 from core.experts.registry import build_expert
 from core.experts.wire import from_wire
+from core.protocol.aggregator_methods import ContributionAuditReport
 from core.protocol.contributions import TRUNK_UID, Contribution
 from net import BadRequest, CallContext, RemoteError, Reply
 from net.identity import peer_id_from_public_key
@@ -63,7 +64,7 @@ class _Held:
 
 
 @dataclass
-class AuditStatistics:
+class ContributionAuditStatistics:
     drawn: int = 0
     passed: int = 0
     failed: int = 0
@@ -72,16 +73,15 @@ class AuditStatistics:
     unverifiable: int = 0
     problems: Counter[str] = field(default_factory=Counter)
 
-    def to_obj(self) -> dict[str, Any]:
-        return {
-            "drawn": self.drawn,
-            "passed": self.passed,
-            "failed": self.failed,
-            "unrevealed": self.unrevealed,
-            "unverifiable": self.unverifiable,
-            # why audits failed or could not be done, counted by kind
-            "problems": dict(self.problems),
-        }
+    def report(self) -> ContributionAuditReport:
+        return ContributionAuditReport(
+            drawn=self.drawn,
+            passed=self.passed,
+            failed=self.failed,
+            unrevealed=self.unrevealed,
+            unverifiable=self.unverifiable,
+            problems=dict(self.problems),
+        )
 
 
 class ContributionAuditor:
@@ -99,7 +99,7 @@ class ContributionAuditor:
         self.rate = rate
         self.reveal_seconds = reveal_seconds
         self.rng = rng or random.SystemRandom()
-        self.stats = AuditStatistics()
+        self.stats = ContributionAuditStatistics()
         self.findings: deque[ContributionFinding] = deque(maxlen=MAX_FINDINGS)
         #: told of every failed audit (the role publishes a ban)
         self.listeners: list[Callable[[ContributionFinding], None]] = []

@@ -28,6 +28,7 @@ from core.protocol.aggregator_methods import (
     REFEREE,
     REVEAL,
     STATS,
+    AggregatorReport,
 )
 from core.protocol.contributions import TRUNK_UID, Contribution, MessageError
 from core.protocol.refusals import SLOW_DOWN, Refusal, is_offence
@@ -280,31 +281,26 @@ class AggregatorService:
         return Reply({"version": version}, (to_wire(expected),))
 
     async def _stats(self, ctx: CallContext) -> Reply:
-        return Reply(self.statistics())
+        return Reply(self.statistics().model_dump())
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> AggregatorReport:
         s = self.core.stats
-        return {
-            "accepted": s.accepted,
-            "rejected": dict(s.rejected),
-            "rounds": s.rounds,
-            "banned_peers": s.banned_peers,
-            "versions": dict(self.core.versions),
-            # the most active contributors (a reply stays small in a big swarm)
-            "contributors": {
-                who: c.to_obj()
-                for who, c in sorted(s.contributors.items(), key=lambda item: -item[1].accepted)[
-                    :MAX_CONTRIBUTORS_LISTED
-                ]
-            },
-            "audits": None if self.auditor is None else self.auditor.stats.to_obj(),
-            "pending_samples": {
+        # the most active contributors (a reply stays small in a big swarm)
+        active = sorted(s.contributors.items(), key=lambda item: -item[1].accepted)
+        return AggregatorReport(
+            accepted=s.accepted,
+            rejected=dict(s.rejected),
+            rounds=s.rounds,
+            banned_peers=s.banned_peers,
+            versions=dict(self.core.versions),
+            contributors={who: c.report() for who, c in active[:MAX_CONTRIBUTORS_LISTED]},
+            audits=None if self.auditor is None else self.auditor.stats.report(),
+            pending_samples={
                 uid: self.core.pending_samples(uid) for uid in self.core.settings.uids
             },
-            # rounds due but for more distinct contributors, and how many more
-            "short_of_contributors": {
+            short_of_contributors={
                 uid: self.core.contributors_short(uid)
                 for uid in self.core.settings.uids
                 if self.core.stalled(uid)
             },
-        }
+        )

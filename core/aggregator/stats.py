@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+
+from core.protocol.aggregator_methods import ContributorReport
 
 
 @dataclass
@@ -18,15 +19,13 @@ class ContributorStatistics:
     compared_rounds: int = 0
     influence_sum: float = 0.0
 
-    def to_obj(self) -> dict[str, Any]:
-        return {
-            "accepted": self.accepted,
-            "rejected": dict(self.rejected),
-            "rounds": self.rounds,
-            "influence": (
-                self.influence_sum / self.compared_rounds if self.compared_rounds else None
-            ),
-        }
+    def report(self) -> ContributorReport:
+        return ContributorReport(
+            accepted=self.accepted,
+            rejected=dict(self.rejected),
+            rounds=self.rounds,
+            influence=self.influence_sum / self.compared_rounds if self.compared_rounds else None,
+        )
 
 
 @dataclass

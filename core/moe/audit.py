@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class AuditStatistics:
+class AnswerAuditStatistics:
     drawn: int = 0
     audited: int = 0
     passed: int = 0
@@ -156,7 +156,7 @@ class AnswerAuditor:
         # the volunteer must not predict the draws: the system's randomness by default
         self._rng = rng if rng is not None else random.SystemRandom()
         self._send, self._receive = trio.open_memory_channel[Answer](queue)
-        self.stats = AuditStatistics()
+        self.stats = AnswerAuditStatistics()
         self.findings: list[Finding] = []
         #: who failed an audit, until when (trio's clock; inf: for good)
         self._excluded: dict[PeerID, float] = {}

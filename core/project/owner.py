@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from pydantic import ValidationError
 
 from core.experts.records import SERVING, ExpertAnnouncement, expert_key
 from core.files import replace_file
@@ -18,7 +19,7 @@ from core.project.distribution import aggregator_peers, find_manifest
 from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError, fingerprint
 from core.project.pins import PinStore
 from core.project.records import ProviderAnnouncement, providers_key, rotation_key
-from core.protocol.aggregator_methods import STATS
+from core.protocol.aggregator_methods import STATS, AggregatorReport
 from net import Peer, RpcError
 from net.codec import pack, unpack_bounded
 
@@ -131,36 +132,59 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
         "volunteers": volunteers,
         "paused_volunteers": sorted(withdrawn - set(volunteers)),
         "weight_providers": providers,
-        "aggregators": aggregators,
+        "aggregators": [a.to_obj() for a in aggregators],
         # why the experts' versions do not move ("" when nothing holds them back)
         "experts_waiting": why_experts_wait(aggregators, manifest.training.min_contributors),
     }
 
 
-async def aggregator_statistics(peer: Peer, manifest: Any) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class AggregatorAccount:
+    """An aggregator of the manifest and its own account (agg.stats), or why it gave
+    none."""
+
+    key: str
+    peer: str
+    report: AggregatorReport | None = None
+    #: why it could not be asked, or its answer read ("" when it answered)
+    unreachable: str = ""
+
+    def to_obj(self) -> dict[str, Any]:
+        """As ``owner status --json`` and the trainer's summary show it."""
+        out: dict[str, Any] = {"key": self.key, "peer": self.peer}
+        if self.report is None:
+            return out | {"unreachable": self.unreachable}
+        return out | self.report.model_dump()
+
+
+async def aggregator_statistics(peer: Peer, manifest: Any) -> list[AggregatorAccount]:
     """Each aggregator's own account (versions, accepted, rejections by reason), or why it
     could not be asked."""
-    out: list[dict[str, Any]] = []
+    out: list[AggregatorAccount] = []
     for entry, agg in zip(manifest.aggregators, aggregator_peers(peer, manifest), strict=True):
-        item: dict[str, Any] = {"key": entry.key, "peer": str(agg)}
         try:
-            item.update((await peer.rpc.call(agg, STATS, timeout=5)).meta)
+            reply = await peer.rpc.call(agg, STATS, timeout=5)
+            report = AggregatorReport.model_validate(reply.meta)
         except RpcError as exc:
-            item["unreachable"] = str(exc)
-        out.append(item)
+            out.append(AggregatorAccount(entry.key, str(agg), unreachable=str(exc)))
+        except ValidationError as exc:
+            why = f"answered with no account: {exc.error_count()} field(s) of the wrong type"
+            out.append(AggregatorAccount(entry.key, str(agg), unreachable=why))
+        else:
+            out.append(AggregatorAccount(entry.key, str(agg), report))
     return out
 
 
-def why_experts_wait(aggregators: Sequence[dict[str, Any]], min_contributors: int) -> str:
+def why_experts_wait(aggregators: Sequence[AggregatorAccount], min_contributors: int) -> str:
     """Why the experts' versions do not move, in a sentence, from the aggregators' own
     accounts (``aggregator_statistics``); "" when nothing holds them back. Pure."""
     reasons = []
     for agg in aggregators:
-        who = f"aggregator {str(agg.get('peer', '?'))[-8:]}"
-        if "unreachable" in agg:
-            reasons.append(f"{who} cannot be reached ({agg['unreachable']})")
+        who = f"aggregator {agg.peer[-8:]}"
+        if agg.report is None:
+            reasons.append(f"{who} cannot be reached ({agg.unreachable})")
             continue
-        short = agg.get("short_of_contributors") or {}
+        short = agg.report.short_of_contributors
         if short:
             uid, more = next(iter(sorted(short.items())))
             reasons.append(

@@ -11,8 +11,8 @@ agg.referee     meta {uid, version, kind}, tensors [inputs, grad_outputs (backwa
                 -> tensors [what the weights of that version compute: outputs, or input
                 gradients]: settles a dispute over an answer (core/moe/audit.py); only
                 the manifest's trainers may ask, at most MAX_REFEREE_ROWS rows
-agg.stats       meta {} -> meta {accepted, rejected, rounds, banned_peers, versions,
-                contributors, pending_samples}
+agg.stats       meta {} -> AggregatorReport {accepted, rejected, rounds, banned_peers,
+                versions, contributors, audits, pending_samples, short_of_contributors}
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from typing import Final, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 CONTRIBUTE: Final = "agg.contribute"
 STATS: Final = "agg.stats"
@@ -29,6 +31,52 @@ REFEREE: Final = "agg.referee"
 MAX_REFEREE_ROWS: Final = 1024
 
 Aggregator = TypeVar("Aggregator")
+
+
+class _Report(BaseModel):
+    """What an aggregator reports: frozen; keys it does not know are ignored (a newer
+    aggregator may add figures), values of the wrong type are an error."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class ContributorReport(_Report):
+    accepted: int = 0
+    #: refusals, by reason code (core/protocol/refusals.py)
+    rejected: dict[str, int] = {}
+    rounds: int = 0
+    #: the mean share of its input the robust rule kept, over the rounds it shared with
+    #: other contributors (1: untouched; None: it never shared one)
+    influence: float | None = None
+
+
+class ContributionAuditReport(_Report):
+    drawn: int = 0
+    passed: int = 0
+    failed: int = 0
+    #: discarded without blame: no reveal in time, or it could not be recomputed
+    unrevealed: int = 0
+    unverifiable: int = 0
+    #: why audits failed or could not be done, counted by kind
+    problems: dict[str, int] = {}
+
+
+class AggregatorReport(_Report):
+    """agg.stats: an aggregator's own account."""
+
+    accepted: int = 0
+    #: refusals, by reason code
+    rejected: dict[str, int] = {}
+    rounds: int = 0
+    banned_peers: int = 0
+    versions: dict[str, int] = {}
+    #: the most active contributors (hex public key), at most MAX_CONTRIBUTORS_LISTED
+    contributors: dict[str, ContributorReport] = {}
+    #: the contribution audits (None: the project audits none)
+    audits: ContributionAuditReport | None = None
+    pending_samples: dict[str, int] = {}
+    #: rounds due but for more distinct contributors, and how many more each needs
+    short_of_contributors: dict[str, int] = {}
 
 
 def responsible_aggregator(uid: str, aggregators: Sequence[Aggregator]) -> Aggregator:

@@ -315,7 +315,9 @@ async def train_on(
             "changes_accepted": sharing.accepted,
             "rebased": sharing.rebased,
         }
-    summary["aggregators"] = await aggregator_statistics(peer, signed.manifest)
+    summary["aggregators"] = [
+        a.to_obj() for a in await aggregator_statistics(peer, signed.manifest)
+    ]
     summary["reached"] = {p: how_reached(peer, p) for p in summary["answered_by"]}
     report({"event": "summary", **summary})
     return summary

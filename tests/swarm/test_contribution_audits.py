@@ -145,7 +145,9 @@ async def test_an_aggregator_audits_contributions_and_catches_a_cheater(tmp_path
             assert not core.pending[UID]
             weights = build_expert(SPEC, seed=1)
             assert check_contribution_evidence(finding.evidence, SPEC, weights) is None
-        assert rig.service.statistics()["audits"]["drawn"] >= 1
+        audits = rig.service.statistics().audits
+        assert audits is not None
+        assert audits.drawn >= 1
         nursery.cancel_scope.cancel()
     core.close()
 
