@@ -10,7 +10,6 @@ each contribution exactly once.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from core.aggregator.strikes import Strikes
 from core.aggregator.trunk import TrunkRounds, TrunkSettings
 from core.aggregator.verify import Rejected, VerifyContext, check_claims, check_payload
 from core.checkpoints import CheckpointStore, load_optimizer_state, optimizer_state
+from core.clock import SYSTEM_CLOCK, Clock
 from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
@@ -104,8 +104,11 @@ class AggregatorCore:
         settings: AggregatorSettings,
         folder: Path,
         initial: dict[str, nn.Module] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``clock``: what rounds and timestamps are timed by (tests move one by hand)."""
         self.settings = settings
+        self.clock = clock
         self.folder = folder
         self.modules: dict[str, nn.Module] = {}
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
@@ -261,7 +264,7 @@ class AggregatorCore:
         network service runs the three steps apart, the payload outside the engine).
         Returns normally only once the contribution is in the fsynced journal; raises
         Rejected (with its reason) otherwise."""
-        now = time.time() if now is None else now
+        now = self.clock.wall() if now is None else now
         self.screen(contribution, now)
         try:
             grads = check_payload(contribution, parts)
@@ -285,7 +288,7 @@ class AggregatorCore:
         self.seen_batches.update(r.batch_id for r in c.receipts)
         held = held_parts is not None
         if not held and not self._ready(c.uid):
-            self.round_started[c.uid] = time.monotonic()
+            self.round_started[c.uid] = self.clock.monotonic()
         self.pending[c.uid].append(
             _Pending(
                 c.contributor.hex(),
@@ -326,7 +329,7 @@ class AggregatorCore:
             self._journal.append(["r" if passed else "d", nonce])
         if passed:
             if not self._ready(entry.uid):
-                self.round_started[entry.uid] = time.monotonic()
+                self.round_started[entry.uid] = self.clock.monotonic()
             entry.held, entry.contribution, entry.parts = False, None, None
         else:
             self.pending[entry.uid] = [p for p in self.pending[entry.uid] if p is not entry]
@@ -377,7 +380,7 @@ class AggregatorCore:
     def due(self, uid: str) -> bool:
         if not self._ready(uid):
             return False
-        waited = time.monotonic() - self.round_started.get(uid, time.monotonic())
+        waited = self.clock.monotonic() - self.round_started.get(uid, self.clock.monotonic())
         senders = len({p.contributor for p in self._ready(uid)})
         return self.rules[uid].due(senders, self.pending_samples(uid), waited)
 
@@ -388,7 +391,7 @@ class AggregatorCore:
         contribution_seconds), and an owner's healthy swarm was reported stuck."""
         if not self._ready(uid) or not self.contributors_short(uid):
             return False
-        waited = time.monotonic() - self.round_started.get(uid, time.monotonic())
+        waited = self.clock.monotonic() - self.round_started.get(uid, self.clock.monotonic())
         return waited >= self.settings.round_seconds
 
     def contributors_short(self, uid: str) -> int:

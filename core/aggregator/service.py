@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import time
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -134,7 +133,7 @@ class AggregatorService:
                     await self._announce_version(uid)
             if trio.current_time() >= next_prune:
                 next_prune = trio.current_time() + PRUNE_SECONDS
-                self.core.prune(time.time())
+                self.core.prune(self.core.clock.wall())
             await trio.sleep(0.2)
 
     async def _announce_version(self, uid: str) -> None:
@@ -187,8 +186,9 @@ class AggregatorService:
         try:
             contribution = self._decode(head.meta, head.peer_id)
             # the connection proved the sender holds the contributor's key
+            now = self.core.clock.wall()
             self.core.screen(
-                contribution, time.time(), payload_bytes=head.payload_bytes, authenticated=True
+                contribution, now, payload_bytes=head.payload_bytes, authenticated=True
             )
         except Rejected as exc:
             if is_offence(exc.reason):
@@ -208,7 +208,7 @@ class AggregatorService:
     async def _contribute(self, ctx: CallContext) -> Reply:
         contribution = self._decode(ctx.request.meta, ctx.peer_id)
         parts: list[torch.Tensor] = [from_wire(t) for t in ctx.request.tensors]
-        now = time.time()
+        now = self.core.clock.wall()
         try:
             grads = await trio.to_thread.run_sync(
                 check_payload, contribution, parts, limiter=self._checker

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import signal
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 import trio
 
+from core.clock import SYSTEM_CLOCK, Clock
 from core.errors import UserFacingError
 from core.experts.uid import ExpertUID, Grid
 from core.moe.answer_checks import Answer, Finding
@@ -402,25 +402,28 @@ async def _train(
     stop: trio.Event,
     report: Report,
     sharing: TrunkSharing | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> dict[str, Any]:
+    """The training loop; ``clock`` times its windows, patience and speed (tests move
+    one by hand)."""
     state = session.state
     evaluating = trio.Lock()  # one evaluation at a time (they share a replica)
     if state.initial_loss is None:
-        first = await _evaluate_until_answered(session, stop, options.patience_s)
+        first = await _evaluate_until_answered(session, stop, options.patience_s, clock)
         report({"event": "eval", "step": state.step, "loss": first})
-    started = time.monotonic()
+    started = clock.monotonic()
     first_samples = state.samples
-    window_start, window_samples = time.monotonic(), state.samples
+    window_start, window_samples = clock.monotonic(), state.samples
     answered_before = dict(session.swarm_view()["answered_by"])
     losses: list[float] = []
-    last_success = time.monotonic()
+    last_success = clock.monotonic()
     carried = 0  # batches started and not finished: together with the steps, the limit
 
     async def after_step(step: int) -> None:
         nonlocal window_start, window_samples, answered_before
         if step % options.log_every == 0:
             view = session.swarm_view()
-            now = time.monotonic()
+            now = clock.monotonic()
             versions = list(view["versions"].values()) or [0]
             report(
                 {
@@ -463,7 +466,7 @@ async def _train(
             finally:
                 carried -= 1
             if result is None:
-                if time.monotonic() - last_success > options.patience_s:
+                if clock.monotonic() - last_success > options.patience_s:
                     raise UserFacingError(
                         f"no training step succeeded for {options.patience_s:.0f} s: "
                         "no volunteer serves this project's experts"
@@ -473,7 +476,7 @@ async def _train(
                 continue
             if not result.applied:
                 continue  # too stale: dropped, the next batch starts from newer weights
-            last_success = time.monotonic()
+            last_success = clock.monotonic()
             losses.append(result.loss)
             if sharing is not None:
                 sharing.stepped(options.batch_size)
@@ -482,7 +485,7 @@ async def _train(
     async with trio.open_nursery() as nursery:
         for worker in range(session.in_flight):
             nursery.start_soon(carry, worker)
-    elapsed = time.monotonic() - started
+    elapsed = clock.monotonic() - started
     final = (
         state.evaluations[-1][1]
         if state.evaluations and state.evaluations[-1][0] == state.step
@@ -532,10 +535,10 @@ async def _evaluate(session: TrainingSession) -> float:
 
 
 async def _evaluate_until_answered(
-    session: TrainingSession, stop: trio.Event, patience_s: float
+    session: TrainingSession, stop: trio.Event, patience_s: float, clock: Clock = SYSTEM_CLOCK
 ) -> float:
     """The first evaluation waits for the swarm (volunteers may still be starting)."""
-    deadline = time.monotonic() + patience_s
+    deadline = clock.monotonic() + patience_s
     told = False
     while True:
         loss = await _evaluate(session)
@@ -544,7 +547,7 @@ async def _evaluate_until_answered(
         if not told:
             log.warning("waiting for volunteers to answer the first evaluation")
             told = True
-        if time.monotonic() > deadline:
+        if clock.monotonic() > deadline:
             raise UserFacingError(
                 f"the swarm answered no evaluation for {patience_s:.0f} s: "
                 "no volunteer serves this project's experts"

@@ -13,6 +13,7 @@ from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity
+from tests.clocks import ManualClock
 
 SPEC = ExpertSpec("ffn", hidden=4, inner=8)
 TRAINER = Identity.from_seed(b"t" * 32)
@@ -317,7 +318,10 @@ def test_a_round_is_stalled_only_after_a_round_s_time_without_enough_voices(tmp_
     """What the trainer and `owner status` report as "waiting for more volunteers": a
     round still filling up, or full but within its time, is not (an owner's healthy
     swarm was reported stuck)."""
-    core = make_core(settings(round_samples=8, min_contributors=2, round_seconds=60.0), tmp_path)
+    clock = ManualClock()
+    core = make_core(
+        settings(round_samples=8, min_contributors=2, round_seconds=60.0), tmp_path, clock=clock
+    )
     first, second = Identity.generate(), Identity.generate()
     core.submit(*contribution(core, first, samples=4))
     assert core.contributors_short(UID) == 1
@@ -325,7 +329,7 @@ def test_a_round_is_stalled_only_after_a_round_s_time_without_enough_voices(tmp_
     core.submit(*contribution(core, first, samples=4))
     assert not core.stalled(UID)  # enough samples, one voice, the other's may be coming
     assert not core.due(UID)
-    core.round_started[UID] -= 61.0  # a round's time later, still one voice
+    clock.advance(61.0)  # a round's time later, still one voice
     assert core.stalled(UID)
     core.submit(*contribution(core, second, samples=4))
     assert not core.stalled(UID)
