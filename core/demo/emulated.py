@@ -37,6 +37,7 @@ from core.project.keys import OwnerKey
 from core.project.publish import prepare, serve_project
 from core.roles.aggregator import aggregate
 from core.trainer.data import STDLIB, load_corpus
+from core.trainer.events import TrainerEvent, TrainingProgressed
 from core.trainer.train import TrainerOptions, train_on
 
 log = logging.getLogger(__name__)
@@ -180,13 +181,13 @@ async def run_emulated(
             report({"event": "swarm", "volunteers": options.volunteers, "project": project})
         steps = max(1, options.samples // (options.batch_size * options.trainers))
 
-        def on_report(i: int) -> Report:
-            def seen(event: dict[str, Any]) -> None:
-                if event.get("event") == "progress":
-                    trained[i] = int(event["samples"])
+        def on_report(i: int) -> Callable[[TrainerEvent], None]:
+            def seen(event: TrainerEvent) -> None:
+                if isinstance(event, TrainingProgressed):
+                    trained[i] = event.samples
                     progress.append((time.monotonic(), sum(trained)))
                 if report is not None:
-                    report({"trainer": i, **event})
+                    report({"trainer": i, **event.model_dump()})
 
             return seen
 
@@ -213,7 +214,7 @@ async def run_emulated(
                 stop=stop,
                 corpus=corpus,
             )
-            summaries.append(summary)
+            summaries.append(summary.model_dump())
 
         async with trio.open_nursery() as trainers_nursery:
             for i in range(options.trainers):

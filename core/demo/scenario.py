@@ -40,6 +40,7 @@ from core.demo.summary import demo_summary
 from core.demo.supervisor import Proc, Swarm, free_port
 from core.errors import UserFacingError
 from core.paths import identity_path
+from core.trainer.events import TrainerEvent, TrainingProgressed, TrainingSummary, read_event
 from core.trainer.progress import TrainingProgress
 from net.identity import load_or_create
 from net.testing.lab import Home, Lab, NatKind, missing_requirements, network_lab
@@ -453,8 +454,8 @@ async def _follow_trainer(
     handle_signals: bool,
     bootstrap: Proc,
 ) -> dict[str, Any]:
-    events: list[dict[str, Any]] = []
-    summary: dict[str, Any] | None = None
+    events: list[TrainerEvent] = []
+    summary: TrainingSummary | None = None
     churned = False
     #: with --kill-relay: expert answers per volunteer when the relay was killed
     relay_killed: dict[str, Any] | None = None
@@ -470,33 +471,26 @@ async def _follow_trainer(
                 if not line:
                     break
                 try:
-                    event = json.loads(line)
+                    event = read_event(json.loads(line))
                 except ValueError:
                     continue
+                if event is None:
+                    continue
                 events.append(event)
-                kind = event.get("event")
-                if kind == "summary":  # the demo prints its own, with the volunteers
+                if isinstance(event, TrainingSummary):  # the demo prints its own
                     summary = event
                     continue
                 show(event)
-                if (
-                    kind == "progress"
-                    and options.churn
-                    and not churned
-                    and event["step"] >= options.steps // 3
-                ):
+                if not isinstance(event, TrainingProgressed):
+                    continue
+                if options.churn and not churned and event.step >= options.steps // 3:
                     churned = True
                     nursery.start_soon(_churn, swarm, volunteers, newcomers, project, console)
-                if (
-                    kind == "progress"
-                    and options.kill_relay
-                    and relay_killed is None
-                    and event["step"] >= options.steps // 2
-                ):
+                if options.kill_relay and relay_killed is None and event.step >= options.steps // 2:
                     swarm.kill(bootstrap)
-                    relay_killed = {"step": event["step"], "answered_by": event["answered_by"]}
+                    relay_killed = {"step": event.step, "answered_by": event.answered_by}
                     console.print(
-                        f"step {event['step']}: killed the bootstrap peer, a relay the "
+                        f"step {event.step}: killed the bootstrap peer, a relay the "
                         "volunteers use (SIGKILL)"
                     )
         nursery.cancel_scope.cancel()

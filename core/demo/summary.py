@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from typing import Any
 
 from rich.console import Console
@@ -12,6 +13,8 @@ from rich.table import Table
 
 from core.demo.options import DemoOptions
 from core.demo.supervisor import Proc
+from core.protocol.aggregator_methods import ContributorReport
+from core.trainer.events import Evaluated, TrainerEvent, TrainingStarted, TrainingSummary
 from core.trainer.progress import loss_text
 from net.identity import peer_id_from_public_key
 
@@ -20,36 +23,32 @@ log = logging.getLogger(__name__)
 
 def demo_summary(
     options: DemoOptions,
-    trained: dict[str, Any],
+    trained: TrainingSummary,
     procs: list[Proc],
-    events: list[dict[str, Any]],
+    events: list[TrainerEvent],
     relay_killed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``relay_killed``: the step at which the bootstrap relay was killed, and the expert
     answers per volunteer then (--kill-relay)."""
-    rejected: dict[str, int] = {}
+    rejected: Counter[str] = Counter()
     accepted = 0
-    contributors: dict[str, dict[str, Any]] = {}
-    contribution_audits: dict[str, int] = {}
-    for agg in trained.get("aggregators", []):
-        accepted += int(agg.get("accepted", 0))
-        for what, n in (agg.get("audits") or {}).items():
-            if isinstance(n, int):  # the counts (not "problems", by kind)
-                contribution_audits[what] = contribution_audits.get(what, 0) + n
-        for reason, n in agg.get("rejected", {}).items():
-            rejected[reason] = rejected.get(reason, 0) + int(n)
-        contributors.update(agg.get("contributors", {}))
+    contributors: dict[str, ContributorReport] = {}
+    contribution_audits: Counter[str] = Counter()
+    for agg in trained.aggregators:
+        accepted += agg.accepted
+        if agg.audits is not None:  # the counts (not the problems, by kind)
+            contribution_audits.update(agg.audits.model_dump(exclude={"problems"}))
+        rejected.update(agg.rejected)
+        contributors.update(agg.contributors)
     volunteers = []
-    audits = trained.get("audits", {})
+    audits = trained.audits or {}
     excluded = set(audits.get("excluded", []))
-    answered = trained.get("answered_by", {})
-    reached = trained.get("reached", {})
     for p in procs:
         if not p.public_key:
             continue
-        c = contributors.get(p.public_key, {})
+        c = contributors.get(p.public_key, ContributorReport())
         peer = str(peer_id_from_public_key(bytes.fromhex(p.public_key)))
-        answers = answered.get(peer, 0)
+        answers = trained.answered_by.get(peer, 0)
         after_kill = None
         if relay_killed is not None:
             after_kill = answers - relay_killed["answered_by"].get(peer, 0)
@@ -61,19 +60,19 @@ def demo_summary(
                 "answers": answers,
                 "answers_after_relay_killed": after_kill,
                 "where": p.where or "this computer",
-                "reached": reached.get(peer, "not called"),
-                "accepted": c.get("accepted", 0),
-                "rejected": c.get("rejected", {}),
-                "rounds": c.get("rounds", 0),
-                "influence": c.get("influence"),
+                "reached": trained.reached.get(peer, "not called"),
+                "accepted": c.accepted,
+                "rejected": c.rejected,
+                "rounds": c.rounds,
+                "influence": c.influence,
                 # a failed answer audit: the trainer calls it no more
                 "excluded": peer in excluded,
             }
         )
-    evals = [e for e in events if e.get("event") == "eval" and not _nan(e.get("loss"))]
-    start = next((e for e in events if e.get("event") == "start"), {})
+    evals = [e for e in events if isinstance(e, Evaluated) and not _nan(e.loss)]
+    start = next((e for e in events if isinstance(e, TrainingStarted)), None)
     return {
-        "resumed_at_step": start.get("resumed_at_step"),
+        "resumed_at_step": None if start is None else start.resumed_at_step,
         "volunteers": options.volunteers,
         "attackers": options.attackers,
         "attack": options.attack if options.attackers else None,
@@ -83,33 +82,33 @@ def demo_summary(
         "symmetric": options.symmetric,
         "relay_killed_at_step": relay_killed["step"] if relay_killed else None,
         "rule": options.rule,
-        "steps": trained["steps"],
-        "stopped_early": trained["stopped_early"],
-        "samples": trained["samples"],
-        "samples_per_s": trained["samples_per_s"],
-        "seconds": trained["seconds"],
-        "initial_loss": trained["initial_loss"],
-        "final_loss": trained["final_loss"],
-        "evaluations": [[e["step"], e["loss"]] for e in evals],
-        "failed_steps": trained["failed_steps"],
+        "steps": trained.steps,
+        "stopped_early": trained.stopped_early,
+        "samples": trained.samples,
+        "samples_per_s": trained.samples_per_s,
+        "seconds": trained.seconds,
+        "initial_loss": trained.initial_loss,
+        "final_loss": trained.final_loss,
+        "evaluations": [[e.step, e.loss] for e in evals],
+        "failed_steps": trained.failed_steps,
         # batches the trainer carried at once, gradients dropped as too stale, and the
         # applied ones by how many updates old their weights were
-        "in_flight": trained.get("in_flight", 1),
-        "stale_steps": trained.get("stale_steps", 0),
-        "staleness": trained.get("staleness", {}),
+        "in_flight": trained.in_flight,
+        "stale_steps": trained.stale_steps,
+        "staleness": trained.staleness,
         "wire": options.wire,
-        "version_max": trained["version_max"],
-        "version_min": trained["version_min"],
+        "version_max": trained.version_max,
+        "version_min": trained.version_min,
         "contributions_accepted": accepted,
-        "contributions_rejected": rejected,
+        "contributions_rejected": dict(rejected),
         "per_volunteer": volunteers,
-        "calls": trained.get("calls", {}),
+        "calls": trained.calls.model_dump(),
         "audits": audits,
         # the aggregators' audits of contributions: drawn, passed, failed, unrevealed,
         # unverifiable (discarded without blame)
-        "contribution_audits": contribution_audits,
+        "contribution_audits": dict(contribution_audits),
         # peers banned from the project (by this trainer's audits or another's), why
-        "banned": trained.get("banned", {}),
+        "banned": trained.banned,
     }
 
 

@@ -4,18 +4,26 @@ those)."""
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from types import TracebackType
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from core.trainer.events import (
+    Evaluated,
+    ExpertsNote,
+    TrainerEvent,
+    TrainingProgressed,
+    TrainingStarted,
+    TrainingSummary,
+    Waiting,
+)
 
-def json_line(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event, allow_nan=True) + "\n")
+
+def json_line(event: TrainerEvent) -> None:
+    sys.stdout.write(event.model_dump_json() + "\n")
     sys.stdout.flush()
 
 
@@ -50,56 +58,53 @@ class TrainingProgress:
     ) -> None:
         self.progress.stop()
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "start":
-            resumed = event["resumed_at_step"]
+    def __call__(self, event: TrainerEvent) -> None:
+        if isinstance(event, TrainingStarted):
+            resumed = event.resumed_at_step
             self.console.print(
-                f"project {event['name']} ({event['project']}): "
-                f"{event['data_bytes'] / 1e6:.1f} MB of text from {event['files']} files "
-                f"({event['data']}); trainer-side layers on {event['device']}"
+                f"project {event.name} ({event.project}): "
+                f"{event.data_bytes / 1e6:.1f} MB of text from {event.files} files "
+                f"({event.data}); trainer-side layers on {event.device}"
                 + (f"; resuming at step {resumed}" if resumed else "")
             )
             self.progress.update(
-                self.task, total=event["steps"], completed=resumed or 0, status="first evaluation"
+                self.task, total=event.steps, completed=resumed or 0, status="first evaluation"
             )
-        elif kind == "progress":
+        elif isinstance(event, TrainingProgressed):
             self.progress.update(
                 self.task,
-                completed=event["step"],
+                completed=event.step,
                 status=(
-                    f"loss {loss_text(event['loss'])}  {event['samples_per_s']:.1f} samples/s  "
-                    f"{event['volunteers']} volunteers answering  "
-                    f"versions {event['version_min']}-{event['version_max']}"
+                    f"loss {loss_text(event.loss)}  {event.samples_per_s:.1f} samples/s  "
+                    f"{event.volunteers} volunteers answering  "
+                    f"versions {event.version_min}-{event.version_max}"
                 ),
             )
-        elif kind == "experts":
-            note = event["note"]
+        elif isinstance(event, ExpertsNote):
             self.console.print(
-                f"experts not learning: {note}" if note else "experts learning again"
+                f"experts not learning: {event.note}" if event.note else "experts learning again"
             )
-        elif kind == "waiting":
+        elif isinstance(event, Waiting):
             self.progress.update(self.task, status="waiting for volunteers to serve the experts")
-        elif kind == "eval":
-            loss = event["loss"]
+        elif isinstance(event, Evaluated):
             self.console.print(
-                f"step {event['step']}: validation loss {loss_text(loss)}"
-                if loss is not None and not math.isnan(loss)
-                else f"step {event['step']}: not evaluated (too few volunteers answered)"
+                f"step {event.step}: validation loss {loss_text(event.loss)}"
+                if not math.isnan(event.loss)
+                else f"step {event.step}: not evaluated (too few volunteers answered)"
             )
-        elif kind == "summary":
-            self.progress.update(self.task, completed=event["steps"])
+        elif isinstance(event, TrainingSummary):
+            self.progress.update(self.task, completed=event.steps)
             self.console.print(
-                f"done: {event['steps']} steps, {event['samples']} samples, "
-                f"{event['samples_per_s']:.1f} samples/s; validation loss "
-                f"{loss_text(event['initial_loss'])} -> {loss_text(event['final_loss'])}"
+                f"done: {event.steps} steps, {event.samples} samples, "
+                f"{event.samples_per_s:.1f} samples/s; validation loss "
+                f"{loss_text(event.initial_loss)} -> {loss_text(event.final_loss)}"
             )
-            for agg in event.get("aggregators", []):
-                if "unreachable" in agg:
-                    self.console.print(f"aggregator {agg['peer'][-12:]}: {agg['unreachable']}")
+            for agg in event.aggregators:
+                if agg.unreachable is not None:
+                    self.console.print(f"aggregator {agg.peer[-12:]}: {agg.unreachable}")
                     continue
-                rejected = ", ".join(f"{k} {v}" for k, v in sorted(agg["rejected"].items()))
+                rejected = ", ".join(f"{k} {v}" for k, v in sorted(agg.rejected.items()))
                 self.console.print(
-                    f"aggregator {agg['peer'][-12:]}: {agg['accepted']} contributions accepted, "
-                    f"rejected: {rejected or 'none'}; {agg['rounds']} rounds"
+                    f"aggregator {agg.peer[-12:]}: {agg.accepted} contributions accepted, "
+                    f"rejected: {rejected or 'none'}; {agg.rounds} rounds"
                 )

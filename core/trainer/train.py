@@ -45,6 +45,15 @@ from core.project.signed import SignedManifest
 from core.project.versions import pull_interval
 from core.protocol.aggregator_methods import responsible_aggregator
 from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus, load_corpus
+from core.trainer.events import (
+    Evaluated,
+    ExpertsNote,
+    TrainerEvent,
+    TrainingProgressed,
+    TrainingStarted,
+    TrainingSummary,
+    Waiting,
+)
 from core.trainer.model import CharLanguageModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
 from core.trainer.sharing import TrunkSharing
@@ -55,7 +64,7 @@ from net.transport import DEFAULT_LISTEN
 
 log = logging.getLogger(__name__)
 
-Report = Callable[[dict[str, Any]], None]
+Report = Callable[[TrainerEvent], None]
 
 
 @dataclass(frozen=True)
@@ -202,7 +211,7 @@ async def run_trainer(
     listen: Sequence[str] | None = None,
     bootstrap: Sequence[str] = (),
     report: Report,
-) -> dict[str, Any]:
+) -> TrainingSummary:
     """Train until ``options.steps`` or a stop signal; the summary (also reported)."""
     config = network_config(listen or DEFAULT_LISTEN, bootstrap)
     async with trio.open_nursery() as nursery:
@@ -222,7 +231,7 @@ async def train_on(
     report: Report,
     stop: trio.Event,
     corpus: Corpus | None = None,
-) -> dict[str, Any]:
+) -> TrainingSummary:
     """The trainer on a running ``peer`` (whose identity must be a trainer of the
     project), until ``options.steps`` or ``stop``; the summary (also reported).
     ``corpus``: the data, when already loaded (else ``options.data`` is)."""
@@ -277,18 +286,17 @@ async def train_on(
     )
     resumed = await trio.to_thread.run_sync(session.restore)
     report(
-        {
-            "event": "start",
-            "project": signed.project_id,
-            "name": signed.manifest.project.name,
-            "data": corpus.source,
-            "data_bytes": corpus.total_bytes,
-            "files": corpus.files,
-            "resumed_at_step": session.state.step if resumed else None,
-            "steps": options.steps,
-            "peer": str(peer.peer_id),
-            "device": str(session.device),
-        }
+        TrainingStarted(
+            project=signed.project_id,
+            name=signed.manifest.project.name,
+            data=corpus.source,
+            data_bytes=corpus.total_bytes,
+            files=corpus.files,
+            resumed_at_step=session.state.step if resumed else None,
+            steps=options.steps,
+            peer=str(peer.peer_id),
+            device=str(session.device),
+        )
     )
     sharing = (
         TrunkSharing(peer, signed, session, options.workdir / "trunk-chunks")
@@ -319,8 +327,9 @@ async def train_on(
         a.to_obj() for a in await aggregator_statistics(peer, signed.manifest)
     ]
     summary["reached"] = {p: how_reached(peer, p) for p in summary["answered_by"]}
-    report({"event": "summary", **summary})
-    return summary
+    typed = TrainingSummary.model_validate(summary)
+    report(typed)
+    return typed
 
 
 def _accuse(board: BanBoard, finding: Finding) -> None:
@@ -358,7 +367,7 @@ async def _watch_experts(
             await aggregator_statistics(peer, manifest), manifest.training.min_contributors
         )
         if note != said:
-            report({"event": "experts", "note": note})
+            report(ExpertsNote(note=note))
             said = note
 
 
@@ -410,7 +419,7 @@ async def _train(
     evaluating = trio.Lock()  # one evaluation at a time (they share a replica)
     if state.initial_loss is None:
         first = await _evaluate_until_answered(session, stop, options.patience_s, clock)
-        report({"event": "eval", "step": state.step, "loss": first})
+        report(Evaluated(step=state.step, loss=first))
     started = clock.monotonic()
     first_samples = state.samples
     window_start, window_samples = clock.monotonic(), state.samples
@@ -426,33 +435,30 @@ async def _train(
             now = clock.monotonic()
             versions = list(view["versions"].values()) or [0]
             report(
-                {
-                    "event": "progress",
-                    "step": step,
-                    "steps": options.steps,
-                    "loss": sum(losses) / max(len(losses), 1),
-                    "samples": state.samples,
-                    "samples_per_s": (state.samples - window_samples)
-                    / max(now - window_start, 1e-9),
-                    "volunteers": sum(
+                TrainingProgressed(
+                    step=step,
+                    steps=options.steps,
+                    loss=sum(losses) / max(len(losses), 1),
+                    samples=state.samples,
+                    samples_per_s=(state.samples - window_samples) / max(now - window_start, 1e-9),
+                    volunteers=sum(
                         1
                         for peer, n in view["answered_by"].items()
                         if n > answered_before.get(peer, 0)
                     ),
-                    "version_min": min(versions),
-                    "version_max": max(versions),
-                    "failed_steps": state.failed_steps,
-                    "stale_steps": state.stale_steps,
-                    # expert answers so far, per volunteer (the demo compares them)
-                    "answered_by": dict(view["answered_by"]),
-                }
+                    version_min=min(versions),
+                    version_max=max(versions),
+                    failed_steps=state.failed_steps,
+                    stale_steps=state.stale_steps,
+                    answered_by=dict(view["answered_by"]),
+                )
             )
             losses.clear()
             window_start, window_samples = now, state.samples
             answered_before = dict(view["answered_by"])
         if step % options.eval_every == 0:
             async with evaluating:
-                report({"event": "eval", "step": step, "loss": await _evaluate(session)})
+                report(Evaluated(step=step, loss=await _evaluate(session)))
         if step % options.checkpoint_every == 0:
             await trio.to_thread.run_sync(session.save)
 
@@ -471,7 +477,7 @@ async def _train(
                         f"no training step succeeded for {options.patience_s:.0f} s: "
                         "no volunteer serves this project's experts"
                     )
-                report({"event": "waiting", "step": state.step, "failed_steps": state.failed_steps})
+                report(Waiting(step=state.step, failed_steps=state.failed_steps))
                 await trio.sleep(1.0)  # the swarm is short of experts; give it a moment
                 continue
             if not result.applied:
@@ -493,7 +499,7 @@ async def _train(
     )
     if final is None:
         final = await _evaluate(session)
-        report({"event": "eval", "step": state.step, "loss": final})
+        report(Evaluated(step=state.step, loss=final))
     await trio.to_thread.run_sync(session.save)
     view = session.swarm_view()
     versions = list(view["versions"].values()) or [0]

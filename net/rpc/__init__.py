@@ -19,7 +19,8 @@ from net.rpc.errors import (
     remote_error,
 )
 from net.rpc.frames import Limits, Tensor
-from net.rpc.service import RPC_PROTOCOL, RpcConfig, RpcService, RpcStatistics
+from net.rpc.service import RpcConfig, RpcService, RpcStatistics
+from net.rpc.streams import RPC_PROTOCOL
 
 __all__ = [
     "RPC_PROTOCOL",

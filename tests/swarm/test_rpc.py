@@ -28,6 +28,7 @@ from net.rpc import (
     TooLarge,
     UnknownMethod,
 )
+from net.rpc.client import _PeerPool, _PooledStream
 from net.rpc.frames import (
     KIND_RESPONSE,
     FrameReader,
@@ -37,7 +38,6 @@ from net.rpc.frames import (
     build_response,
     encode_request,
 )
-from net.rpc.service import _PeerPool, _PooledStream
 from net.transport.host import SwarmHost
 
 MiB = 1024 * 1024
@@ -477,10 +477,10 @@ async def test_idle_streams_are_closed_and_forgotten_after_their_time():
             client.host.remember(third.peer_id, third.listen_addrs())
             await client.call(server.host.peer_id, "echo")
             await client.call(third.peer_id, "echo")
-            assert len(client._pools) == 2
+            assert len(client._client._pools) == 2
             await trio.sleep(0.3)
             await client.call(server.host.peer_id, "echo")  # sweeps on the way
-            assert set(client._pools) == {server.host.peer_id}
+            assert set(client._client._pools) == {server.host.peer_id}
             assert client.stats.streams_opened == 3
 
 
@@ -526,11 +526,11 @@ async def test_a_sweep_survives_a_pool_dropped_while_it_closes_a_stale_stream():
 
         class ClosingSlowly:
             async def close(self) -> None:
-                client._drop_pool(second, ended)  # the other call's end, meanwhile
+                client._client._drop_pool(second, ended)  # the other call's end, meanwhile
                 await trio.sleep(0)
 
         stale = _PeerPool(1)
         stale.idle = [_PooledStream(ClosingSlowly(), cast(Any, None), last_used=-1e9)]
-        client._pools = {first: stale, second: ended}
-        await client._close_stale_streams()
-        assert client._pools == {}
+        client._client._pools = {first: stale, second: ended}
+        await client._client._close_stale_streams()
+        assert client._client._pools == {}
