@@ -30,11 +30,11 @@ class SilentSwarm:
 async def test_patience_with_a_silent_swarm_is_counted_on_the_trainers_clock():
     clock = ManualClock()
     session = SilentSwarm(clock)
-    started = trio.current_time()
     with pytest.raises(UserFacingError, match="answered no evaluation for 30 s"):
         await _evaluate_until_answered(cast(Any, session), trio.Event(), 30.0, clock)
-    assert session.calls == 4  # 10, 20, 30 s: patient; 40 s: too long
-    assert trio.current_time() - started < 5  # no real waiting for the clock's 40 s
+    # 10, 20, 30 s: patient; 40 s: too long. On the computer's clock the evaluations,
+    # instant here, would have gone on for 30 real seconds
+    assert session.calls == 4
 
 
 async def test_the_first_answer_within_patience_ends_the_wait():
