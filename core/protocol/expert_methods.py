@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 FORWARD: Final = "moe.forward"
@@ -105,15 +105,7 @@ class ExpertRequest:
         answer = meta.get("answer", RAW)
         if not isinstance(answer, str):
             raise RequestError(f"answer must name a codec, not {answer!r}")
-        return ExpertRequest(
-            uid,
-            None if codecs is None else tuple(codecs),
-            answer,
-            request.keep,
-            request.handle,
-            request.recompute,
-            request.receipt,
-        )
+        return replace(request, codecs=None if codecs is None else tuple(codecs), answer=answer)
 
 
 @dataclass(frozen=True)

@@ -116,10 +116,7 @@ class RpcService:
         timeout: float | None = None,
         dial_attempts: int = 3,
     ) -> Reply:
-        """Call ``method`` on ``peer_id``; raises a :class:`RpcError` subclass on failure.
-
-        ``dial_attempts``: tries to connect when there is no connection yet (callers with
-        alternatives, like DHT lookups, use 1 and move on to another peer)."""
+        """Call ``method`` on ``peer_id`` (:meth:`net.rpc.client.RpcClient.call`)."""
         return await self._client.call(
             peer_id, method, meta, tensors, timeout=timeout, dial_attempts=dial_attempts
         )
