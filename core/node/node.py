@@ -82,6 +82,10 @@ class Node:
     serving: ProjectService | None = None
     history: History | None = None
     _nursery: trio.Nursery | None = None
+    #: The serving counters when the history last recorded them: what came since is added
+    #: to the history's totals when asked, so the two token counts shown never disagree.
+    _recorded_samples: int = 0
+    _recorded_accepted: int = 0
 
     def __post_init__(self) -> None:
         self.preferences = PreferenceStore(self.options.config_dir / "preferences.json")
@@ -124,7 +128,7 @@ class Node:
             peers=len(self.peer.dht.known_peers()) if self.peer else 0,
             peer_id=str(self.identity.peer_id),
             addresses=tuple(self.peer.addrs()) if self.peer else (),
-            lifetime=self.history.lifetime() if self.history else Lifetime(),
+            lifetime=self._lifetime(),
             inbound_from_network=(
                 self.peer.host.admission_statistics().inbound_from_network if self.peer else 0
             ),
@@ -355,29 +359,54 @@ class Node:
             self._save_peers()
             await trio.sleep(every)
 
+    def _unrecorded(self) -> tuple[int, int]:
+        """Tokens computed and contributions accepted since the history's last record."""
+        if self.serving is None:
+            return 0, 0
+        return (
+            max(0, self.serving.samples_done() - self._recorded_samples),
+            max(0, self.serving.outcomes["accepted"] - self._recorded_accepted),
+        )
+
+    def _lifetime(self) -> Lifetime:
+        """The history's totals and what came since its last record (recorded every 10 s)."""
+        if self.history is None:
+            return Lifetime()
+        recorded = self.history.lifetime()
+        samples, accepted = self._unrecorded()
+        return recorded.model_copy(
+            update={
+                "samples": recorded.samples + samples,
+                "contributions_accepted": recorded.contributions_accepted + accepted,
+            }
+        )
+
+    def _record_work(self, every: float) -> None:
+        """One record of the history: what the last ``every`` seconds gave."""
+        assert self.history is not None
+        samples, accepted = self._unrecorded()
+        serving = self.serving is not None and self.serving.server is not None
+        reading = self.governor.last_reading if self.governor else None
+        decision = self.governor.decision if self.governor else None
+        self.history.record(
+            time.time(),
+            # donated time: allowed to work, and serving a project
+            working_s=every if decision is not None and decision.run and serving else 0.0,
+            samples=samples,
+            gpu_temp_c=reading.gpu_temp_c if reading else None,
+            cpu_temp_c=reading.cpu_temp_c if reading else None,
+            gpu_util=reading.gpu_utilization if reading else None,
+            accepted=accepted,
+        )
+        self._recorded_samples += samples
+        self._recorded_accepted += accepted
+
     async def _record_history(self, every: float = 10.0) -> None:
         """Every ``every`` seconds: allowed-to-work time, samples done, temperatures."""
-        last_samples = last_accepted = 0
         try:
             while True:
                 await trio.sleep(every)
-                samples = self.serving.samples_done() if self.serving else 0
-                accepted = self.serving.outcomes["accepted"] if self.serving else 0
-                serving = self.serving is not None and self.serving.server is not None
-                reading = self.governor.last_reading if self.governor else None
-                decision = self.governor.decision if self.governor else None
-                assert self.history is not None
-                self.history.record(
-                    time.time(),
-                    # donated time: allowed to work, and serving a project
-                    working_s=every if decision is not None and decision.run and serving else 0.0,
-                    samples=max(0, samples - last_samples),
-                    gpu_temp_c=reading.gpu_temp_c if reading else None,
-                    cpu_temp_c=reading.cpu_temp_c if reading else None,
-                    gpu_util=reading.gpu_utilization if reading else None,
-                    accepted=max(0, accepted - last_accepted),
-                )
-                last_samples, last_accepted = samples, accepted
+                self._record_work(every)
         finally:
             if self.history is not None:
                 self.history.close()
