@@ -243,6 +243,8 @@ class ExpertCaller:
                 self.stats.graph_misses += 1
             except (RpcError, ExpertCallError) as exc:
                 log.info("kept-graph backward of %s failed (%s); recomputing elsewhere", uid, exc)
+                # the server may have taken the receipt before the call failed on our side
+                servers = others_first(kept.server, servers)
         request = ExpertRequest(
             uid,
             None if (act, grad_codec) == (RAW, RAW) else (act, grad_codec),
@@ -509,6 +511,16 @@ def same_weights(
     """``used`` first, then other servers with the same weights: a backward pass must be
     computed on the weights that did the forward pass."""
     return [used] + [s for s in servers if s != used and s.sha256 and s.sha256 == used.sha256]
+
+
+def others_first(
+    tried: ExpertServerRef, servers: Sequence[ExpertServerRef]
+) -> list[ExpertServerRef]:
+    """``servers`` with ``tried`` last. A backward call that failed on the trainer's side
+    (a timeout) may have reached its server, which then holds the call's receipt: the
+    same receipt sent there again is refused as a batch used before, so a recomputation
+    goes to another server with the same weights first."""
+    return [s for s in servers if s != tried] + [s for s in servers if s == tried]
 
 
 class _RemoteExpertFunction(torch.autograd.Function):

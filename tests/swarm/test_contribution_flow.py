@@ -190,3 +190,56 @@ async def test_kept_graphs_of_two_experts_on_one_server_and_a_new_version(tmp_pa
             assert samples == 3
             assert [r.version for r in receipts] == [3]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_kept_backward_that_timed_out_is_recomputed_on_another_server():
+    """The kept-graph backward pass times out on the trainer's side after its server took
+    the receipt; the recomputation goes to the other server with the same weights (the
+    first would refuse the receipt as a batch used before), and the gradient is right."""
+    rows = 4
+    slow_kept = float(2 * rows)  # the pace sees a kept backward as 2 forward passes a row
+
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, first, second = swarm.peers
+        trainers = frozenset({trainer.identity.public_key})
+        module = build_expert(SPEC, seed=1)
+        backends = {}
+        for volunteer, pace in [
+            (first, lambda work: 3.0 if work == slow_kept else 0.0),
+            (second, None),
+        ]:
+            backends[volunteer] = ExpertBackend(
+                ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1)
+            )
+            config = ServerConfig(
+                project=PROJECT, require_receipts=True, trainers=trainers, pace=pace
+            )
+            await nursery.start(ExpertServer(volunteer, {UID: backends[volunteer]}, config).run)
+        caller = ExpertCaller(
+            trainer.rpc,
+            backward_timeout=1.0,
+            receipts=ReceiptSigner(trainer.identity, PROJECT),
+        )
+        servers = [ExpertServerRef(p.peer_id, backends[p].sha256) for p in (first, second)]
+        remote = RemoteExpert(UID, servers, caller, Portal.current())
+        x = torch.randn(rows, 8, requires_grad=True)
+
+        def step() -> torch.Tensor:
+            remote(x).pow(2).sum().backward()
+            assert x.grad is not None
+            return x.grad
+
+        grad = await trio.to_thread.run_sync(step)
+        local_x = x.detach().clone().requires_grad_(True)
+        module(local_x).pow(2).sum().backward()
+        assert local_x.grad is not None
+        torch.testing.assert_close(grad, local_x.grad, atol=1e-5, rtol=1e-4)
+        # the second server recomputed; the first finishes the kept call it took
+        assert backends[second].accumulator.samples == rows
+        with trio.fail_after(10):
+            while backends[first].accumulator.samples < rows:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
