@@ -45,6 +45,7 @@ from core.control.models import (
     StateEvent,
     Status,
 )
+from core.protocol.refusals import in_words
 
 # isort: split
 # pyqtgraph binds to whichever Qt binding is already loaded (else the first it finds, which
@@ -129,7 +130,7 @@ def describe_event(event: Event) -> str:
     if isinstance(event, ContributionEvent):
         if event.outcome == "accepted":
             return f"Contribution to expert {event.uid} accepted"
-        return f"Contribution to expert {event.uid} refused ({event.outcome})"
+        return f"Contribution to expert {event.uid} refused: {in_words(event.outcome)}"
     if isinstance(event, ProjectEvent):
         # Leaving names the project left: only a join changes to a project.
         if event.joined and event.project:

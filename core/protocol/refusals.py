@@ -93,3 +93,24 @@ def pause_after(reason: str, repeats: int, round_seconds: float, most: float = 6
     if reason not in COME_BACK_LATER or repeats < 1:
         return 0.0
     return float(min(most, round_seconds * 2 ** min(repeats - 1, 16)))
+
+
+#: What a refusal means to the volunteer, in words (the dashboard's event log).
+_IN_WORDS: Final = {
+    Refusal.WAITING: "the expert waits for other volunteers' work first; normal",
+    Refusal.STALE: "computed on weights that have since changed; the new ones are fetched",
+    Refusal.REPLAY: "already received; normal after a lost acknowledgement",
+    Refusal.RECEIPT_REUSED: "the trainer had this batch computed twice; normal",
+    Refusal.FUTURE_VERSION: "the project's aggregator was reset; new weights are fetched",
+    Refusal.CLOCK: "this computer's clock is wrong; set it right",
+    Refusal.SLOW_DOWN: "too many refusals from this network address; sending later",
+    Refusal.BANNED: "the aggregator refuses this computer's work for a while",
+    Refusal.BANNED_BY_PROJECT: "the project banned this computer",
+}
+
+
+def in_words(reason: str) -> str:
+    """Why a contribution was refused, for the volunteer: normal refusals said as such,
+    an offence as the code the aggregator gave."""
+    words = _IN_WORDS.get(reason)  # type: ignore[call-overload]  # any string may come
+    return words if words is not None else f"rejected as invalid ({reason})"

@@ -525,7 +525,7 @@ def test_dashboard_lists_events_newest_first(qtbot):
     assert "Paused: GPU at 84 °C" in lines[0]
     assert "ffn.0.3, ffn.1.7" in lines[1]
     assert "disk full" in lines[2]
-    assert "refused (stale)" in lines[3]
+    assert "refused: computed on weights that have since changed" in lines[3]
     assert "accepted" in lines[4]
     assert "Started working" in lines[5]
     assert lines[5][0].isdigit()  # it has an "at": its local time leads the line
@@ -557,7 +557,8 @@ def test_runs_of_accepted_contributions_are_one_line(qtbot):
     lines = [events.item(i).text() for i in range(events.count())]
     assert lines == [
         "20 contributions accepted (experts ffn.0.0, ffn.0.1, ffn.0.2)",
-        "Contribution to expert ffn.0.1 refused (stale)",
+        "Contribution to expert ffn.0.1 refused: computed on weights that have since changed;"
+        " the new ones are fetched",
         "20 contributions accepted (experts ffn.0.0, ffn.0.1, ffn.0.2)",
     ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.protocol.refusals import NORMAL, is_offence, pause_after
+from core.protocol.refusals import NORMAL, Refusal, in_words, is_offence, pause_after
 
 
 @pytest.mark.parametrize(
@@ -53,3 +53,12 @@ def test_offences(reason, offence):
 )
 def test_pause_after(reason, repeats, round_seconds, pause):
     assert pause_after(reason, repeats, round_seconds) == pause
+
+
+def test_every_normal_refusal_and_ban_is_said_in_words_and_an_offence_by_its_code():
+    for reason in NORMAL | {Refusal.BANNED}:
+        words = in_words(reason)
+        assert not words.startswith("rejected as invalid"), reason
+        assert "_" not in words, reason  # no code names
+    assert in_words("payload_mismatch") == "rejected as invalid (payload_mismatch)"
+    assert in_words("something new") == "rejected as invalid (something new)"
