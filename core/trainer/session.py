@@ -124,6 +124,8 @@ class TrainingSession:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.state = SessionState()
+        #: Why the last evaluation gave no loss ("" before any failed).
+        self.evaluation_error = ""
         self.store = CheckpointStore(checkpoints) if checkpoints is not None else None
         self._checkpoint_number = 0
         self._eval = validation_batches(
@@ -254,8 +256,9 @@ class TrainingSession:
                     x, y = x.to(self.device), y.to(self.device)
                     total += float(language_model_loss(model(x), y))
         except (MoEError, ExpertCallError) as exc:
-            # the caller says it (a NaN): "not evaluated", once, not a warning a second
-            log.info("evaluation failed: %s", exc)
+            # the caller says it (a NaN): "not evaluated", once, not a line a second
+            log.debug("evaluation failed: %s", exc)
+            self.evaluation_error = str(exc)
             return math.nan
         finally:
             if model is self.model:

@@ -550,8 +550,11 @@ async def _evaluate_until_answered(
         loss = await _evaluate(session)
         if not math.isnan(loss) or stop.is_set():
             return loss
-        if not told:
-            log.warning("waiting for volunteers to answer the first evaluation")
+        if not told:  # the normal start of a project: said once, not as a warning
+            log.info(
+                "waiting for volunteers to answer the first evaluation (%s)",
+                session.evaluation_error,
+            )
             told = True
         if clock.monotonic() > deadline:
             raise UserFacingError(

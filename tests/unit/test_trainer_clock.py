@@ -20,6 +20,7 @@ class SilentSwarm:
 
     def __init__(self, clock: ManualClock, answer_after: int | None = None) -> None:
         self.clock, self.answer_after, self.calls = clock, answer_after, 0
+        self.evaluation_error = "64 of 64 samples got fewer than k_min=1 answers"
 
     def evaluate(self) -> float:
         self.calls += 1
