@@ -207,8 +207,12 @@ def owner_status(
             else ""
         )
     )
+    versions: dict[str, int] = {}
+    for agg in status["aggregators"]:
+        versions.update(agg.get("versions", {}))
     for uid, servers in status["experts"].items():
-        typer.echo(f"  {uid:<16} {len(servers)} server(s)")
+        version = f", version {versions[uid]}" if uid in versions else ""
+        typer.echo(f"  {uid:<16} {len(servers)} server(s){version}")
     typer.echo(
         f"weight providers: {len(status['weight_providers'])}, "
         f"aggregators: {len(status['aggregators'])}"
@@ -218,9 +222,11 @@ def owner_status(
             typer.echo(f"  aggregator {agg['peer'][-12:]}: unreachable ({agg['unreachable']})")
             continue
         rejected = ", ".join(f"{k} {v}" for k, v in sorted(agg["rejected"].items())) or "none"
+        held = list(agg["versions"].values())
+        span = f"{min(held)}-{max(held)}" if held else "none"
         typer.echo(
             f"  aggregator {agg['peer'][-12:]}: {agg['accepted']} accepted, rejected: {rejected}; "
-            f"versions {agg['versions']}"
+            f"{len(held)} experts at versions {span}"
         )
     if status["experts_waiting"]:
         typer.echo(f"experts not learning: {status['experts_waiting']}")
