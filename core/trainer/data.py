@@ -25,7 +25,7 @@ from typing import Final
 
 import torch
 
-from core.errors import UserFacingError
+from core.data.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,6 @@ _MIN_VALIDATION_BYTES: Final = 1024
 #: Folders of the standard library that hold installed third-party packages, or caches,
 #: rather than the standard library itself; they differ between machines.
 _STDLIB_SKIPPED_DIRS: Final = frozenset({"site-packages", "dist-packages", "__pycache__"})
-
-
-class DataError(UserFacingError):
-    """The training text cannot be loaded; the message says what to do."""
 
 
 @dataclass(frozen=True)
