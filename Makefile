@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install -c constraints.txt -e ".[dev,owner]"
 	@# trio-typing (a libp2p dependency) ships stale stubs for trio that hide trio's own
 	@# inline types from mypy; trio is typed by itself since 0.23.
 	$(BIN)/python -c "import shutil, sysconfig; shutil.rmtree(sysconfig.get_paths()['purelib'] + '/trio-stubs', ignore_errors=True)"

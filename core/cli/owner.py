@@ -4,6 +4,8 @@ training; ``moehome aggregator ...``: an aggregator of a project."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -340,6 +342,149 @@ def owner_train(
         return
     with TrainingProgress() as progress:
         run_async(partial(run, report=progress))
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """Bad data, a full disk, Ctrl-C: one line and an exit status, never a traceback (what
+    run_async does for the commands that run under trio)."""
+    from core.errors import UserFacingError
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo("stopped", err=True)
+        raise typer.Exit(130) from None
+    except (UserFacingError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+DataArg = Annotated[
+    Path,
+    typer.Argument(
+        help=(
+            "The data: a text file or folder, .jsonl(.gz) or .parquet files (or a folder of "
+            "them), or a folder saved with datasets' save_to_disk."
+        )
+    ),
+]
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        help="text, jsonl, parquet or dataset (default: guessed from the path).",
+        show_default=False,
+    ),
+]
+FieldOpt = Annotated[str, typer.Option(help="The JSON field, or the column, that holds the text.")]
+
+
+@owner_app.command("tokenizer")
+def owner_tokenizer(
+    data: DataArg,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Where to write the tokenizer.json.")
+    ],
+    vocab_size: Annotated[
+        int, typer.Option(min=257, help="Tokens at most: 256 bytes, the end-of-text token, merges.")
+    ] = 4096,
+    fmt: FormatOpt = None,
+    field: FieldOpt = "text",
+    max_mb: Annotated[
+        float | None,
+        typer.Option(min=0.001, help="Learn from the first N MB of text only (default: all)."),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
+) -> None:
+    """Train a byte-level BPE tokenizer on your data, offline; print its sha256 (what a
+    manifest pins)."""
+    with _one_line_errors():
+        from core.data.documents import open_documents
+        from core.data.tokenizer import train_bpe
+
+        if output.exists() and not force:
+            typer.echo(f"error: {output} exists; choose another --output, or --force", err=True)
+            raise typer.Exit(2)
+        source = open_documents(data, fmt, field)
+        budget = None if max_mb is None else int(max_mb * 1024 * 1024)
+
+        def texts() -> Iterator[str]:
+            taken = 0
+            for document in source:
+                if budget is not None and taken >= budget:
+                    return
+                taken += len(document.text.encode("utf-8"))
+                yield document.text
+
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"learning {vocab_size} tokens from {source.describe()}"):
+            tokenizer = train_bpe(texts(), vocab_size, output)
+    typer.echo(f"tokenizer:  {output}")
+    typer.echo(f"vocab size: {tokenizer.vocab_size} (end of text: {tokenizer.eos_id})")
+    typer.echo(f"sha256:     {tokenizer.sha256}")
+
+
+@owner_app.command("prepare")
+def owner_prepare(
+    data: DataArg,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="The shards' folder (new, or empty).")
+    ],
+    tokenizer_file: Annotated[
+        Path | None,
+        typer.Option("--tokenizer", help="A Hugging Face tokenizer.json (see owner tokenizer)."),
+    ] = None,
+    as_bytes: Annotated[
+        bool, typer.Option("--bytes", help="One token per byte instead of a tokenizer.")
+    ] = False,
+    fmt: FormatOpt = None,
+    field: FieldOpt = "text",
+) -> None:
+    """Tokenize your data once into token shards that the trainers read."""
+    if (tokenizer_file is None) == (not as_bytes):
+        typer.echo("error: give either --tokenizer FILE or --bytes", err=True)
+        raise typer.Exit(2)
+    with _one_line_errors():
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        from core.data.documents import open_documents
+        from core.data.prepare import prepare
+        from core.data.tokenizer import ByteTokenizer, HFTokenizer, TextTokenizer
+
+        tokenizer: TextTokenizer = (
+            ByteTokenizer() if tokenizer_file is None else HFTokenizer.load(tokenizer_file)
+        )
+        source = open_documents(data, fmt, field)
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),  # bytes of text
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("tokenizing", total=source.total_bytes)
+            index = prepare(
+                source,
+                tokenizer,
+                output,
+                on_progress=lambda done: progress.update(task, completed=done),
+            )
+    typer.echo(
+        f"{index.documents:,} documents, {index.tokens:,} tokens in {len(index.shards)} "
+        f"shard(s): {output}"
+    )
+    typer.echo(f"tokenizer: {index.tokenizer} (vocab size {index.vocab_size})")
 
 
 @aggregator_app.command("key")

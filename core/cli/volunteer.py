@@ -23,6 +23,7 @@ from core.cli.common import (
 )
 from core.control import ControlClient, ControlError, NodeNotRunning, find_node
 from core.control.invite import InviteError, parse_invite
+from core.control.models import Status
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -219,6 +220,14 @@ def _ask(action: Callable[[ControlClient], T]) -> T:
         client.close()
 
 
+def state_line(status: Status) -> str:
+    """ "working", "paused: you are using the computer": the reason only when it says more
+    than the state ("working: working" said nothing twice)."""
+    if not status.reason or status.reason == status.state:
+        return status.state
+    return f"{status.state}: {status.reason}"
+
+
 @volunteer_app.command("status")
 def node_status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
@@ -228,7 +237,7 @@ def node_status(
     if as_json:
         typer.echo(status.model_dump_json(indent=2))
         return
-    typer.echo(f"{status.state}: {status.reason}")
+    typer.echo(state_line(status))
     for uid, expert_version in status.experts.items():
         typer.echo(f"  serving {uid} (version {expert_version})")
     if status.network.reachability:
@@ -286,14 +295,14 @@ def node_join(
     typer.echo(f"looking for project {parsed.project}\N{HORIZONTAL ELLIPSIS}", err=True)
     status = _ask(lambda c: c.join(parsed.project, parsed.peers))
     typer.echo(f"joined {status.project_name or status.project}")
-    typer.echo(f"{status.state}: {status.reason}")
+    typer.echo(state_line(status))
 
 
 @volunteer_app.command("leave")
 def node_leave() -> None:
     """Make the running node leave its project."""
     status = _ask(lambda c: c.leave())
-    typer.echo(f"{status.state}: {status.reason}")
+    typer.echo(state_line(status))
 
 
 @volunteer_app.command("stop")

@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from core.cli import app
-from core.cli.volunteer import NOT_RUNNING
+from core.cli.volunteer import NOT_RUNNING, state_line
 from core.control.files import write_address, write_token
+from core.control.models import Status
 
 runner = CliRunner()
 
@@ -185,3 +186,17 @@ def test_the_demo_commands_defaults_are_the_demo_options():
     assert len(shared) >= 15
     for name in shared:
         assert inspect.signature(demo).parameters[name].default == getattr(defaults, name), name
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "line"),
+    [
+        ("working", "working", "working"),
+        ("working", "", "working"),
+        ("paused", "you are using the computer", "paused: you are using the computer"),
+        ("waiting", "the aggregator has not answered for 3 min", "waiting: the aggregator"),
+    ],
+)
+def test_the_status_line_says_the_reason_only_when_it_adds_to_the_state(state, reason, line):
+    assert state_line(Status(state=state, reason=reason)).startswith(line)
+    assert state_line(Status(state=state, reason=reason)).count(state) == 1
