@@ -183,7 +183,8 @@ def _node_selftest() -> None:
 
 def _training_text_check(report: Callable[[str, bool, str], None]) -> bool:
     """`moehome demo`'s default text is there (a packaged build carries its own copy)."""
-    from core.trainer.data import STDLIB, DataError, load_corpus
+    from core.data.errors import DataError
+    from core.trainer.data import STDLIB, load_corpus
 
     try:
         corpus = load_corpus(STDLIB, max_bytes=2**20)

@@ -254,18 +254,28 @@ class JsonLines(DocumentSource):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+            said = exc.msg.removesuffix(" at")  # "Invalid control character at"
+            raise DataError(f"{where}: not valid JSON ({said} at column {exc.colno})") from None
         if not isinstance(row, dict):
-            raise DataError(f"{where}: a JSON {type(row).__name__}, not an object with fields")
+            raise DataError(f"{where}: {_json_kind(row)}, not a JSON object with fields")
         yield Document(where, _text(where, row, self.field, "field"))
 
 
 def _pyarrow() -> Any:
     try:
-        import pyarrow  # type: ignore[import-untyped]
+        import pyarrow
     except ImportError:
         raise _missing_extra("pyarrow") from None
     return pyarrow
+
+
+def _json_kind(value: object) -> str:
+    """What JSON calls the kind of ``value``, with its article."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 def _text(where: str, row: dict[str, Any], field: str, what: str) -> str:
@@ -279,7 +289,7 @@ def _text(where: str, row: dict[str, Any], field: str, what: str) -> str:
     if value is None:
         raise DataError(f"{where}: {what} {field!r} is null, not text")
     if not isinstance(value, str):
-        raise DataError(f"{where}: {what} {field!r} holds a {type(value).__name__}, not text")
+        raise DataError(f"{where}: {what} {field!r} holds {_json_kind(value)}, not text")
     return value
 
 
@@ -296,7 +306,7 @@ class ParquetFiles(DocumentSource):
 
     def _open(self, path: Path) -> Any:
         pa = _pyarrow()
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        import pyarrow.parquet as pq
 
         try:
             parquet = pq.ParquetFile(path)
@@ -364,41 +374,57 @@ class SavedDataset(DocumentSource):
     def __init__(self, path: Path, field: str) -> None:
         super().__init__(path)
         self.field = field
-        self.split: str | None = None
+        self.folder = self._split_folder()
         self.dataset = self._load()
+
+    def _split_folder(self) -> Path:
+        """The folder of the dataset to read: ``path``, or its chosen split's folder (only
+        that split is loaded: ``load_from_disk`` of the whole dict would open them all)."""
+        index = self.path / "dataset_dict.json"
+        if not index.is_file():
+            return self.path
+        try:
+            splits = [str(s) for s in json.loads(index.read_text())["splits"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{index}: unreadable list of splits ({exc})") from None
+        if "train" in splits:
+            return self.path / "train"
+        if len(splits) == 1:
+            return self.path / splits[0]
+        raise DataError(
+            f"{self.path}: a dataset of splits {', '.join(splits)}, none of them 'train'; "
+            f"point at one split's folder ({self.path / splits[0]})"
+        )
 
     def _load(self) -> Any:
         try:
-            import datasets  # type: ignore[import-untyped]
+            import datasets
         except ImportError:
             raise _missing_extra("datasets") from None
         try:
-            loaded = datasets.load_from_disk(str(self.path))
+            state = json.loads((self.folder / "state.json").read_text())
+        except (OSError, ValueError):
+            state = None
+        if isinstance(state, dict) and state.get("_data_files") == []:
+            # saved without rows: datasets 5 cannot even load it (an IndexError)
+            raise DataError(f"{self.folder}: an empty dataset, no document in it")
+        try:
+            loaded = datasets.load_from_disk(str(self.folder))
         except (OSError, ValueError) as exc:
             # load_from_disk says FileNotFoundError for a folder that is no dataset
-            raise DataError(f"{self.path}: not a dataset saved with datasets ({exc})") from None
-        if isinstance(loaded, datasets.DatasetDict):
-            splits = list(loaded)
-            if "train" in loaded:
-                self.split = "train"
-            elif len(splits) == 1:
-                self.split = splits[0]
-            else:
-                raise DataError(
-                    f"{self.path}: a dataset of splits {', '.join(splits)} and none is "
-                    f"'train'; point at one split's folder ({self.path}/{splits[0]})"
-                )
-            loaded = loaded[self.split]
+            raise DataError(f"{self.folder}: not a dataset saved with datasets ({exc})") from None
+        if not isinstance(loaded, datasets.Dataset):
+            raise DataError(f"{self.folder}: a {type(loaded).__name__}, not one dataset")
         names = loaded.column_names
         if self.field not in names:
             present = ", ".join(repr(n) for n in names) or "none"
             raise DataError(
-                f"{self.path}: no column {self.field!r} (the columns are {present}); choose "
+                f"{self.folder}: no column {self.field!r} (the columns are {present}); choose "
                 "one with --field"
             )
         feature = loaded.features[self.field]
         if getattr(feature, "dtype", None) not in ("string", "large_string"):
-            raise DataError(f"{self.path}: column {self.field!r} holds {feature}, not text")
+            raise DataError(f"{self.folder}: column {self.field!r} holds {feature}, not text")
         return loaded.select_columns([self.field])
 
     @cached_property
@@ -411,17 +437,16 @@ class SavedDataset(DocumentSource):
         return self._total
 
     def describe(self) -> str:
-        split = f"split {self.split!r}, " if self.split else ""
-        return f"dataset {self.path} ({split}column {self.field!r})"
+        return f"dataset {self.folder} (column {self.field!r})"
 
     def _documents(self) -> Iterator[Document]:
-        where = f"{self.path}" + (f" split {self.split}" if self.split else "")
         row = 0
         for batch in self.dataset.iter(batch_size=ROW_BATCH):
             for value in batch[self.field]:
+                where = f"{self.folder} row {row}"
                 if value is None:
-                    raise DataError(f"{where} row {row}: column {self.field!r} is null")
-                yield Document(f"{where} row {row}", value)
+                    raise DataError(f"{where}: column {self.field!r} is null")
+                yield Document(where, value)
                 row += 1
 
 

@@ -29,9 +29,12 @@ from typing import Any, Final
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from core.data.errors import DataError
 from core.data.shards import ShardIndex, TokenFile, open_shards
+
+Tokens = NDArray[np.integer[Any]]
 
 #: The share of a source's windows held out for evaluation, and at most this many.
 VALIDATION_FRACTION: Final = 0.005
@@ -73,12 +76,12 @@ class TokenSource:
     def tokens(self) -> int:
         return sum(f.size for f in self.files)
 
-    def window(self, k: int) -> tuple[np.ndarray, TokenFile]:
+    def window(self, k: int) -> tuple[Tokens, TokenFile]:
         """Window ``k`` (0 <= k < all windows): ``context + 1`` tokens, and its file."""
         f = bisect.bisect_right(self._starts, k) - 1
         start = (k - int(self._starts[f])) * self.context
         file = self.files[f]
-        return np.asarray(file.tokens[start : start + self.context + 1]), file
+        return file.read(start, self.context + 1), file
 
 
 def _permutation(n: int, seed: int, epoch: int, source: int) -> tuple[int, int]:
@@ -131,6 +134,7 @@ class PackedLoader:
                 )
         weights = np.array([s.spec.weight for s in self.sources], dtype=np.float64)
         self._weights = weights / weights.sum()
+        self._cdf = np.cumsum(self._weights)
         self._cursors = [_Cursor() for _ in self.sources]
         self._orders: dict[int, tuple[int, int, int]] = {}  # source: (epoch, a, b)
 
@@ -150,7 +154,7 @@ class PackedLoader:
 
     # ------------------------------------------------------------------ training
 
-    def _next_window(self, s: int) -> np.ndarray:
+    def _next_window(self, s: int) -> tuple[Tokens, TokenFile]:
         source, cursor = self.sources[s], self._cursors[s]
         n = source.train_windows
         i = self.rank + self.world * cursor.position
@@ -162,24 +166,34 @@ class PackedLoader:
             order = self._orders[s] = (cursor.epoch, *_permutation(n, self.seed, cursor.epoch, s))
         _, a, b = order
         cursor.position += 1
-        window, file = source.window((a * i + b) % n)
-        return self._checked(window, file)
+        return source.window((a * i + b) % n)
 
-    def _checked(self, window: np.ndarray, file: TokenFile) -> np.ndarray:
-        if int(window.max()) >= self.vocab_size:
+    def _rows(self, windows: list[tuple[Tokens, TokenFile]]) -> torch.Tensor:
+        """The windows as one int64 tensor, every id checked against the vocabulary."""
+        rows = np.empty((len(windows), self.context + 1), dtype=np.int64)
+        for j, (window, _) in enumerate(windows):
+            rows[j] = window
+        if int(rows.max()) >= self.vocab_size:
+            j = int(np.argmax(rows.max(axis=1)))
             raise DataError(
-                f"{file.path}: token id {int(window.max())} is outside the model's vocabulary "
-                f"of {self.vocab_size}"
+                f"{windows[j][1].path}: token id {int(rows[j].max())} is outside the model's "
+                f"vocabulary of {self.vocab_size}"
             )
-        return window
+        return torch.from_numpy(rows)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets, ``[batch_size, context]`` int64 each."""
-        rng = np.random.Generator(np.random.PCG64([self.seed, self.rank, self.step]))
-        picks = rng.choice(len(self.sources), size=self.batch_size, p=self._weights)
-        rows = np.stack([self._next_window(int(s)) for s in picks]).astype(np.int64)
+        if len(self.sources) == 1:
+            picks = [0] * self.batch_size
+        else:  # drawn from (seed, rank, step) alone: a resumed loader draws the same
+            rng = np.random.Generator(
+                # draws advance the counter's lowest word: (rank, step) in its highest
+                # words keep each batch's stream apart from every other batch's
+                np.random.Philox(key=self.seed, counter=[0, 0, self.rank, self.step])
+            )
+            picks = np.searchsorted(self._cdf, rng.random(self.batch_size), side="right").tolist()
+        batch = self._rows([self._next_window(min(s, len(self.sources) - 1)) for s in picks])
         self.step += 1
-        batch = torch.from_numpy(rows)
         return batch[:, :-1], batch[:, 1:]
 
     # ------------------------------------------------------------------ evaluation
@@ -190,16 +204,20 @@ class PackedLoader:
         rows = batches * self.batch_size
         counts = np.floor(self._weights * rows).astype(int)
         counts[np.argmax(self._weights)] += rows - counts.sum()
-        windows: list[np.ndarray] = []
+        windows: list[tuple[Tokens, TokenFile]] = []
         for source, count in zip(self.sources, counts, strict=True):
             first, held = source.train_windows, source.validation_windows
             for j in range(int(count)):
-                window, file = source.window(first + (j * held) // max(1, int(count)))
-                windows.append(self._checked(window, file))
-        stacked = torch.from_numpy(np.stack(windows).astype(np.int64))
+                windows.append(source.window(first + (j * held) // max(1, int(count))))
+        stacked = self._rows(windows)
         size = self.batch_size
         parts = [stacked[i : i + size] for i in range(0, len(stacked), size)]
         return [(part[:, :-1], part[:, 1:]) for part in parts]
+
+    def close(self) -> None:
+        for source in self.sources:
+            for file in source.files:
+                file.close()
 
     # ------------------------------------------------------------------ resuming
 

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, BinaryIO, Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,8 +31,6 @@ FORMAT: Final = "moehome-token-shards/1"
 #: Tokens per shard a writer aims at (a few hundred MB of uint16 at most).
 SHARD_TOKENS: Final = 128 * 1024 * 1024
 DTYPES: Final = {"uint16": np.uint16, "uint32": np.uint32}
-
-TokenArray = NDArray[np.uint16] | NDArray[np.uint32]
 
 
 def dtype_for(vocab_size: int) -> str:
@@ -110,7 +108,7 @@ class ShardWriter:
     tokenizer: str
     source: str = ""
     shard_tokens: int = SHARD_TOKENS
-    _pending: list[NDArray[np.int64]] = field(default_factory=list)
+    _pending: list[NDArray[np.integer[Any]]] = field(default_factory=list)
     _pending_tokens: int = 0
     _shards: list[tuple[str, int]] = field(default_factory=list)
     documents: int = 0
@@ -127,7 +125,11 @@ class ShardWriter:
         array = np.fromiter(ids, dtype=np.int64)
         if not array.size:
             return
-        self._pending.append(np.append(array, self.eos_id))
+        if array.min() < 0 or array.max() >= self.vocab_size:
+            bad = int(array.max()) if array.max() >= self.vocab_size else int(array.min())
+            raise DataError(f"token id {bad} is outside the vocabulary of {self.vocab_size}")
+        # kept in the shard's dtype until written: a shard's worth of int64 would be 1 GiB
+        self._pending.append(np.append(array, self.eos_id).astype(DTYPES[self.dtype]))
         self._pending_tokens += array.size + 1
         self.documents += 1
         if self._pending_tokens >= self.shard_tokens:
@@ -137,14 +139,10 @@ class ShardWriter:
         if not self._pending_tokens:
             return
         tokens = np.concatenate(self._pending)
-        if tokens.min() < 0 or tokens.max() >= self.vocab_size:
-            raise DataError(
-                f"token id {int(tokens.max())} is outside the vocabulary of {self.vocab_size}"
-            )
         name = f"{len(self._shards):05d}.npy"
         partial = self.folder / (name + ".partial")
         with partial.open("wb") as out:
-            np.save(out, tokens.astype(DTYPES[self.dtype]))
+            np.save(out, tokens)
             out.flush()
             os.fsync(out.fileno())
         partial.replace(self.folder / name)
@@ -168,34 +166,63 @@ class ShardWriter:
         return index
 
 
-@dataclass(frozen=True)
 class TokenFile:
-    """One file of token ids, memory-mapped (pages are read when a window needs them)."""
+    """One file of token ids, read a window at a time. Nothing of it stays in memory: a
+    memory map would keep every page that a random window touched (and its read-ahead),
+    so the process would grow with the dataset."""
 
-    path: Path
-    tokens: TokenArray
+    def __init__(self, path: Path, dtype: np.dtype[Any], offset: int, size: int) -> None:
+        self.path, self.dtype, self.offset, self.size = path, dtype, offset, size
+        self._file: BinaryIO | None = None
 
-    @property
-    def size(self) -> int:
-        return int(self.tokens.shape[0])
+    def read(self, start: int, count: int) -> NDArray[np.integer[Any]]:
+        """Tokens ``start`` to ``start + count`` (fewer at the end of the file)."""
+        if self._file is None:
+            self._file = self.path.open("rb")
+        count = max(0, min(count, self.size - start))
+        self._file.seek(self.offset + start * self.dtype.itemsize)
+        return np.frombuffer(self._file.read(count * self.dtype.itemsize), dtype=self.dtype)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __del__(self) -> None:  # a read-only handle: closing it late loses nothing
+        self.close()
+
+
+def _npy_layout(path: Path) -> tuple[np.dtype[Any], int, tuple[int, ...]]:
+    """The dtype, data offset and shape of a ``.npy`` file, from its header alone."""
+    with path.open("rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+        return dtype, f.tell(), tuple(shape)
 
 
 def open_tokens(path: Path, dtype: str | None = None) -> TokenFile:
     """A ``.npy`` file (its dtype in its header) or a raw ``.bin`` of ``dtype``."""
     try:
         if path.suffix == ".npy":
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
+            found, offset, shape = _npy_layout(path)
         else:
             if dtype not in DTYPES:
                 raise DataError(f"{path}: a raw token file needs its dtype (uint16 or uint32)")
-            array = np.memmap(path, dtype=DTYPES[dtype], mode="r")
+            found, offset = np.dtype(DTYPES[dtype]).newbyteorder("<"), 0
+            size, rest = divmod(path.stat().st_size, found.itemsize)
+            if rest:
+                raise DataError(f"{path}: its size is no whole number of {dtype} tokens")
+            shape = (size,)
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: not a token file ({exc})") from exc
-    if array.ndim != 1 or array.dtype not in (np.uint16, np.uint32):
+    if len(shape) != 1 or found.kind != "u" or found.itemsize not in (2, 4):
         raise DataError(
-            f"{path}: token files hold one row of uint16 or uint32, not {array.dtype} {array.shape}"
+            f"{path}: token files hold one row of uint16 or uint32, not {found} {shape}"
         )
-    return TokenFile(path, array)
+    return TokenFile(path, found, offset, shape[0])
 
 
 def open_shards(

@@ -91,7 +91,9 @@ class HFTokenizer:
         self.sha256 = sha256
         # Some files leave holes in their ids: the largest id decides what must fit.
         ids = tokenizer.get_vocab(with_added_tokens=True).values()
-        self.vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(ids) + 1)
+        self.vocab_size = max(
+            tokenizer.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1
+        )
         self.eos_id = self._eos()
 
     def _eos(self) -> int:
