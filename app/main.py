@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -84,6 +85,23 @@ def _keep_crash_traces(path: Path) -> None:
         log.info("no crash traces: %s", exc)
         return
     faulthandler.enable(file=stream, all_threads=True)
+    if _goes_nowhere(sys.stderr):
+        # Python's own fatal errors (none_dealloc) are written to the standard error
+        # stream, not to faulthandler's file: where nobody reads it (a desktop entry,
+        # login), it goes to the same file
+        try:
+            os.dup2(stream.fileno(), 2)
+        except OSError as exc:
+            log.info("fatal errors not kept: %s", exc)
+
+
+def _goes_nowhere(stream: object) -> bool:
+    """Whether a stream is missing (pythonw) or the null device."""
+    try:
+        fd = stream.fileno()  # type: ignore[attr-defined]
+        return os.path.samestat(os.fstat(fd), os.stat(os.devnull))
+    except (AttributeError, OSError, ValueError):
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -497,3 +497,21 @@ def test_the_desktop_entry_is_installed_on_a_fresh_account(tmp_path):
             check=False,
         )
         assert "moehome.desktop" in said.stdout, said.stdout + said.stderr
+
+
+def test_fatal_errors_of_a_tray_whose_stderr_goes_nowhere_are_kept(tmp_path):
+    """Python writes a fatal error (none_dealloc) to file descriptor 2, not to
+    faulthandler's file: a tray started from the desktop (stderr to /dev/null) keeps it in
+    its crash log; one whose stderr is read (a terminal, a pipe) leaves stderr alone."""
+    script = (
+        "import os, sys; from pathlib import Path; from app.main import _keep_crash_traces; "
+        f"_keep_crash_traces(Path({str(tmp_path / 'crash.log')!r})); "
+        "os.write(2, b'Fatal Python error: none_dealloc\\n')"
+    )
+    argv = [sys.executable, "-c", script]
+    subprocess.run(argv, stderr=subprocess.DEVNULL, check=True, timeout=60)
+    assert "none_dealloc" in (tmp_path / "crash.log").read_text()
+    (tmp_path / "crash.log").unlink()
+    piped = subprocess.run(argv, stderr=subprocess.PIPE, check=True, timeout=60)
+    assert b"none_dealloc" in piped.stderr
+    assert "none_dealloc" not in (tmp_path / "crash.log").read_text()
