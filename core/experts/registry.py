@@ -36,7 +36,7 @@ class ExpertSpec:
     hidden: int
     inner: int = 0  # feed-forward width; 0 means 4 * hidden
     heads: int = 0  # transformer only
-    activation: str = "gelu"
+    activation: str = "gelu"  # swiglu: the gate's (silu makes it SwiGLU)
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -124,6 +124,27 @@ class TransformerExpert(nn.Module):
         return out
 
 
+class SwiGLUExpert(nn.Module):
+    """``w2(act(w1 x) * w3 x)`` on [batch, hidden]: no bias, no norm, no residual (the
+    trainer's layer normalizes before and adds the residual after), with ``act`` silu
+    for SwiGLU. One expert of a Mixtral-style sparse block, its parameters named as the
+    family names them (``w1`` the gate, ``w3`` the up and ``w2`` the down projection, as
+    ``nn.Linear`` weights [out, in]), so that an exported checkpoint maps them one to
+    one: ``block_sparse_moe.experts.<e>.w1.weight`` and so on (core/families/export.py).
+    Plain torch: a volunteer's node never needs the family's library."""
+
+    def __init__(self, spec: ExpertSpec) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(spec.hidden, spec.inner_dim, bias=False)
+        self.w2 = nn.Linear(spec.inner_dim, spec.hidden, bias=False)
+        self.w3 = nn.Linear(spec.hidden, spec.inner_dim, bias=False)
+        self.act = ACTIVATIONS[spec.activation]()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.w2(self.act(self.w1(x)) * self.w3(x))
+        return out
+
+
 @dataclass(frozen=True)
 class ExpertType:
     build: Callable[[ExpertSpec], nn.Module]
@@ -133,6 +154,7 @@ class ExpertType:
 EXPERT_TYPES: Final[Mapping[str, ExpertType]] = {
     "ffn": ExpertType(FeedForwardExpert, input_ndim=2),
     "transformer": ExpertType(TransformerExpert, input_ndim=3),
+    "swiglu": ExpertType(SwiGLUExpert, input_ndim=2),
 }
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.data.errors import DataError
 from core.errors import UserFacingError
 from core.trainer import data as data_module
 from core.trainer.data import (
     DEFAULT_MAX_BYTES,
     STDLIB,
     Corpus,
-    DataError,
     load_corpus,
     sample_batch,
     stdlib_sources,
