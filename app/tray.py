@@ -334,10 +334,10 @@ class Tray(QObject):
         if self.dashboard is None:
             self.dashboard = DashboardWindow()
         self.dashboard.update_status(self.status)
+        self.dashboard.show()  # first: a hidden dashboard is not worth a history
+        self.dashboard.raise_()
         self._refresh_history()
         self._history_timer.start(60_000)
-        self.dashboard.show()
-        self.dashboard.raise_()
 
     def _refresh_history(self) -> None:
         if self.dashboard is None or not self.dashboard.isVisible():

@@ -24,6 +24,7 @@ from app.tray import Tray, remaining, seconds_until_tomorrow, settings_at, statu
 from core.control.models import Event, NetworkStatus, Status
 from tests.child_processes import stop_processes
 from tests.gui.fakes import NoAutostart
+from tests.screenshots import HISTORY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -343,3 +344,20 @@ def test_an_invite_before_the_node_answers_waits_for_it(qtbot, tmp_path):
     assert tray.project_dialog is not None
     assert tray.project_dialog.picker.invite_edit.text() == invite
     tray.project_dialog.close()
+
+
+def test_the_dashboard_shows_the_history_as_it_opens(qtbot, tmp_path, monkeypatch):
+    """Its plots were empty for a minute after it opened: the history was asked for
+    before the window showed, and a hidden dashboard's history is not asked for."""
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    link = NodeLink(tmp_path / "data")
+    tray = Tray(app, link, None, settings_at(tmp_path / "config"), NoAutostart(), ["x"])
+    monkeypatch.setattr(link, "call", lambda action: HISTORY)
+    tray._on_status(Status(state="working", reason="", pid=3))
+    tray.open_dashboard()
+    assert tray.dashboard is not None
+    qtbot.addWidget(tray.dashboard)
+    shown = tray.dashboard.expose_data()
+    assert shown["samples_per_hour"]["heights"] == [h.samples for h in HISTORY.hours]
+    assert shown["gpu_temp_c"]["y"]
