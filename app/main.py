@@ -22,6 +22,7 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from app.desktop_entry import install_desktop_entry
 from app.icons import assets_dir, state_icon
+from app.launcher import CHILD_ENV
 from app.link import NodeLink
 from app.single_instance import SHOW, SingleInstance
 from app.supervisor import NodeSupervisor, node_command
@@ -42,10 +43,11 @@ def _version() -> str:
 
 
 def tray_command() -> list[str]:
-    """How the login item starts the tray again."""
+    """How the login item, the desktop entry and moehome:// links start the tray: through
+    its launcher, which starts it again after a crash (app/launcher.py)."""
     if getattr(sys, "frozen", False):
         return [sys.executable]
-    return [sys.executable, "-m", "app.main"]
+    return [sys.executable, "-m", "app.launcher"]
 
 
 def _node_answers() -> bool:
@@ -71,6 +73,23 @@ def _quit_on_signals(tray: Tray) -> None:
     heartbeat = QTimer(tray)
     heartbeat.timeout.connect(lambda: None)
     heartbeat.start(500)
+
+
+def _quit_when_unwatched(tray: Tray) -> None:
+    """Run by the launcher (app/launcher.py): quit, and stop the node, when the launcher
+    is gone (killed: nobody would start us again, nor stop us at logout)."""
+    watcher = os.environ.get(CHILD_ENV, "")
+    if not watcher.isdigit():
+        return
+
+    def check() -> None:
+        if os.getppid() != int(watcher):
+            log.warning("the launcher is gone: quitting")
+            tray.quit()
+
+    timer = QTimer(tray)
+    timer.timeout.connect(check)
+    timer.start(1000)
 
 
 def _keep_crash_traces(path: Path) -> None:
@@ -188,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.invite:
         tray.handle_message(args.invite)
     _quit_on_signals(tray)
+    _quit_when_unwatched(tray)
     code = app.exec()
     link.stop()
     instance.release()

@@ -465,7 +465,7 @@ def test_the_desktop_entry_is_installed_on_a_fresh_account(tmp_path):
         "[Default Applications]\ntext/html=firefox.desktop\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "app.main", "--install-desktop-entry"],
+        [sys.executable, "-m", "app.launcher", "--install-desktop-entry"],
         cwd=Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,
@@ -479,7 +479,8 @@ def test_the_desktop_entry_is_installed_on_a_fresh_account(tmp_path):
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(path, encoding="utf-8")
     entry = parser["Desktop Entry"]
-    assert entry["Exec"].startswith(desktop_exec([sys.executable, "-m", "app.main"]))
+    # the menu starts the launcher, which starts the tray again after a crash
+    assert entry["Exec"].startswith(desktop_exec([sys.executable, "-m", "app.launcher"]))
     assert entry["Exec"].endswith(" %u")  # an invite link clicked in a browser
     assert entry["MimeType"] == "x-scheme-handler/moehome;"
     assert Path(entry["Icon"]).is_file()

@@ -40,6 +40,8 @@ def loaded_after_import(module: str) -> set[str]:
     ("module", "forbidden"),
     [
         ("app.main", {"torch", "trio", "libp2p", "net", "safetensors"}),
+        # the tray's launcher stays small: it waits beside the tray for hours
+        ("app.launcher", {"PySide6", "pyqtgraph", "numpy", "torch", "trio", "core", "net"}),
         ("app.limits", {"torch", "trio"}),  # the tray's widgets, imported on their own
         ("app.dashboard", {"torch", "trio"}),
         ("net", {"torch", "PySide6", "core", "app"}),
