@@ -107,7 +107,10 @@ class RemoteMixtureOfExperts(nn.Module):
         caller: ExpertCaller,
         portal: Portal,
         config: MoEConfig | None = None,
+        own_gate: bool = True,
     ) -> None:
+        """``own_gate=False``: no gate of its own; the caller gives ``mix`` the scores
+        (a model family's gate, core/families)."""
         super().__init__()
         self.grid = grid
         self.finder = finder
@@ -116,16 +119,22 @@ class RemoteMixtureOfExperts(nn.Module):
         self.config = config or MoEConfig()
         if not 1 <= self.config.k_min <= self.config.k_best:
             raise ValueError("need 1 <= k_min <= k_best")
-        self.proj = nn.Linear(in_features, sum(grid.shape))
+        self.proj = nn.Linear(in_features, sum(grid.shape)) if own_gate else None
         self.stats = MoEStatistics()
         caller.on_failure = finder.report_failure
         caller.on_latency = finder.report_latency
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [batch, hidden] or [batch, seq, hidden]; each sample is routed as a whole."""
-        batch, k = x.shape[0], self.config.k_best
+        if self.proj is None:
+            raise TypeError("this mixture has no gate of its own: call mix() with scores")
         logits = self.proj(x if x.dim() == 2 else x.mean(dim=1))
-        per_dim = logits.split(list(self.grid.shape), dim=-1)
+        return self.mix(x, logits.split(list(self.grid.shape), dim=-1))
+
+    def mix(self, x: torch.Tensor, per_dim: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The chosen experts' outputs for ``x``, mixed by the softmax of their scores:
+        ``per_dim`` holds each grid dimension's scores [batch, n_d]."""
+        batch, k = x.shape[0], self.config.k_best
         scores = [p.detach().float().tolist() for p in per_dim]
         plan = self.portal.run(self._plan, scores)
         plan.keep = torch.is_grad_enabled()
@@ -143,7 +152,8 @@ class RemoteMixtureOfExperts(nn.Module):
         chosen = sum(p.gather(1, coords[:, :, d]) for d, p in enumerate(per_dim))
         assert isinstance(chosen, torch.Tensor)
         chosen = chosen.masked_fill(alive == 0, float("-inf"))
-        weights = torch.softmax(chosen, dim=1).nan_to_num(0.0)  # rows with no expert: zeros
+        # in float32 whatever the model's dtype, as Mixtral's router; rows with no expert: zeros
+        weights = torch.softmax(chosen.float(), dim=1).nan_to_num(0.0)
         weights = weights.view(batch, k, *([1] * (x.dim() - 1))).to(outputs.dtype)
         mixed: torch.Tensor = (weights * outputs).sum(dim=1)
         return mixed

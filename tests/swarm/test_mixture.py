@@ -297,6 +297,7 @@ async def test_a_long_call_is_split_over_an_experts_servers_and_put_back_togethe
         # equal gating scores: every sample takes the same two experts (ties go by name),
         # 256 rows each, ~3.8 s of work (random gating left some expert too few rows to
         # split, now and then)
+        assert layer.proj is not None
         with torch.no_grad():
             layer.proj.weight.zero_()
             layer.proj.bias.zero_()
