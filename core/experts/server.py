@@ -33,6 +33,7 @@ from core.experts.backend import (
 )
 from core.experts.batching import Pace, Process, TaskPool, on_device
 from core.experts.records import check_project
+from core.experts.retries import AnsweredOnce
 from core.protocol.contributions import tensor_digest
 from core.protocol.expert_methods import (
     BACKWARD,
@@ -120,6 +121,7 @@ class ExpertServer:
             load=self.load,
         )
         self._receipt = ReceiptCheck(config.project, trainers, required=config.require_receipts)
+        self._answered = AnsweredOnce()  # backward calls by receipt: a repeat gets the answer
         self._device = trio.CapacityLimiter(1)  # one batch on the device at a time
         self._forward_pools = {
             uid: self._pool(f"{uid}.forward", partial(batch_forward, b), cost=1.0)
@@ -291,10 +293,17 @@ class ExpertServer:
 
     async def _backward(self, ctx: CallContext) -> Reply:
         call = self._call(ctx, BACKWARD)
-        if call.request.handle is not None:
-            return await self._backward_kept(call, call.request.handle)
         if call.request.recompute:
             return await self._recompute_backward(call)
+        if call.request.receipt is None:
+            return await self._backward_once(call)
+        # a repeat (same receipt) gets the first answer again (core/experts/retries.py)
+        key = (call.caller, call.request.receipt)
+        return await self._answered.once(key, partial(self._backward_once, call))
+
+    async def _backward_once(self, call: ExpertCall) -> Reply:
+        if call.request.handle is not None:
+            return await self._backward_kept(call, call.request.handle)
         x, grad = self._backward_inputs(call)
         inputs_sha256 = tensor_digest([x])
         receipt = self._receipt(call, inputs_sha256, grad)

@@ -243,3 +243,46 @@ async def test_a_kept_backward_that_timed_out_is_recomputed_on_another_server():
             while backends[first].accumulator.samples < rows:
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_kept_backward_that_timed_out_on_the_only_server_gets_its_first_answer():
+    """The same with one server: the recomputation can only go back to it, with the same
+    receipt. It waits for the first answer and gets it (it was refused as a batch used
+    before, and the trainer lost its step); the batch is counted once."""
+    rows = 4
+    slow_kept = float(2 * rows)
+    async with (
+        open_swarm(2, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        trainer, volunteer = swarm.peers
+        module = build_expert(SPEC, seed=1)
+        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
+        config = ServerConfig(
+            project=PROJECT,
+            require_receipts=True,
+            trainers=frozenset({trainer.identity.public_key}),
+            pace=lambda work: 3.0 if work == slow_kept else 0.0,
+        )
+        server = await nursery.start(ExpertServer(volunteer, {UID: backend}, config).run)
+        # the kept call times out at 2 s (3 s of work); its repeat gets the answer at 3 s
+        caller = ExpertCaller(
+            trainer.rpc, backward_timeout=2.0, receipts=ReceiptSigner(trainer.identity, PROJECT)
+        )
+        servers = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
+        remote = RemoteExpert(UID, servers, caller, Portal.current())
+        x = torch.randn(rows, 8, requires_grad=True)
+
+        def step() -> torch.Tensor:
+            remote(x).pow(2).sum().backward()
+            assert x.grad is not None
+            return x.grad
+
+        grad = await trio.to_thread.run_sync(step)
+        local_x = x.detach().clone().requires_grad_(True)
+        module(local_x).pow(2).sum().backward()
+        assert local_x.grad is not None
+        torch.testing.assert_close(grad, local_x.grad, atol=1e-5, rtol=1e-4)
+        assert server._answered.repeats == 1
+        assert backend.accumulator.samples == rows  # counted once
+        nursery.cancel_scope.cancel()
