@@ -22,7 +22,14 @@ from core.experts.kept import KeptBudget
 from core.experts.wire import to_wire
 from core.protocol.aggregator_methods import CONTRIBUTE, REVEAL, responsible_aggregator
 from core.protocol.contributions import Contribution, ParamSpec
-from core.protocol.refusals import COME_BACK_LATER, Refusal, is_offence, pause_after
+from core.protocol.refusals import (
+    COME_BACK_LATER,
+    WAITING,
+    Refusal,
+    in_words,
+    is_offence,
+    pause_after,
+)
 from net import Peer, PeerID, RemoteError, RpcError, TooLarge
 
 log = logging.getLogger(__name__)
@@ -135,6 +142,8 @@ class ContributionSender:
         self._quiet_until: dict[str, float] = {}
         self._quiet_repeats: Counter[str] = Counter()
         self.quiet_reason: dict[str, str] = {}
+        #: the refusal code behind each quiet expert (its words come from refusals.in_words)
+        self.quiet_code: dict[str, str] = {}
         #: per aggregator: trio time before which it is not called again (it did not
         #: answer; one back-off for every delivery, not one dial per contribution), the
         #: back-off's current step, and since when it has not answered
@@ -330,6 +339,7 @@ class ContributionSender:
         if self.quiet_reason.get(uid) != exc.message:
             log.info("%s: %s; sending its gradients again in %.0f s", uid, exc.message, pause)
         self.quiet_reason[uid] = exc.message
+        self.quiet_code[uid] = exc.code
 
     def _answered(self, target: PeerID) -> None:
         self._down_until.pop(target, None)
@@ -367,7 +377,12 @@ class ContributionSender:
             reason = self.quiet_reason.get(quiet[0], "")
             if reason.startswith("too many invalid"):
                 return f"the aggregator refuses this node's contributions: {reason}"
-            return f"the aggregator needs no more of this node's gradients for now ({reason})"
+            codes = {self.quiet_code.get(uid, "") for uid in quiet}
+            if codes == {WAITING}:  # the words of a volunteer, not the aggregator's
+                return "the experts served here learn once other volunteers serve them too"
+            return (
+                f"the aggregator takes no more of this node's work for now: {in_words(codes.pop())}"
+            )
         return ""
 
     @property
