@@ -58,6 +58,20 @@ def status_line(status: Status | None) -> str:
     return f"{state.capitalize()}: {reason}" if reason else state.capitalize()
 
 
+MENU_CHARACTERS: Final = 72
+
+
+def menu_text(line: str, most: int = MENU_CHARACTERS) -> str:
+    """``line`` cut at a word to at most ``most`` characters, an ellipsis saying so."""
+    if len(line) <= most:
+        return line
+    cut = line[: most - 1]
+    if line[most - 1] != " ":  # a word was cut: it goes whole
+        cut = cut.rsplit(" ", 1)[0]
+    cut = cut.rstrip(" :,;")
+    return f"{cut}\N{HORIZONTAL ELLIPSIS}"
+
+
 _REACH: Final[dict[str, str]] = {
     "direct": "reachable directly",
     "relayed": "reachable through a relay",
@@ -432,7 +446,9 @@ class Tray(QObject):
             line = f"Snoozed — {remaining(until, time.time())} left"
         self.icon.setIcon(state_icon(state, code))
         self.icon.setToolTip(f"moehome — {line}")
-        self.status_action.setText(line)
+        # a menu as wide as a long reason crosses the screen: cut, the whole in its tooltip
+        self.status_action.setText(menu_text(line))
+        self.status_action.setToolTip(line)
         network = network_line(status)
         self.network_action.setText(network)
         self.network_action.setToolTip(status.network.advice if status is not None else "")

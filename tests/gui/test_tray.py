@@ -20,7 +20,15 @@ from PySide6.QtWidgets import QApplication, QDoubleSpinBox, QLabel, QPushButton
 
 from app.link import NodeLink
 from app.supervisor import NodeSupervisor, node_command
-from app.tray import Tray, remaining, seconds_until_tomorrow, settings_at, status_line
+from app.tray import (
+    MENU_CHARACTERS,
+    Tray,
+    menu_text,
+    remaining,
+    seconds_until_tomorrow,
+    settings_at,
+    status_line,
+)
 from core.control.models import Event, NetworkStatus, Status
 from tests.child_processes import stop_processes
 from tests.gui.fakes import NoAutostart
@@ -361,3 +369,20 @@ def test_the_dashboard_shows_the_history_as_it_opens(qtbot, tmp_path, monkeypatc
     shown = tray.dashboard.expose_data()
     assert shown["samples_per_hour"]["heights"] == [h.samples for h in HISTORY.hours]
     assert shown["gpu_temp_c"]["y"]
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ("Working: serving 2 experts", "Working: serving 2 experts"),
+        (
+            "Waiting: the experts served here learn once other volunteers serve them too, "
+            "which takes a while",
+            "Waiting: the experts served here learn once other volunteers serve them"
+            "\N{HORIZONTAL ELLIPSIS}",
+        ),
+    ],
+)
+def test_a_long_status_is_cut_at_a_word_in_the_menu(line, shown):
+    assert menu_text(line) == shown
+    assert len(menu_text(line)) <= MENU_CHARACTERS
