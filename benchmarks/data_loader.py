@@ -8,7 +8,7 @@ dataset ten times larger. One JSON line:
   ``raw_sequential_tokens_per_s``: NumPy reading them front to back, for scale;
 - ``loader_rss_mb_1x`` / ``loader_rss_mb_10x``: the peak resident memory of a process
   streaming the same number of batches from a dataset of N and of 10 N tokens (goal:
-  within 10% of each other). Each figure is measured in a fresh process.
+  within 10% of each other). Each figure is the median of three fresh processes.
 
     python benchmarks/data_loader.py [--tokens 20000000] [--batches 400]
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,10 +133,18 @@ def main() -> None:
         ten = [make_shards(Path(tmp, f"10x-{i}"), 5 * args.tokens, seed=9 + i) for i in range(2)]
         small = [str(p) for p in one]
         large = [str(p) for p in ten]
-        loader = child(["stream", str(args.batches), *small])
-        raw = child(["raw", str(args.batches), *small])
-        sequential = child(["sequential", str(args.batches), *small])
-        large_run = child(["stream", str(args.batches), *large])
+        # each figure the median of three fresh processes, the kinds taking turns (a
+        # noisy machine slows one run, not one kind)
+        runs: dict[str, list[dict[str, float]]] = {k: [] for k in ("loader", "raw", "seq", "10x")}
+        for _ in range(3):
+            runs["loader"].append(child(["stream", str(args.batches), *small]))
+            runs["raw"].append(child(["raw", str(args.batches), *small]))
+            runs["seq"].append(child(["sequential", str(args.batches), *small]))
+            runs["10x"].append(child(["stream", str(args.batches), *large]))
+        loader, raw, sequential, large_run = (
+            {key: statistics.median(r[key] for r in runs[kind]) for key in runs[kind][0]}
+            for kind in ("loader", "raw", "seq", "10x")
+        )
     print(
         json.dumps(
             {

@@ -27,6 +27,7 @@ from core.data.errors import DataError
 from core.files import replace_file
 
 INDEX: Final = "shards.json"
+_PREAD: Final = hasattr(os, "pread")  # not on Windows
 FORMAT: Final = "moehome-token-shards/1"
 #: Tokens per shard a writer aims at (a few hundred MB of uint16 at most).
 SHARD_TOKENS: Final = 128 * 1024 * 1024
@@ -178,10 +179,15 @@ class TokenFile:
     def read(self, start: int, count: int) -> NDArray[np.integer[Any]]:
         """Tokens ``start`` to ``start + count`` (fewer at the end of the file)."""
         if self._file is None:
-            self._file = self.path.open("rb")
+            self._file = self.path.open("rb", buffering=0)  # one read per window, no more
         count = max(0, min(count, self.size - start))
-        self._file.seek(self.offset + start * self.dtype.itemsize)
-        return np.frombuffer(self._file.read(count * self.dtype.itemsize), dtype=self.dtype)
+        at, size = self.offset + start * self.dtype.itemsize, count * self.dtype.itemsize
+        if _PREAD:  # one system call, no seek
+            data = os.pread(self._file.fileno(), size, at)
+        else:
+            self._file.seek(at)
+            data = self._file.read(size)
+        return np.frombuffer(data, dtype=self.dtype)
 
     def close(self) -> None:
         if self._file is not None:
