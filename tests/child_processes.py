@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+import psutil
+
+from core.control import ControlError, find_node
 
 
 def stop_processes(procs: Iterable[subprocess.Popen[Any]]) -> None:
@@ -16,3 +21,23 @@ def stop_processes(procs: Iterable[subprocess.Popen[Any]]) -> None:
         for pipe in (p.stdin, p.stdout, p.stderr):
             if pipe:
                 pipe.close()
+
+
+def node_pid(data: Path) -> int | None:
+    """The pid of the node answering for ``data``; None while none answers."""
+    try:
+        client = find_node(data)
+        try:
+            return client.status().pid
+        finally:
+            client.close()
+    except ControlError:
+        return None
+
+
+def gone(pid: int) -> bool:
+    """Whether the process ``pid`` ended (a zombie waiting for its parent counts)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

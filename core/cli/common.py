@@ -3,12 +3,15 @@ options used by several groups, the identity and data folder, and running under 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from core.errors import UserFacingError, leaf_exceptions
 
 if TYPE_CHECKING:
     from net.identity import Identity
@@ -76,26 +79,31 @@ def load_identity(ephemeral: bool, role: str = "node") -> Identity:
         raise typer.Exit(2) from exc
 
 
-def run_async(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """Run ``fn(*args)`` under trio; Ctrl-C exits with 130, known failures with a one-line
-    error and 1 (also when trio wrapped them in exception groups)."""
-    import trio
-
-    from core.errors import UserFacingError, leaf_exceptions
-    from net import DhtError, RpcError
-    from net.transport import AddressError, DialError
-
-    known = (DhtError, RpcError, DialError, AddressError, ValueError, UserFacingError)
+@contextmanager
+def one_line_errors(*known: type[BaseException]) -> Iterator[None]:
+    """Ctrl-C exits with 130; ``known`` failures and UserFacingError with a one-line
+    error and 1 (also when trio wrapped them in exception groups); others go on."""
     try:
-        return trio.run(fn, *args)
+        yield
     except BaseException as exc:
         leaves = leaf_exceptions(exc)
         if any(isinstance(e, KeyboardInterrupt) for e in leaves):
             if settings.verbosity >= 0:
                 typer.echo("stopped", err=True)
             raise typer.Exit(130) from None
-        if leaves and all(isinstance(e, known) for e in leaves):
+        if leaves and all(isinstance(e, (*known, UserFacingError)) for e in leaves):
             for e in leaves:
                 typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
         raise
+
+
+def run_async(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """Run ``fn(*args)`` under trio, its known failures said in one line."""
+    import trio
+
+    from net import DhtError, RpcError
+    from net.transport import AddressError, DialError
+
+    with one_line_errors(DhtError, RpcError, DialError, AddressError, ValueError):
+        return trio.run(fn, *args)

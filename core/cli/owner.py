@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +17,7 @@ from core.cli.common import (
     PublicListenOpt,
     data_folder,
     load_identity,
+    one_line_errors,
     run_async,
 )
 from core.control.invite import make_invite
@@ -344,22 +344,6 @@ def owner_train(
         run_async(partial(run, report=progress))
 
 
-@contextmanager
-def _one_line_errors() -> Iterator[None]:
-    """Bad data, a full disk, Ctrl-C: one line and an exit status, never a traceback (what
-    run_async does for the commands that run under trio)."""
-    from core.errors import UserFacingError
-
-    try:
-        yield
-    except KeyboardInterrupt:
-        typer.echo("stopped", err=True)
-        raise typer.Exit(130) from None
-    except (UserFacingError, OSError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-
-
 DataArg = Annotated[
     Path,
     typer.Argument(
@@ -399,7 +383,7 @@ def owner_tokenizer(
 ) -> None:
     """Train a byte-level BPE tokenizer on your data, offline; print its sha256 (what a
     manifest pins)."""
-    with _one_line_errors():
+    with one_line_errors(OSError):
         from core.data.documents import open_documents
         from core.data.tokenizer import train_bpe
 
@@ -446,7 +430,7 @@ def owner_prepare(
     if (tokenizer_file is None) == (not as_bytes):
         typer.echo("error: give either --tokenizer FILE or --bytes", err=True)
         raise typer.Exit(2)
-    with _one_line_errors():
+    with one_line_errors(OSError):
         from rich.console import Console
         from rich.progress import (
             BarColumn,

@@ -18,16 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from PySide6.QtWidgets import QApplication
 
 from app.link import NodeLink
 from app.supervisor import NodeSupervisor, node_command
 from app.tray import Tray, settings_at
-from core.control import ControlError, find_node
 from core.control.invite import parse_invite
-from tests.child_processes import stop_processes
+from tests.child_processes import gone, node_pid, stop_processes
 from tests.gui.fakes import NoAutostart
 from tests.waiting import until
 
@@ -146,25 +144,6 @@ def test_a_fresh_tray_joins_the_demo_from_its_invite(qtbot: Any, tmp_path, monke
         stop_processes([demo])
 
 
-def _node_pid(data: Path) -> int | None:
-    """The pid of the node answering for ``data``; None while none answers."""
-    try:
-        client = find_node(data)
-        try:
-            return client.status().pid
-        finally:
-            client.close()
-    except ControlError:
-        return None
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_a_killed_tray_takes_its_node_along_and_a_second_tray_hands_over(tmp_path):
     env = {**os.environ, **node_env(tmp_path), "QT_QPA_PLATFORM": "offscreen"}
     node_args = f"--node-args=--no-benchmark -l {LOOPBACK}"
@@ -179,7 +158,7 @@ def test_a_killed_tray_takes_its_node_along_and_a_second_tray_hands_over(tmp_pat
         )
     try:
         data = tmp_path / "volunteer" / "data"
-        node_pid = until(lambda: _node_pid(data), 60, "the tray did not start a node")
+        started_node = until(lambda: node_pid(data), 60, "the tray did not start a node")
         # a second tray (a web page handing over an invite) gives it to the first, exits
         invite = f"moehome://join/{'0f' * 16}"
         second = subprocess.run(
@@ -196,6 +175,6 @@ def test_a_killed_tray_takes_its_node_along_and_a_second_tray_hands_over(tmp_pat
         assert tray.poll() is None  # the first one still runs
         tray.send_signal(signal.SIGKILL)  # no goodbye: the node must notice by itself
         tray.wait(timeout=10)
-        until(lambda: _gone(node_pid), 10, "the node outlived the killed tray")
+        until(lambda: gone(started_node), 10, "the node outlived the killed tray")
     finally:
         stop_processes([tray])

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from app.launcher import CHILD_ENV, crashed, watch
-from tests.child_processes import stop_processes
+from tests.child_processes import gone, node_pid, stop_processes
 from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,26 +69,6 @@ def test_a_tray_that_keeps_crashing_is_given_up_and_an_exit_code_is_passed_on(tm
     quits = counting_child(tmp_path / "quits", crash_first=0, exit_code=3)
     assert watch(quits, pause_s=0) == 3
     assert len((tmp_path / "quits").read_text().splitlines()) == 1
-
-
-def node_pid(data: Path) -> int | None:
-    from core.control import ControlError, find_node
-
-    try:
-        client = find_node(data)
-        try:
-            return client.status().pid
-        finally:
-            client.close()
-    except ControlError:
-        return None
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import trio
+from torch import nn
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.service import AggregatorService
@@ -28,6 +29,7 @@ from core.project.chunks import ChunkStore
 from core.project.distribution import WeightsService
 from core.protocol.aggregator_methods import STATS
 from net.testing import open_swarm
+from tests.waiting import eventually
 
 SPEC = ExpertSpec("ffn", hidden=8, inner=16)
 UID = "ffn0.0.0"
@@ -192,6 +194,23 @@ async def test_kept_graphs_of_two_experts_on_one_server_and_a_new_version(tmp_pa
         nursery.cancel_scope.cancel()
 
 
+async def backward_equals_local(remote: RemoteExpert, module: nn.Module, rows: int) -> None:
+    """One step through ``remote`` (in a thread, as a trainer runs it): the input
+    gradient is what ``module`` gives in this process."""
+    x = torch.randn(rows, 8, requires_grad=True)
+
+    def step() -> torch.Tensor:
+        remote(x).pow(2).sum().backward()
+        assert x.grad is not None
+        return x.grad
+
+    grad = await trio.to_thread.run_sync(step)
+    local_x = x.detach().clone().requires_grad_(True)
+    module(local_x).pow(2).sum().backward()
+    assert local_x.grad is not None
+    torch.testing.assert_close(grad, local_x.grad, atol=1e-5, rtol=1e-4)
+
+
 async def test_a_kept_backward_that_timed_out_is_recomputed_on_another_server():
     """The kept-graph backward pass times out on the trainer's side after its server took
     the receipt; the recomputation goes to the other server with the same weights (the
@@ -225,23 +244,10 @@ async def test_a_kept_backward_that_timed_out_is_recomputed_on_another_server():
         )
         servers = [ExpertServerRef(p.peer_id, backends[p].sha256) for p in (first, second)]
         remote = RemoteExpert(UID, servers, caller, Portal.current())
-        x = torch.randn(rows, 8, requires_grad=True)
-
-        def step() -> torch.Tensor:
-            remote(x).pow(2).sum().backward()
-            assert x.grad is not None
-            return x.grad
-
-        grad = await trio.to_thread.run_sync(step)
-        local_x = x.detach().clone().requires_grad_(True)
-        module(local_x).pow(2).sum().backward()
-        assert local_x.grad is not None
-        torch.testing.assert_close(grad, local_x.grad, atol=1e-5, rtol=1e-4)
+        await backward_equals_local(remote, module, rows)
         # the second server recomputed; the first finishes the kept call it took
         assert backends[second].accumulator.samples == rows
-        with trio.fail_after(10):
-            while backends[first].accumulator.samples < rows:
-                await trio.sleep(0.05)
+        await eventually(lambda: backends[first].accumulator.samples == rows)
         nursery.cancel_scope.cancel()
 
 
@@ -271,18 +277,7 @@ async def test_a_kept_backward_that_timed_out_on_the_only_server_gets_its_first_
         )
         servers = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
         remote = RemoteExpert(UID, servers, caller, Portal.current())
-        x = torch.randn(rows, 8, requires_grad=True)
-
-        def step() -> torch.Tensor:
-            remote(x).pow(2).sum().backward()
-            assert x.grad is not None
-            return x.grad
-
-        grad = await trio.to_thread.run_sync(step)
-        local_x = x.detach().clone().requires_grad_(True)
-        module(local_x).pow(2).sum().backward()
-        assert local_x.grad is not None
-        torch.testing.assert_close(grad, local_x.grad, atol=1e-5, rtol=1e-4)
+        await backward_equals_local(remote, module, rows)
         assert server._answered.repeats == 1
         assert backend.accumulator.samples == rows  # counted once
         nursery.cancel_scope.cancel()
