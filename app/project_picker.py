@@ -33,7 +33,7 @@ from core.control.models import ProjectSummary
 log = logging.getLogger(__name__)
 
 ERROR_STYLE: Final = "color: #c53030;"
-_KINDS: Final = {"ffn": "feed-forward", "transformer": "transformer"}
+_KINDS: Final = {"ffn": "feed-forward", "swiglu": "SwiGLU (Mixtral-style)"}
 
 
 def error_label(name: str) -> QLabel:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.demo import DemoOptions, demo_manifest, run_demo
 from core.project.manifest import load_manifest
-from core.trainer.data import load_corpus
+from core.trainer.data import STDLIB, load_corpus
 from core.trainer.model import LocalMixtureOfExperts, build_model
 from core.trainer.session import SessionSettings, TrainingSession
 from core.trainer.train import TrainerOptions
@@ -51,7 +51,7 @@ def local_run(options: DemoOptions, steps: int) -> dict[str, float]:
     trainer = TrainerOptions(project="local", workdir=Path("."))
     session = TrainingSession(
         model,
-        load_corpus(trainer.data, max_bytes=trainer.max_data_bytes),
+        load_corpus(STDLIB, max_bytes=trainer.max_data_bytes),
         SessionSettings(
             project="local",
             batch_size=options.batch_size,

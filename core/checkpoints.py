@@ -68,13 +68,19 @@ class CheckpointStore:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def make_optimizer(name: str, module: nn.Module, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str, module: nn.Module, lr: float, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
+    """``weight_decay`` is torch's: adamw's is decoupled (the weights shrink by ``lr x
+    weight_decay`` of themselves each step, apart from the adaptive step); adam's and
+    sgd's is an L2 term (``weight_decay x weight``) added to the gradient, so adam
+    scales it by its running second moments like the rest of the gradient."""
     params = list(module.parameters())
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    return torch.optim.Adam(params, lr=lr)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
 
 
 def optimizer_state(

@@ -37,6 +37,7 @@ from core.clock import SYSTEM_CLOCK, Clock
 from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
+from core.project.schedule import Schedule
 from core.protocol.contributions import TRUNK_UID, Contribution
 from core.protocol.refusals import BANNED, WAITING, Refusal, is_offence
 
@@ -77,6 +78,9 @@ class AggregatorSettings:
     #: the share of accepted contributions audited (core/aggregator/auditor.py); > 0
     #: keeps the weights of the last ``staleness_bound`` + 1 versions for recomputing
     contribution_audit_rate: float = 0.0
+    #: the experts' learning-rate schedule (over each expert's versions), weight decay
+    #: and clipping (the manifest's [training.expert_schedule]); not the trunk's
+    expert_schedule: Schedule = field(default_factory=Schedule)
 
 
 @dataclass
@@ -147,6 +151,7 @@ class AggregatorCore:
                     settings.optimizer,
                     settings.learning_rate,
                     settings.robust,
+                    schedule=settings.expert_schedule,
                 )
                 module = (initial or {}).get(uid) or build_expert(settings.spec, seed=settings.seed)
             self.modules[uid] = module
@@ -426,6 +431,8 @@ class AggregatorCore:
             if len(kept) > 1:  # alone in a round, there is nothing to compare it with
                 self.stats.contributors[who].compared_rounds += 1
                 self.stats.contributors[who].influence_sum += share
+        # the rate for this version (recomputed from it, never restored) and the clipping
+        aggregate = self.rules[uid].prepare(self.optimizers[uid], aggregate, self.versions[uid])
         offset = 0
         for param in module.parameters():
             n = param.numel()

@@ -1,12 +1,13 @@
 """How one uid's rounds go at an aggregator: when a round is due, how many distinct
 contributors it needs, how the contributors' mean gradients become one step, and with
-which optimizer. An expert's rounds are robust (volunteers are strangers); the trainers'
-trunk has rules of its own (core/aggregator/trunk.py). The engine (core.py) holds one
-rule per uid and never asks which kind it holds."""
+which optimizer, at which rate. An expert's rounds are robust (volunteers are strangers)
+and follow the manifest's ``[training.expert_schedule]``; the trainers' trunk has rules
+of its own (core/aggregator/trunk.py). The engine (core.py) holds one rule per uid and
+never asks which kind it holds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 from core.aggregator.robust import ExpertRoundState, RobustSettings, influence, robust_round
 from core.checkpoints import make_optimizer
+from core.project.schedule import Schedule
 
 
 class RoundRule(Protocol):
@@ -29,6 +31,14 @@ class RoundRule(Protocol):
         ...
 
     def optimizer(self, module: nn.Module) -> torch.optim.Optimizer: ...
+
+    def prepare(
+        self, optimizer: torch.optim.Optimizer, gradient: torch.Tensor, version: int
+    ) -> torch.Tensor:
+        """Ready ``optimizer`` for the step from ``version`` (its learning rate, set
+        afresh each step: nothing of it is saved with the optimizer's state) and return
+        ``gradient`` (``combine``'s, flat) as the step is to apply it."""
+        ...
 
     def due(self, senders: int, samples: int, waited: float) -> bool:
         """Whether a round with ``samples`` from ``senders`` distinct contributors,
@@ -51,7 +61,9 @@ class RoundRule(Protocol):
 class ExpertRounds:
     """An expert's rounds: never from fewer than ``min_contributors`` voices; due at
     ``round_samples`` or ``round_seconds``; a robust aggregate (core/aggregator/robust.py)
-    seeded by the version, so a replay after a crash steps the same."""
+    seeded by the version, so a replay after a crash steps the same; stepped at
+    ``learning_rate`` x the ``schedule``'s factor at the version, the aggregate clipped
+    to the schedule's ``clip_norm`` (when > 0), with its ``weight_decay``."""
 
     min_contributors: int
     round_samples: int
@@ -60,9 +72,25 @@ class ExpertRounds:
     learning_rate: float
     robust: RobustSettings
     audited: bool = True
+    schedule: Schedule = field(default_factory=Schedule)
 
     def optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
-        return make_optimizer(self.optimizer_name, module, self.learning_rate)
+        return make_optimizer(
+            self.optimizer_name, module, self.learning_rate, self.schedule.weight_decay
+        )
+
+    def prepare(
+        self, optimizer: torch.optim.Optimizer, gradient: torch.Tensor, version: int
+    ) -> torch.Tensor:
+        rate = self.schedule.rate(self.learning_rate, version)
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+        clip = self.schedule.clip_norm
+        if clip > 0:
+            norm = float(torch.linalg.vector_norm(gradient))
+            if norm > clip:  # as torch.nn.utils.clip_grad_norm_, over the whole expert
+                gradient = gradient * (clip / norm)
+        return gradient
 
     def due(self, senders: int, samples: int, waited: float) -> bool:
         if senders < self.min_contributors:

@@ -38,6 +38,11 @@ class TrunkRounds:
             nesterov=momentum > 0,
         )
 
+    def prepare(
+        self, optimizer: torch.optim.Optimizer, gradient: torch.Tensor, version: int
+    ) -> torch.Tensor:
+        return gradient  # the outer SGD keeps its rate; the changes are applied whole
+
     def due(self, senders: int, samples: int, waited: float) -> bool:
         return senders >= self.trainers or waited >= self.settings.round_seconds
 

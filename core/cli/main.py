@@ -15,6 +15,7 @@ import typer
 
 from core.cli.common import settings
 from core.cli.demo import demo_app
+from core.cli.models import register_model_commands
 from core.cli.owner import aggregator_app, owner_app
 from core.cli.swarm import dht_app, experts_app, swarm_app
 from core.cli.volunteer import volunteer_app
@@ -33,6 +34,7 @@ app = typer.Typer(
 app.add_typer(volunteer_app)
 app.add_typer(demo_app)
 app.add_typer(swarm_app)
+register_model_commands(owner_app)
 app.add_typer(owner_app, name="owner")
 app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(dht_app, name="dht")

@@ -274,11 +274,22 @@ def owner_rotate_key(
 def owner_train(
     project_id: Annotated[str, typer.Option("--project", help="The project id.")],
     data: Annotated[
-        str,
+        list[str] | None,
         typer.Option(
-            help="Training text: 'stdlib' (Python's own sources) or a folder of text files."
+            help=(
+                "Training data: 'stdlib' (Python's own sources, the default), a folder of "
+                "text files, .jsonl, .parquet, a saved dataset, or token shards (owner "
+                "prepare); repeated, PATH@WEIGHT makes a weighted mixture (mixtral projects)."
+            )
         ),
-    ] = "stdlib",
+    ] = None,
+    tokenizer_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokenizer",
+            help="The project's tokenizer.json, when the data are text (shards keep theirs).",
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option(min=1, help="Train until this step.")] = 1000,
     batch_size: Annotated[int, typer.Option(min=1, max=4096, help="Sequences per step.")] = 16,
     learning_rate: Annotated[
@@ -318,7 +329,8 @@ def owner_train(
     options = TrainerOptions(
         project=project_id,
         workdir=workdir or data_dir / "trainer" / project_id,
-        data=data,
+        data=tuple(data or ["stdlib"]),
+        tokenizer=tokenizer_file,
         steps=steps,
         batch_size=batch_size,
         learning_rate=learning_rate,
@@ -464,6 +476,10 @@ def owner_prepare(
                 output,
                 on_progress=lambda done: progress.update(task, completed=done),
             )
+    if tokenizer_file is not None:  # beside the shards: trainers and export find it there
+        import shutil
+
+        shutil.copyfile(tokenizer_file, output / "tokenizer.json")
     typer.echo(
         f"{index.documents:,} documents, {index.tokens:,} tokens in {len(index.shards)} "
         f"shard(s): {output}"

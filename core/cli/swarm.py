@@ -186,10 +186,9 @@ def experts_serve(
         list[str],
         typer.Option("--uid", "-u", help="Expert uid to serve, e.g. ffn.0.3 (repeatable)."),
     ],
-    kind: Annotated[str, typer.Option(help="Expert type: ffn or transformer.")] = "ffn",
+    kind: Annotated[str, typer.Option(help="Expert type: ffn or swiglu.")] = "ffn",
     hidden: Annotated[int, typer.Option(help="Hidden size.")] = 64,
     inner: Annotated[int, typer.Option(help="Feed-forward width (0: 4 x hidden).")] = 0,
-    heads: Annotated[int, typer.Option(help="Attention heads (transformer).")] = 0,
     seed: Annotated[int, typer.Option(help="Initial weights: uid i gets seed + i.")] = 0,
     project: Annotated[
         str,
@@ -216,7 +215,9 @@ def experts_serve(
     from core.roles.expert_server import serve_experts
 
     try:
-        spec = ExpertSpec(kind, hidden, inner, heads)
+        # each kind's default activation, as a manifest's: silu makes swiglu SwiGLU
+        activation = "silu" if kind == "swiglu" else "gelu"
+        spec = ExpertSpec(kind, hidden, inner, activation=activation)
         for u in uid:
             ExpertUID.parse(u)
     except (SpecError, UIDError) as exc:

@@ -31,6 +31,12 @@ class DemoOptions:
     #: bytes for ~1% of loss at equal samples
     wire: str = "q4z"
     workdir: Path | None = None
+    #: the demo model's family: "mixtral" (transformers' Mixtral layers, SwiGLU experts)
+    #: or "byte" (moehome's small byte model)
+    architecture: str = "mixtral"
+    #: mixtral: a BPE tokenizer of this many tokens trained on the demo's data first
+    #: (0: bytes, 257 tokens)
+    vocab_size: int = 1024
     #: the demo model: hidden width, experts per layer as a grid, experts per volunteer
     hidden: int = 64
     grid: tuple[int, ...] = (2, 4)

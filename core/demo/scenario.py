@@ -141,11 +141,15 @@ def _places(options: DemoOptions) -> Iterator[Places]:
 
 
 def demo_manifest(
-    options: DemoOptions, aggregator: tuple[str, str], trainers: str | Sequence[str]
+    options: DemoOptions,
+    aggregator: tuple[str, str],
+    trainers: str | Sequence[str],
+    tokenizer: tuple[str, int] | None = None,
 ) -> str:
-    """The demo project: a byte-level LM small enough for CPUs, contributions and rounds
-    frequent enough that the experts' versions move within a minute. ``trainers``: the
-    trainers' public keys (hex)."""
+    """The demo project: a language model small enough for CPUs (Mixtral-style, or the
+    byte model), contributions and rounds frequent enough that the experts' versions
+    move within a minute. ``trainers``: the trainers' public keys (hex); ``tokenizer``:
+    (sha256, vocabulary) of a mixtral project's tokenizer (None: bytes)."""
     agg_key, agg_addr = aggregator
     keys = [trainers] if isinstance(trainers, str) else list(trainers)
     trainer_tables = "\n".join(f'[[trainers]]\nkey = "{key}"\n' for key in keys)
@@ -156,12 +160,10 @@ def demo_manifest(
     experts = options.mixture_layers * math.prod(options.grid)
     per_expert = options.volunteers * min(options.experts_per_volunteer, experts) // experts
     min_contributors = min(3, max(1, per_expert))
-    return f"""\
-[project]
-name = "demo-charlm"
-description = "moehome demo: a byte-level language model of Python's own sources"
-
+    if options.architecture == "byte":
+        model = f"""\
 [model]
+architecture = "byte"
 vocab_size = 256
 hidden = {options.hidden}
 context = 64
@@ -174,7 +176,36 @@ k_min = 1
 kind = "ffn"
 hidden = {options.hidden}
 inner = {4 * options.hidden}
+"""
+    else:
+        sha, vocab = tokenizer or ("bytes", 257)
+        model = f"""\
+[model]
+architecture = "{options.architecture}"
+vocab_size = {vocab}
+hidden = {options.hidden}
+context = 64
+mixture_layers = {options.mixture_layers}
+grid = [{grid}]
+k_best = 2
+k_min = 1
+heads = 4
+kv_heads = 2
 
+[model.expert]
+kind = "swiglu"
+hidden = {options.hidden}
+inner = {2 * options.hidden}
+
+[data]
+tokenizer = "{sha}"
+"""
+    return f"""\
+[project]
+name = "demo-lm"
+description = "moehome demo: a language model of Python's own sources"
+
+{model}
 [model.wire]
 activations = "{activations}"
 gradients = "{gradients}"

@@ -35,7 +35,7 @@ class ExpertSpec:
     kind: str  # a key of EXPERT_TYPES
     hidden: int
     inner: int = 0  # feed-forward width; 0 means 4 * hidden
-    heads: int = 0  # transformer only
+    heads: int = 0  # reserved: must be 0 (kept so the wire dict and positional calls hold)
     activation: str = "gelu"  # swiglu: the gate's (silu makes it SwiGLU)
     dtype: str = "float32"
 
@@ -59,10 +59,8 @@ class ExpertSpec:
             raise SpecError(f"activation: {self.activation!r} is not one of {sorted(ACTIVATIONS)}")
         if self.dtype not in DTYPES:
             raise SpecError(f"dtype: {self.dtype!r} is not one of {sorted(DTYPES)}")
-        if self.kind == "transformer" and (
-            not isinstance(self.heads, int) or self.heads < 1 or self.hidden % self.heads
-        ):
-            raise SpecError(f"heads: must divide hidden={self.hidden}, got {self.heads!r}")
+        if not isinstance(self.heads, int) or self.heads != 0:
+            raise SpecError(f"heads: reserved, must be 0, got {self.heads!r}")
 
     @property
     def inner_dim(self) -> int:
@@ -70,8 +68,8 @@ class ExpertSpec:
 
     @property
     def input_ndim(self) -> int:
-        """Dimensions of one batch: [batch, hidden] or [batch, seq, hidden]."""
-        return EXPERT_TYPES[self.kind].input_ndim
+        """Dimensions of one batch: every built-in kind takes [batch, hidden]."""
+        return 2
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -107,23 +105,6 @@ class FeedForwardExpert(nn.Module):
         return out
 
 
-class TransformerExpert(nn.Module):
-    """A pre-norm transformer block on [batch, seq, hidden]: self-attention, then a
-    feed-forward block, each with a residual connection."""
-
-    def __init__(self, spec: ExpertSpec) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(spec.hidden)
-        self.attn = nn.MultiheadAttention(spec.hidden, spec.heads, batch_first=True)
-        self.ffn = FeedForwardExpert(spec)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm1(x)
-        attended, _ = self.attn(h, h, h, need_weights=False)
-        out: torch.Tensor = self.ffn(x + attended)
-        return out
-
-
 class SwiGLUExpert(nn.Module):
     """``w2(act(w1 x) * w3 x)`` on [batch, hidden]: no bias, no norm, no residual (the
     trainer's layer normalizes before and adds the residual after), with ``act`` silu
@@ -148,13 +129,11 @@ class SwiGLUExpert(nn.Module):
 @dataclass(frozen=True)
 class ExpertType:
     build: Callable[[ExpertSpec], nn.Module]
-    input_ndim: int
 
 
 EXPERT_TYPES: Final[Mapping[str, ExpertType]] = {
-    "ffn": ExpertType(FeedForwardExpert, input_ndim=2),
-    "transformer": ExpertType(TransformerExpert, input_ndim=3),
-    "swiglu": ExpertType(SwiGLUExpert, input_ndim=2),
+    "ffn": ExpertType(FeedForwardExpert),
+    "swiglu": ExpertType(SwiGLUExpert),
 }
 
 

@@ -215,12 +215,20 @@ def build_model(
     *,
     seed: int,
     attn_implementation: str | None = None,
+    model_class: Callable[[MixtralConfig, BlockFactory], MixtralLanguageModel] | None = None,
 ) -> MixtralLanguageModel:
     """The model with deterministic trainer-side weights (``reset_trunk``): the same
-    ``seed`` gives the same trainer layers whatever the blocks are (remote or local)."""
+    ``seed`` gives the same trainer layers whatever the blocks are (remote or local).
+    ``model_class``: a subclass's constructor (the trainer's)."""
     with torch.random.fork_rng(devices=[]):
+        if model_class is None:
+            model = MixtralLanguageModel(
+                config, make_block, attn_implementation=attn_implementation
+            )
+        else:
+            model = model_class(config, make_block)
+        # drawn after every block is built: blocks of any kind draw any amount
         torch.manual_seed(seed)
-        model = MixtralLanguageModel(config, make_block, attn_implementation=attn_implementation)
         model.reset_trunk()
     return model
 

@@ -122,6 +122,23 @@ class PublishedWeights:
                 del seen[old]
         return record
 
+    async def newest(self, uid: str) -> tuple[int, nn.Module]:
+        """The newest announced version of ``uid`` and its weights (the owner's initial
+        file when no aggregator announced one), checked as ``module``'s are; whatever
+        the memory budget (export takes every expert, one at a time)."""
+        record = await self._look(uid)
+        if record is not None:
+            blob = await fetch_version(self.fetcher, record)
+            module, _ = await trio.to_thread.run_sync(self._load, blob)
+            if weights_hash(module) != record.sha256:
+                raise FetchError(
+                    f"version {record.version} of {uid} has other weights than announced"
+                )
+            return record.version, module
+        files = await self.fetcher.fetch(self.signed, [uid])
+        module, initial = await trio.to_thread.run_sync(self._load, files[uid])
+        return initial, module
+
     async def module(self, uid: str, version: int) -> nn.Module | None:
         if self.expert_bytes > self.max_bytes:
             return None

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.experts.activations import ActivationCodec, WireCodecs
 from core.experts.registry import ExpertSpec, SpecError
 from core.experts.uid import ExpertUID, Grid
+from core.project.schedule import Schedule, ScheduleKind
 
 #: The robust aggregation rules a manifest may name; core/aggregator/robust.py implements
 #: exactly these (its table is typed by this, and a test ties the two).
@@ -53,14 +54,17 @@ class ProjectSection(_Strict):
 
 
 class ExpertSection(_Strict):
-    kind: Literal["ffn", "transformer"] = "ffn"
+    #: ffn: the byte model's block (norm, residual and biases inside); swiglu: a
+    #: Mixtral-style expert (``w2(act(w1 x) * w3 x)``, no bias, no norm)
+    kind: Literal["ffn", "swiglu"] = "ffn"
     hidden: Annotated[int, Field(ge=1, le=65536)]
     inner: Annotated[int, Field(ge=0, le=524288)] = 0
-    heads: Annotated[int, Field(ge=0, le=1024)] = 0
-    activation: Literal["gelu", "relu", "silu"] = "gelu"
+    #: the default is each kind's own: gelu for ffn, silu (SwiGLU) for swiglu
+    activation: Literal["gelu", "relu", "silu"] | None = None
 
     def spec(self) -> ExpertSpec:
-        return ExpertSpec(self.kind, self.hidden, self.inner, self.heads, self.activation)
+        activation = self.activation or ("silu" if self.kind == "swiglu" else "gelu")
+        return ExpertSpec(self.kind, self.hidden, self.inner, 0, activation)
 
 
 class WireSection(_Strict):
@@ -74,7 +78,15 @@ class WireSection(_Strict):
         return WireCodecs(self.activations, self.gradients)
 
 
+#: The model families a manifest may name: ``byte`` is moehome's small built-in byte
+#: model (core/trainer/model.py); ``mixtral`` is Hugging Face's Mixtral, its attention,
+#: norms and rotary embeddings from ``transformers`` (core/families/mixtral.py), every
+#: layer's sparse block a mixture of the volunteers' SwiGLU experts.
+Architecture = Literal["byte", "mixtral"]
+
+
 class ModelSection(_Strict):
+    architecture: Architecture = "byte"
     vocab_size: Annotated[int, Field(ge=2, le=1_000_000)] = 256
     hidden: Annotated[int, Field(ge=1, le=65536)]
     context: Annotated[int, Field(ge=1, le=65536)] = 128
@@ -85,6 +97,50 @@ class ModelSection(_Strict):
     k_min: Annotated[int, Field(ge=1, le=64)] = 1
     expert: ExpertSection
     wire: WireSection = WireSection()
+    #: mixtral: attention heads (0: one per 64 of hidden, at least one) and key/value
+    #: heads (0: as many as heads; fewer: grouped-query attention)
+    heads: Annotated[int, Field(ge=0, le=1024)] = 0
+    kv_heads: Annotated[int, Field(ge=0, le=1024)] = 0
+    #: mixtral: the rotary embedding's base, the RMS norms' epsilon, the weight of the
+    #: router's load-balancing loss (transformers' router_aux_loss_coef) and whether the
+    #: output head shares the embedding's weights
+    rope_theta: Annotated[float, Field(gt=0)] = 1e6
+    rms_norm_eps: Annotated[float, Field(gt=0, lt=1)] = 1e-5
+    router_aux_loss: Annotated[float, Field(ge=0, le=10)] = 0.01
+    tie_embeddings: bool = False
+
+    @property
+    def attention_heads(self) -> int:
+        return self.heads or max(1, self.hidden // 64)
+
+    @property
+    def key_value_heads(self) -> int:
+        return self.kv_heads or self.attention_heads
+
+    @model_validator(mode="after")
+    def _family(self) -> ModelSection:
+        if self.architecture == "byte":
+            if self.expert.kind != "ffn":
+                raise ValueError("architecture byte: expert.kind must be ffn")
+            return self
+        if self.expert.kind != "swiglu":
+            raise ValueError(f"architecture {self.architecture}: expert.kind must be swiglu")
+        if self.hidden % self.attention_heads:
+            raise ValueError(f"heads ({self.attention_heads}) must divide hidden ({self.hidden})")
+        if self.attention_heads % self.key_value_heads:
+            raise ValueError(
+                f"kv_heads ({self.key_value_heads}) must divide heads ({self.attention_heads})"
+            )
+        if (self.hidden // self.attention_heads) % 2:
+            raise ValueError(
+                f"hidden / heads = {self.hidden // self.attention_heads}: rotary embeddings "
+                "need an even head width"
+            )
+        if self.k_best > self.experts_per_layer:
+            raise ValueError(
+                f"k_best ({self.k_best}) exceeds the {self.experts_per_layer} experts of a layer"
+            )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSection:
@@ -185,6 +241,50 @@ class AuditSection(_Strict):
     ] = []
 
 
+class ScheduleSection(_Strict):
+    """A learning-rate schedule with its weight decay and clipping (core/project/
+    schedule.py): ``[training.schedule]`` for the trainer-side layers, counted in a
+    trainer's steps; ``[training.expert_schedule]`` for the experts' optimizers at the
+    aggregators, counted in each expert's versions. The rate is ``learning_rate`` times
+    the schedule's factor at the step."""
+
+    #: constant, cosine (to min_ratio at total) or wsd (warmup-stable-decay: constant,
+    #: then linear to min_ratio over the last decay_fraction of total)
+    kind: ScheduleKind = "constant"
+    #: steps of linear warmup, from 1/(warmup+1) of the rate up to the rate
+    warmup: Annotated[int, Field(ge=0, le=100_000_000)] = 0
+    #: the step at which cosine and wsd reach min_ratio of the rate (and stay)
+    total: Annotated[int, Field(ge=1, le=100_000_000)] = 10_000
+    #: wsd: the last share of total over which the rate decays
+    decay_fraction: Annotated[float, Field(gt=0, le=1)] = 0.2
+    #: the final rate, as a share of learning_rate
+    min_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    #: adamw: decoupled weight decay; adam and sgd: an L2 term added to the gradient
+    weight_decay: Annotated[float, Field(ge=0, le=10)] = 0.0
+    #: the gradient's norm is clipped to this before each step (0: no clipping)
+    clip_norm: Annotated[float, Field(ge=0)] = 0.0
+
+    @model_validator(mode="after")
+    def _warmup_within_total(self) -> ScheduleSection:
+        if self.kind != "constant" and self.warmup >= self.total:
+            raise ValueError(
+                f"warmup ({self.warmup}) must be less than total ({self.total}): the "
+                f"{self.kind} decay follows the warmup"
+            )
+        return self
+
+    def schedule(self) -> Schedule:
+        return Schedule(
+            self.kind,
+            self.warmup,
+            self.total,
+            self.decay_fraction,
+            self.min_ratio,
+            self.weight_decay,
+            self.clip_norm,
+        )
+
+
 class TrainingSection(_Strict):
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
     learning_rate: Annotated[float, Field(gt=0, le=10)] = 1e-3
@@ -200,6 +300,11 @@ class TrainingSection(_Strict):
     aggregation: AggregationSection = AggregationSection()
     trunk: TrunkSection = TrunkSection()
     audit: AuditSection = AuditSection()
+    #: the trainer-side layers' schedule, in trainer steps (clipped at 1.0 by default,
+    #: as the trainer always did)
+    schedule: ScheduleSection = ScheduleSection(clip_norm=1.0)
+    #: the experts' schedule at the aggregators, in each expert's versions
+    expert_schedule: ScheduleSection = ScheduleSection()
 
 
 class AggregatorEntry(_Strict):
@@ -217,13 +322,35 @@ class WeightsSection(_Strict):
     folder: str | None = None
 
 
+class DataSection(_Strict):
+    """What the trainers' data are tokenized with: ``bytes`` (256 byte values and an
+    end-of-text id, 257 in all; the byte model has no end-of-text id) or the sha256 of
+    a Hugging Face ``tokenizer.json`` (``moehome owner tokenizer`` prints it). Token
+    shards made with another tokenizer are refused (core/data/loader.py)."""
+
+    tokenizer: Annotated[str, Field(pattern=r"^(bytes|[0-9a-f]{64})$")] = "bytes"
+
+
 class Manifest(_Strict):
     project: ProjectSection
     model: ModelSection
+    data: DataSection = DataSection()
     training: TrainingSection = TrainingSection()
     aggregators: Annotated[list[AggregatorEntry], Field(max_length=64)] = []
     trainers: Annotated[list[TrainerEntry], Field(max_length=256)] = []
     weights: WeightsSection = WeightsSection()
+
+    @model_validator(mode="after")
+    def _vocabulary(self) -> Manifest:
+        m = self.model
+        if self.data.tokenizer == "bytes" and m.architecture != "byte" and m.vocab_size < 257:
+            raise ValueError(
+                f"model.vocab_size ({m.vocab_size}): bytes need 257 (256 byte values and "
+                "the end of text)"
+            )
+        if self.data.tokenizer != "bytes" and m.architecture == "byte":
+            raise ValueError("architecture byte reads bytes: data.tokenizer must be bytes")
+        return self
 
     @field_validator("aggregators")
     @classmethod
@@ -306,10 +433,9 @@ k_best = 4                         # experts asked per token group
 k_min = 1                          # answers needed before the trainer goes on
 
 [model.expert]
-kind = "ffn"                       # ffn (feed-forward block) or transformer
+kind = "ffn"                       # ffn (the byte model's) or swiglu (mixtral's)
 hidden = 64                        # must equal model.hidden
 inner = 256                        # feed-forward width (0: 4 x hidden)
-heads = 0                          # attention heads (transformer only)
 activation = "gelu"
 
 [model.wire]
@@ -338,6 +464,27 @@ clip_radius = 1.0                  # clipping radius, as a multiple of the media
 momentum = 0.9                     # per-volunteer momentum kept by the aggregator
 buckets = 2                        # contributions are averaged in random groups of this size
 trim_fraction = 0.2                # for trimmed_mean
+
+[training.schedule]
+# The trainer-side layers' learning rate over the trainer's steps: learning_rate times
+# a factor that warms up, then stays (constant) or decays (cosine, wsd).
+kind = "constant"                  # constant, cosine, or wsd (warmup-stable-decay)
+warmup = 0                         # steps of linear warmup up to learning_rate
+total = 10000                      # the step where cosine and wsd reach min_ratio (and stay)
+decay_fraction = 0.2               # wsd: the last share of total that decays, linearly
+min_ratio = 0.1                    # the final rate, as a share of learning_rate
+weight_decay = 0.0                 # adamw: decoupled; adam, sgd: an L2 term in the gradient
+clip_norm = 1.0                    # gradients are clipped to this norm (0: never)
+
+[training.expert_schedule]
+# The same for the experts, stepped by the aggregators: counted in each expert's versions.
+kind = "constant"                  # constant, cosine, or wsd (warmup-stable-decay)
+warmup = 0                         # versions of linear warmup up to learning_rate
+total = 10000                      # the version where cosine and wsd reach min_ratio
+decay_fraction = 0.2               # wsd: the last share of total that decays, linearly
+min_ratio = 0.1                    # the final rate, as a share of learning_rate
+weight_decay = 0.0                 # adamw: decoupled; adam, sgd: an L2 term in the gradient
+clip_norm = 0.0                    # each version's aggregated gradient is clipped (0: never)
 
 [training.trunk]
 # With two or more [[trainers]], their trainer-side layers (embeddings, attention, gating,

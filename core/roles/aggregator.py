@@ -59,6 +59,7 @@ def settings_from(signed: SignedManifest, uids: Sequence[str]) -> AggregatorSett
         round_seconds=m.training.round_seconds,
         min_contributors=m.training.min_contributors,
         contribution_audit_rate=m.training.audit.contribution_rate,
+        expert_schedule=m.training.expert_schedule.schedule(),
         robust=RobustSettings(
             rule=agg.rule,
             clip_radius=agg.clip_radius,

@@ -25,6 +25,8 @@ class TrainingStarted(_Event):
     data: str
     data_bytes: int
     files: int
+    #: tokens in the data, when they are token shards
+    data_tokens: int | None = None
     #: the step its checkpoint resumed at (None: a fresh start)
     resumed_at_step: int | None
     steps: int

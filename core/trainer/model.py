@@ -29,6 +29,7 @@ from core.experts.activations import WireCodecs
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.uid import Grid
 from core.moe.finder import advance_beams
+from core.moe.mixture import RemoteMixtureOfExperts
 from core.project.manifest import ModelSection
 from core.project.publish import seed_for
 
@@ -61,7 +62,25 @@ class CausalSelfAttention(nn.Module):
         return out
 
 
-class CharLanguageModel(nn.Module):
+class TrainerModel(nn.Module):
+    """What a trainer trains, whatever its family: tokens [batch, length] in, the loss
+    out, its mixture layers' experts remote (core/trainer/session.py)."""
+
+    #: tokens per training sample
+    context: int
+
+    def objective(
+        self, tokens: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the loss to minimize, the next-token loss in nats: what evaluations report)."""
+        raise NotImplementedError
+
+    def remote_mixtures(self) -> list[RemoteMixtureOfExperts]:
+        """The mixtures whose experts are volunteers' (their statistics, their calls)."""
+        raise NotImplementedError
+
+
+class CharLanguageModel(TrainerModel):
     def __init__(self, model: ModelSection, mixtures: Sequence[nn.Module]) -> None:
         super().__init__()
         if len(mixtures) != model.mixture_layers:
@@ -87,6 +106,15 @@ class CharLanguageModel(nn.Module):
             x = mixture(x.reshape(batch * length, -1)).reshape(batch, length, -1)
         logits: torch.Tensor = self.head(self.norm(x))
         return logits
+
+    def objective(
+        self, tokens: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        loss = language_model_loss(self(tokens), targets)
+        return loss, loss
+
+    def remote_mixtures(self) -> list[RemoteMixtureOfExperts]:
+        return [m for m in self.mixtures if isinstance(m, RemoteMixtureOfExperts)]
 
 
 def build_model(

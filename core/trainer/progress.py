@@ -63,8 +63,12 @@ class TrainingProgress:
             resumed = event.resumed_at_step
             self.console.print(
                 f"project {event.name} ({event.project}): "
-                f"{event.data_bytes / 1e6:.1f} MB of text from {event.files} files "
-                f"({event.data}); trainer-side layers on {event.device}"
+                + (
+                    f"{event.data_bytes / 1e6:.1f} MB of text from {event.files} files "
+                    if event.data_tokens is None
+                    else f"{event.data_tokens / 1e6:.2f} M tokens in {event.files} files "
+                )
+                + f"({event.data}); trainer-side layers on {event.device}"
                 + (f"; resuming at step {resumed}" if resumed else "")
             )
             self.progress.update(

@@ -45,8 +45,10 @@ from torch import nn
 from core.checkpoints import CheckpointStore, load_optimizer_state, optimizer_state
 from core.moe.client import ExpertCallError
 from core.moe.mixture import MoEError, RemoteMixtureOfExperts
-from core.trainer.data import Corpus, sample_batch, validation_batches
-from core.trainer.model import CharLanguageModel, language_model_loss
+from core.project.schedule import Schedule
+from core.trainer.batches import Batches, CorpusBatches
+from core.trainer.data import Corpus
+from core.trainer.model import TrainerModel
 from core.trainer.trunk import Params, rebase, snapshot
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,12 @@ class SessionSettings:
     #: a gradient computed on weights more than this many updates old is dropped
     #: (None: 2 x in_flight)
     max_staleness: int | None = None
+    #: the manifest's [training.schedule]: the rate's warmup and decay by step, weight
+    #: decay (AdamW's, decoupled) and the clipping norm (None: constant, ``clip_norm``)
+    schedule: Schedule | None = None
+
+    def trainer_schedule(self) -> Schedule:
+        return self.schedule or Schedule(clip_norm=self.clip_norm)
 
     def staleness_bound(self) -> int:
         return 2 * self.in_flight if self.max_staleness is None else self.max_staleness
@@ -105,32 +113,41 @@ class StepResult:
 class TrainingSession:
     def __init__(
         self,
-        model: CharLanguageModel,
-        corpus: Corpus,
+        model: TrainerModel,
+        data: Corpus | Batches,
         settings: SessionSettings,
         checkpoints: Path | None = None,
         *,
-        replica: Callable[[], CharLanguageModel] | None = None,
+        replica: Callable[[], TrainerModel] | None = None,
     ) -> None:
-        """``replica`` builds another copy of ``model`` for a batch in flight (remote
-        mixtures share their finder and caller); by default a deep copy."""
+        """``data``: the batches (a corpus: the byte model's random windows of it, drawn
+        from ``settings.seed``). ``replica`` builds another copy of ``model`` for a batch
+        in flight (remote mixtures share their finder and caller); by default a deep
+        copy."""
         if settings.in_flight < 1:
             raise ValueError("in_flight must be at least 1")
         self.device = torch.device(settings.device)
         self.model = model.to(self.device)
-        self.corpus = corpus
         self.settings = settings
         self.context = model.context
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
-        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.batches: Batches = (
+            CorpusBatches(data, settings.batch_size, self.context, settings.seed)
+            if isinstance(data, Corpus)
+            else data
+        )
+        self.schedule = settings.trainer_schedule()
+        # AdamW: with no weight decay, Adam's very steps
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=settings.learning_rate,
+            weight_decay=self.schedule.weight_decay,
+        )
         self.state = SessionState()
         #: Why the last evaluation gave no loss ("" before any failed).
         self.evaluation_error = ""
         self.store = CheckpointStore(checkpoints) if checkpoints is not None else None
         self._checkpoint_number = 0
-        self._eval = validation_batches(
-            corpus.validation, settings.batch_size, self.context, settings.eval_batches
-        )
+        self._eval = self.batches.validation_batches(settings.eval_batches)
         # one batch at a time computes on the master itself; more, on replicas (and
         # evaluation then on a copy of its own, taken under the lock)
         make = replica or (lambda: copy.deepcopy(model))
@@ -182,7 +199,7 @@ class TrainingSession:
             with self._lock:
                 self._carried -= 1
 
-    def _step(self, model: CharLanguageModel, based_on: int) -> StepResult | None:
+    def _step(self, model: TrainerModel, based_on: int) -> StepResult | None:
         if model is not self.model:
             return self._step_inner(model, based_on)
         with self._lock:
@@ -194,18 +211,16 @@ class TrainingSession:
                 self._master_busy = False
                 self._apply_rebases()
 
-    def _step_inner(self, model: CharLanguageModel, based_on: int) -> StepResult | None:
+    def _step_inner(self, model: TrainerModel, based_on: int) -> StepResult | None:
         with self._lock:
-            x, y = sample_batch(
-                self.corpus.train, self.settings.batch_size, self.context, self.generator
-            )
+            x, y = self.batches.next_batch()
         x, y = x.to(self.device), y.to(self.device)
         model.train()
         started = time.perf_counter()
         try:
-            loss = language_model_loss(model(x), y)
+            objective, loss = model.objective(x, y)
             model.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
+            objective.backward()  # type: ignore[no-untyped-call]
         except (MoEError, ExpertCallError) as exc:
             with self._lock:
                 self.state.failed_steps += 1
@@ -220,10 +235,13 @@ class TrainingSession:
             if model is not self.model:
                 for master, p in zip(self.model.parameters(), model.parameters(), strict=True):
                     master.grad = p.grad
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.clip_norm)
-            # a stale gradient moves the weights less (staleness-aware rate)
+            if self.schedule.clip_norm > 0:
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.schedule.clip_norm)
+            # the schedule's rate at this step; a stale gradient moves the weights less
+            # (staleness-aware rate)
+            rate = self.schedule.rate(self.settings.learning_rate, self.state.step)
             for group in self.optimizer.param_groups:
-                group["lr"] = self.settings.learning_rate / (1 + staleness)
+                group["lr"] = rate / (1 + staleness)
             before = [p.detach().clone() for p in self.model.parameters()] if self._replicas else []
             self.optimizer.step()
             if self._replicas:
@@ -254,7 +272,7 @@ class TrainingSession:
             with torch.no_grad():
                 for x, y in self._eval:
                     x, y = x.to(self.device), y.to(self.device)
-                    total += float(language_model_loss(model(x), y))
+                    total += float(model.objective(x, y)[1])
         except (MoEError, ExpertCallError) as exc:
             # the caller says it (a NaN): "not evaluated", once, not a line a second
             log.debug("evaluation failed: %s", exc)
@@ -304,9 +322,7 @@ class TrainingSession:
     def mixtures(self) -> list[RemoteMixtureOfExperts]:
         """The remote mixtures of the master and of every replica."""
         models = [self.model, *self._replicas]
-        return [
-            m for model in models for m in model.mixtures if isinstance(m, RemoteMixtureOfExperts)
-        ]
+        return [m for model in models for m in model.remote_mixtures()]
 
     def wire_bytes(self) -> tuple[int, int]:
         """(bytes of activations and their gradients on the wire, the same values as
@@ -334,7 +350,6 @@ class TrainingSession:
         with self._lock:  # batches in flight wait: the weights must not move meanwhile
             tensors = {f"m/{k}": v.detach().cpu() for k, v in self.model.state_dict().items()}
             opt = optimizer_state(self.optimizer, "o", tensors)
-            tensors["rng"] = self.generator.get_state()
             s = self.state
             meta = {
                 "format": CHECKPOINT_FORMAT,
@@ -348,6 +363,8 @@ class TrainingSession:
                 "evaluations": [list(e) for e in s.evaluations],
                 "train_seconds": s.train_seconds,
                 "optimizer": opt,
+                # where the data goes on (the loader's cursor, or the generator's state)
+                "data": self.batches.state_dict(),
             }
             self._checkpoint_number += 1
             self.store.save(self._checkpoint_number, meta, tensors)
@@ -366,7 +383,10 @@ class TrainingSession:
         weights = {k[2:]: v for k, v in tensors.items() if k.startswith("m/")}
         self.model.load_state_dict(weights)
         load_optimizer_state(self.optimizer, meta["optimizer"], "o", tensors)
-        self.generator.set_state(tensors["rng"])
+        if "data" in meta:
+            self.batches.load_state_dict(meta["data"])
+        elif "rng" in tensors:  # a checkpoint of before the data's cursor had a place
+            self.batches.load_state_dict({"rng": tensors["rng"].numpy().tobytes()})
         self.state = SessionState(
             step=int(meta["step"]),
             samples=int(meta["samples"]),

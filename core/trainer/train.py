@@ -44,7 +44,8 @@ from core.project.pins import PinStore
 from core.project.signed import SignedManifest
 from core.project.versions import pull_interval
 from core.protocol.aggregator_methods import responsible_aggregator
-from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus, load_corpus
+from core.trainer.batches import Batches, CorpusBatches, DataDescription, training_batches
+from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus
 from core.trainer.events import (
     Evaluated,
     ExpertsNote,
@@ -54,7 +55,7 @@ from core.trainer.events import (
     TrainingSummary,
     Waiting,
 )
-from core.trainer.model import CharLanguageModel, build_model
+from core.trainer.model import TrainerModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
 from core.trainer.sharing import TrunkSharing
 from core.trainer.trunk import shares_trunk
@@ -71,7 +72,12 @@ Report = Callable[[TrainerEvent], None]
 class TrainerOptions:
     project: str
     workdir: Path
-    data: str | Path = STDLIB
+    #: a text folder or file, ``stdlib``, token shards; several (``PATH@WEIGHT``): a
+    #: weighted mixture (token shards or text of a ``mixtral`` project)
+    data: str | Path | tuple[str, ...] = STDLIB
+    #: the project's tokenizer.json (a ``mixtral`` project with a pinned tokenizer,
+    #: when the data are not shards that keep it beside them)
+    tokenizer: Path | None = None
     steps: int = 1000
     batch_size: int = 16
     learning_rate: float = 3e-3
@@ -119,6 +125,14 @@ def check_trainer(signed: SignedManifest, identity: Identity) -> None:
         )
 
 
+def trainer_share(manifest: Manifest, identity: Identity) -> tuple[int, int]:
+    """(rank, world): this trainer's place among the manifest's trainers, whose data
+    shares are disjoint (one trainer alone, or a key not listed: the whole)."""
+    keys = [t.key for t in manifest.trainers]
+    mine = identity.public_key.hex()
+    return (keys.index(mine), len(keys)) if mine in keys else (0, 1)
+
+
 def remote_model(
     peer: Peer,
     signed: SignedManifest,
@@ -126,7 +140,8 @@ def remote_model(
     options: TrainerOptions,
     auditor: AnswerAuditor | None = None,
     board: BanBoard | None = None,
-) -> Callable[[], CharLanguageModel]:
+    eos_token_id: int | None = None,
+) -> Callable[[], TrainerModel]:
     """Builds the trainer's model (as often as batches in flight need copies): the same
     trainer-side weights each time; every copy's mixture of a layer shares that layer's
     expert finder and caller (one view of the swarm, one set of statistics). With an
@@ -190,6 +205,8 @@ def remote_model(
     if board is not None:
         board.listeners.append(lambda ban: exclude(PeerID.from_base58(ban.peer)))
 
+    family = m.architecture != "byte"
+
     def mixture(layer: int, grid: Grid) -> RemoteMixtureOfExperts:
         return RemoteMixtureOfExperts(
             in_features=m.hidden,
@@ -198,9 +215,16 @@ def remote_model(
             caller=callers[layer],
             portal=portal,
             config=config,
+            own_gate=not family,  # a family's blocks have the family's gate
         )
 
-    return lambda: build_model(m, mixture, seed=signed.manifest.weights.seed)
+    seed = signed.manifest.weights.seed
+    if family:
+        from core.trainer.family import build_family_model, remote_blocks
+
+        blocks = remote_blocks(mixture, m.hidden)
+        return lambda: build_family_model(m, blocks, seed=seed, eos_token_id=eos_token_id)
+    return lambda: build_model(m, mixture, seed=seed)
 
 
 async def run_trainer(
@@ -234,19 +258,40 @@ async def train_on(
 ) -> TrainingSummary:
     """The trainer on a running ``peer`` (whose identity must be a trainer of the
     project), until ``options.steps`` or ``stop``; the summary (also reported).
-    ``corpus``: the data, when already loaded (else ``options.data`` is)."""
+    ``corpus``: the byte model's data, when already loaded (else ``options.data`` is)."""
     identity = peer.identity
     signed = await _find_manifest(peer, options.project, data_dir)
     check_trainer(signed, identity)
-    if corpus is None:
-        corpus = await trio.to_thread.run_sync(
-            partial(load_corpus, options.data, max_bytes=options.max_data_bytes)
-        )
     m = signed.manifest.model
-    if m.vocab_size < 256:
+    if m.architecture == "byte" and m.vocab_size < 256:
         raise UserFacingError(
-            f"the built-in data are bytes (256 symbols); model.vocab_size is {m.vocab_size}"
+            f"the byte model reads bytes (256 symbols); model.vocab_size is {m.vocab_size}"
         )
+    rank, world = trainer_share(signed.manifest, identity)
+    eos: int | None = None
+    if corpus is not None:
+        data: Batches = CorpusBatches(corpus, options.batch_size, m.context, options.seed)
+        described = DataDescription(corpus.source, corpus.total_bytes, corpus.files)
+    else:
+        sources = (options.data,) if isinstance(options.data, str | Path) else options.data
+        data, described, tokenizer = await trio.to_thread.run_sync(
+            partial(
+                training_batches,
+                m.architecture,
+                m.vocab_size,
+                signed.manifest.data.tokenizer,
+                [str(s) for s in sources],
+                tokenizer_file=options.tokenizer,
+                workdir=options.workdir,
+                max_bytes=options.max_data_bytes,
+                context=m.context,
+                batch_size=options.batch_size,
+                seed=options.seed,
+                rank=rank,
+                world=world,
+            )
+        )
+        eos = None if tokenizer is None else tokenizer.eos_id
     audits = signed.manifest.training.audit
     auditor, weights = None, None
     if audits.answer_rate > 0:
@@ -268,10 +313,10 @@ async def train_on(
     board = BanBoard(peer, signed, interval=pull_interval(signed.manifest.training.round_seconds))
     if auditor is not None:
         auditor.listeners.append(partial(_accuse, board))
-    build = remote_model(peer, signed, identity, options, auditor, board)
+    build = remote_model(peer, signed, identity, options, auditor, board, eos)
     session = TrainingSession(
         build(),
-        corpus,
+        data,
         SessionSettings(
             project=signed.project_id,
             batch_size=options.batch_size,
@@ -280,6 +325,7 @@ async def train_on(
             seed=options.seed,
             device=resolve_device(options.device),
             in_flight=options.in_flight,
+            schedule=signed.manifest.training.schedule.schedule(),
         ),
         options.workdir / "checkpoints",
         replica=build,
@@ -289,9 +335,10 @@ async def train_on(
         TrainingStarted(
             project=signed.project_id,
             name=signed.manifest.project.name,
-            data=corpus.source,
-            data_bytes=corpus.total_bytes,
-            files=corpus.files,
+            data=described.source,
+            data_bytes=described.bytes,
+            files=described.files,
+            data_tokens=described.tokens,
             resumed_at_step=session.state.step if resumed else None,
             steps=options.steps,
             peer=str(peer.peer_id),

@@ -38,7 +38,7 @@ from torch import nn
 
 from core.experts.uid import Grid
 from core.project.manifest import Manifest, ModelSection
-from core.trainer.model import CharLanguageModel, build_model
+from core.trainer.model import build_model
 
 #: parameter name -> float32 tensor on the CPU
 Params = dict[str, torch.Tensor]
@@ -62,9 +62,13 @@ def shares_trunk(manifest: Manifest) -> bool:
     return len(manifest.trainers) >= 2
 
 
-def build_trunk(model: ModelSection, *, seed: int) -> CharLanguageModel:
-    """The trainer-side layers alone, as every trainer starts them: ``build_model`` with
-    the same seed gives parameters of the same names and values."""
+def build_trunk(model: ModelSection, *, seed: int) -> nn.Module:
+    """The trainer-side layers alone, as every trainer starts them: the trainer's model
+    of the same architecture and seed has parameters of the same names and values."""
+    if model.architecture != "byte":
+        from core.trainer.family import family_trunk
+
+        return family_trunk(model, seed=seed)
     return build_model(model, lambda _layer, grid: _Gate(model.hidden, grid), seed=seed)
 
 

@@ -116,7 +116,7 @@ def test_a_fresh_tray_joins_the_demo_from_its_invite(qtbot: Any, tmp_path, monke
             page.picker.invite_edit.setText(invite)
             qtbot.waitUntil(page.isComplete, timeout=90_000)
             shown = page.picker.summary.text()
-            assert "demo-charlm" in shown
+            assert "demo-lm" in shown
             assert "Owner's key:" in shown
             assert "Trains: 16 feed-forward experts in 2 layers" in shown
             wizard.next()

@@ -262,6 +262,14 @@ def test_counts_read_well(n, text):
     assert count(n) == text
 
 
+@pytest.mark.parametrize(
+    ("kind", "words"), [("ffn", "feed-forward"), ("swiglu", "SwiGLU (Mixtral-style)")]
+)
+def test_a_summary_names_each_expert_kind_in_words(kind, words):
+    summary = SUMMARY.model_copy(update={"expert_kind": kind})
+    assert f"Trains: 32 {words} experts in 2 layers" in summary_text(summary)
+
+
 def test_a_summary_of_a_bare_manifest_still_names_the_project():
     assert summary_text(ProjectSummary(project=PROJECT)) == f"{PROJECT}\nProject id: {PROJECT}"
 

@@ -23,13 +23,16 @@ from net import RecordRejected
     ("data", "error"),
     [
         ({"kind": "ffn", "hidden": 8}, None),
-        ({"kind": "transformer", "hidden": 8, "heads": 2}, None),
+        ({"kind": "swiglu", "hidden": 8, "inner": 16, "activation": "silu"}, None),
+        ({"kind": "ffn", "hidden": 8, "heads": 0}, None),  # reserved, as to_dict sends it
+        ({"kind": "transformer", "hidden": 8, "heads": 2}, "kind"),  # removed (issue 38)
         ({"kind": "lstm", "hidden": 8}, "kind"),
         ({"kind": "ffn", "hidden": 0}, "hidden"),
         ({"kind": "ffn", "hidden": "8"}, "hidden"),
         ({"kind": "ffn", "hidden": 8, "activation": "eval"}, "activation"),
         ({"kind": "ffn", "hidden": 8, "dtype": "float64"}, "dtype"),
-        ({"kind": "transformer", "hidden": 8, "heads": 3}, "heads"),
+        ({"kind": "ffn", "hidden": 8, "heads": 2}, "heads"),
+        ({"kind": "swiglu", "hidden": 8, "heads": 0.0}, "heads"),
         ({"kind": "ffn", "hidden": 8, "code": "import os"}, "code"),
         ({"hidden": 8}, "kind"),
     ],
@@ -41,6 +44,36 @@ def test_expert_specs_are_data_and_errors_name_the_field(data, error):
     else:
         with pytest.raises(SpecError, match=error):
             ExpertSpec.from_dict(data)
+
+
+def test_the_transformer_kind_is_refused_naming_kind():
+    """Issue 38: the transformer expert kind was removed; a spec naming it (from a peer
+    or an old manifest) is refused, and the error names the field."""
+    with pytest.raises(SpecError, match=r"^kind: 'transformer' is not one of \['ffn', 'swiglu'\]"):
+        ExpertSpec(kind="transformer", hidden=16, inner=32)
+
+
+@pytest.mark.parametrize(
+    "spec", [ExpertSpec("ffn", 16, 32), ExpertSpec("swiglu", 16, 64, activation="silu")]
+)
+def test_a_kept_graph_estimate_covers_what_autograd_keeps(spec):
+    """The kept-graph cache is bounded by ``_graph_bytes``: it must not undercount the
+    activations autograd saves for a backward pass (nor wildly overcount them)."""
+    module = build_expert(spec, seed=1)
+    weights = {p.data_ptr() for p in module.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.data_ptr() not in weights:
+            saved[t.data_ptr()] = t.numel() * t.element_size()
+        return t
+
+    x = torch.randn(8, spec.hidden).requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(x)
+    kept = sum(saved.values()) + out.numel() * out.element_size()
+    estimate = ExpertBackend(ExpertUID.parse("ffn.0"), spec, module)._graph_bytes(x)
+    assert kept <= estimate <= 2 * kept
 
 
 @pytest.mark.parametrize(
@@ -92,7 +125,7 @@ def test_weights_round_trip_hash_and_refusals(tmp_path):
         load_weights(b, tmp_path / "a.safetensors", expected_sha256="0" * 64)
     with pytest.raises(WeightsError, match="do not match the expert"):
         load_weights(
-            build_expert(ExpertSpec("transformer", 8, 16, heads=2)), tmp_path / "a.safetensors"
+            build_expert(ExpertSpec("swiglu", 8, 16, activation="silu")), tmp_path / "a.safetensors"
         )
     with pytest.raises(WeightsError, match=r"fc1\.\w+ is torch.float32\[16"):
         load_weights(build_expert(ExpertSpec("ffn", 8, 32)), tmp_path / "a.safetensors")

@@ -40,7 +40,7 @@ async def served(
 
 @pytest.mark.parametrize(
     ("spec", "shape"),
-    [(FFN, (5, 16)), (ExpertSpec("transformer", hidden=16, inner=32, heads=4), (3, 7, 16))],
+    [(FFN, (5, 16)), (ExpertSpec("swiglu", hidden=16, inner=32, activation="silu"), (5, 16))],
 )
 async def test_remote_expert_matches_the_local_module(spec, shape):
     async with (

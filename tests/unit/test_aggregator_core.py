@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.robust import RobustSettings
 from core.aggregator.verify import Rejected
 from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec
+from core.project.schedule import Schedule
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity
 from tests.clocks import ManualClock
@@ -334,3 +336,48 @@ def test_a_round_is_stalled_only_after_a_round_s_time_without_enough_voices(tmp_
     core.submit(*contribution(core, second, samples=4))
     assert not core.stalled(UID)
     assert core.due(UID)
+
+
+def flat_weights(core: AggregatorCore) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).clone() for p in core.modules[UID].parameters()])
+
+
+def test_an_expert_warms_up_over_its_first_versions_and_a_restart_keeps_the_rate(tmp_path):
+    """sgd with the plain mean: each version's step is the learning rate at that version
+    x the (same) gradient; the rate comes from the version, not from saved state."""
+    schedule = Schedule("cosine", warmup=3, total=103, min_ratio=0.0)
+    chosen = settings(robust=RobustSettings(rule="mean"), expert_schedule=schedule)
+    core = make_core(chosen, tmp_path)
+    steps = []
+    for version in range(4):
+        if version == 2:  # a restart in the middle of the warmup
+            core.close()
+            core = make_core(chosen, tmp_path)
+        before = flat_weights(core)
+        core.submit(*contribution(core, Identity.generate(), version=version))
+        core.run_round(UID)
+        steps.append(float((flat_weights(core) - before).norm()))
+    assert steps[0] < steps[1] < steps[2] < steps[3]
+    full = 0.1 * 0.25 * flat_weights(core).numel() ** 0.5  # the rate x the mean gradient
+    assert steps == pytest.approx([full / 4, full / 2, full * 3 / 4, full], rel=1e-4)
+    assert core.optimizers[UID].param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(("weight_decay", "kept"), [(0.0, 1.0), (0.5, 1 - 0.1 * 0.5)])
+def test_adamw_weight_decay_shrinks_weights_that_get_no_gradient(tmp_path, weight_decay, kept):
+    chosen = settings(optimizer="adamw", expert_schedule=Schedule(weight_decay=weight_decay))
+    core = make_core(chosen, tmp_path)
+    before = flat_weights(core)
+    core.submit(*contribution(core, Identity.generate(), scale=0.0))
+    core.run_round(UID)
+    torch.testing.assert_close(flat_weights(core), before * kept)
+
+
+def test_an_expert_s_aggregated_gradient_is_clipped_to_clip_norm(tmp_path):
+    chosen = settings(robust=RobustSettings(rule="mean"), expert_schedule=Schedule(clip_norm=0.01))
+    core = make_core(chosen, tmp_path)
+    before = flat_weights(core)
+    core.submit(*contribution(core, Identity.generate(), scale=100.0))
+    core.run_round(UID)
+    # sgd: the step is the learning rate x the clipped gradient
+    assert float((flat_weights(core) - before).norm()) == pytest.approx(0.1 * 0.01, rel=1e-4)

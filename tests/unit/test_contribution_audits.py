@@ -36,7 +36,7 @@ from core.protocol.contributions import Contribution, Receipt
 from net import Identity
 
 SPEC = ExpertSpec("ffn", hidden=16, inner=32)
-SPEC_3D = ExpertSpec("transformer", hidden=16, inner=32, heads=2)
+SPEC_SWIGLU = ExpertSpec("swiglu", hidden=16, inner=32, activation="silu")
 UID = "ffn0.0.0"
 PROJECT = "0123456789abcdef0123456789abcdef"
 TRAINER = Identity.from_seed(b"t" * 32)
@@ -68,8 +68,7 @@ class Volunteer:
         self.generator = torch.Generator().manual_seed(seed)
 
     def inputs(self, rows: int) -> torch.Tensor:
-        shape = (rows, 4, self.spec.hidden) if self.spec.input_ndim == 3 else (rows, 16)
-        return torch.randn(shape, generator=self.generator)
+        return torch.randn((rows, self.spec.hidden), generator=self.generator)
 
     def serve(self, batches: list[list[int]]) -> None:
         """Backward passes: each batch runs its requests (rows each) together, as the
@@ -106,7 +105,7 @@ def judge(
 
 
 def contribution_spec(contribution: Contribution) -> ExpertSpec:
-    return SPEC_3D if any(p.name.startswith("attn") for p in contribution.params) else SPEC
+    return SPEC_SWIGLU if any(p.name.startswith("w1") for p in contribution.params) else SPEC
 
 
 @pytest.mark.parametrize("codec", sorted(CODECS))
@@ -124,8 +123,8 @@ def test_honest_contributions_pass_in_every_codec_however_batched(codec: str) ->
     assert worst <= 1.0
 
 
-def test_honest_transformer_contributions_pass() -> None:
-    volunteer = Volunteer("int8_block", spec=SPEC_3D)
+def test_honest_swiglu_contributions_pass() -> None:
+    volunteer = Volunteer("int8_block", spec=SPEC_SWIGLU)
     for plan in ([[2, 3]], [[1], [4]], [[2, 2, 2]]):
         volunteer.serve(plan)
         verdict = judge(*volunteer.contribute())
