@@ -35,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from core.control.client import JOIN_TIMEOUT_S, ControlError, find_node
 from core.control.invite import make_invite
 from core.control.models import ExpertsEvent
+from core.demo.language import demo_language, sample_text
 from core.demo.options import DemoOptions, wire_codecs
 from core.demo.summary import demo_summary
 from core.demo.supervisor import Proc, Swarm, free_port
@@ -340,8 +341,16 @@ async def _run(
             identity_path(swarm.folder("trainer") / "data", "trainer")
         ).public_key
         manifest = swarm.folder("owner") / "demo.toml"
+        language = (
+            await trio.to_thread.run_sync(demo_language, options, swarm.folder("owner"))
+            if options.architecture != "byte"
+            else None
+        )
+        pinned = None if language is None else (language.tokenizer, language.vocab_size)
         manifest.write_text(
-            demo_manifest(options, (agg_identity.public_key.hex(), agg_addr), trainer_key.hex())
+            demo_manifest(
+                options, (agg_identity.public_key.hex(), agg_addr), trainer_key.hex(), pinned
+            )
         )
         owner = swarm.start(
             "owner",
@@ -453,7 +462,7 @@ async def _run(
                 "--batch-size",
                 str(options.batch_size),
                 "--data",
-                options.data,
+                str(language.shards) if language and language.shards else options.data,
                 "--eval-every",
                 str(options.eval_every),
                 "--log-every",
@@ -469,9 +478,15 @@ async def _run(
         )
         starting.advance(task)
 
-    return await _follow_trainer(
+    summary = await _follow_trainer(
         options, swarm, trainer, volunteers, newcomers, project, console, handle_signals, boot
     )
+    if language is not None and summary.get("steps", 0) > 0:
+        # through the aggregator: the bootstrap peer may have been killed (--kill-relay)
+        workdir = swarm.folder("trainer") / "data" / "trainer" / project
+        with console.status("exporting the model and sampling it"):
+            summary["generated"] = await sample_text(swarm, project, agg_addr, workdir)
+    return summary
 
 
 async def _follow_trainer(

@@ -129,7 +129,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         f"\n[bold]summary[/]: {summary['steps']} steps, {summary['samples']} samples in "
         f"{summary['seconds']:.0f} s ({summary['samples_per_s']:.1f} samples/s); "
         f"validation loss {loss_text(summary['initial_loss'])} -> "
-        f"{loss_text(summary['final_loss'])} nats/byte"
+        f"{loss_text(summary['final_loss'])} nats/token"
     )
     calls = summary.get("calls", {})
     if "activation_bytes_per_sample" in calls:
@@ -193,3 +193,6 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         "influence: the share of a volunteer's gradient the robust rule kept, averaged over "
         "rounds (poisoned gradients are clipped to a small share)"
     )
+    if summary.get("generated"):
+        console.print("\n[bold]the trained model[/], exported and sampled (owner export, generate)")
+        console.print(summary["generated"], markup=False, highlight=False)
