@@ -41,7 +41,7 @@ def owner_export(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from core.roles.owner import export_once
+    from core.roles.export import export_once
 
     data_dir = data_folder()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())

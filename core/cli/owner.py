@@ -106,13 +106,27 @@ def owner_new(
     name: Annotated[
         str, typer.Option(help="Project name (lowercase, digits, '-').")
     ] = "my-project",
+    from_folder: Annotated[
+        Path | None,
+        typer.Option(
+            "--from",
+            help=(
+                "A Hugging Face Mixtral folder (config.json, safetensors, tokenizer.json): "
+                "the project starts from its weights (continued pre-training)."
+            ),
+        ),
+    ] = None,
 ) -> None:
     """Write a commented project manifest to edit before publishing. This computer's
-    aggregator and trainer are listed in it (each role has its own key)."""
+    aggregator and trainer are listed in it (each role has its own key). With --from,
+    the model is the checkpoint's: its weights go to a folder beside the manifest."""
     from core.project.manifest import write_template
 
     aggregator = load_identity(False, role="aggregator").public_key.hex()
     trainer = load_identity(False, role="trainer").public_key.hex()
+    if from_folder is not None:
+        _owner_new_from(from_folder, path, name, aggregator, trainer)
+        return
     try:
         write_template(path, name, aggregator_key=aggregator, trainer_key=trainer)
     except (FileExistsError, ValueError) as exc:
@@ -121,6 +135,32 @@ def owner_new(
     typer.echo(
         f"wrote {path}, with this computer's aggregator and trainer; edit it, then: "
         f"moehome owner publish {path}"
+    )
+
+
+def _owner_new_from(folder: Path, path: Path, name: str, aggregator: str, trainer: str) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with one_line_errors(OSError, ValueError):
+        from core.families.start import start_from_pretrained
+
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("experts written", total=None)
+            started = start_from_pretrained(
+                folder,
+                path,
+                name,
+                aggregator_key=aggregator,
+                trainer_key=trainer,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    said = "bytes" if started.tokenizer == "bytes" else f"tokenizer.json {started.tokenizer[:12]}"
+    typer.echo(
+        f"wrote {path} ({started.experts} experts and the trainer's layers of {folder} in "
+        f"{started.weights}, {said}), with this computer's aggregator and trainer; "
+        f"edit it, then: moehome owner publish {path}"
     )
 
 
@@ -143,6 +183,7 @@ def owner_publish(
 
     from core.project.manifest import ManifestError
     from core.project.publish import prepare
+    from core.trainer.initial import trunk_shapes_of
 
     key, files = _owner_key(passphrase_file)
     workdir = workdir or manifest.parent / f"{manifest.stem}.moehome"
@@ -155,6 +196,7 @@ def owner_publish(
                 files.load_rotations(),
                 workdir,
                 lambda done, total: progress.update(task, completed=done, total=total),
+                trunk_shapes=trunk_shapes_of,
             )
     except ManifestError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -162,9 +204,12 @@ def owner_publish(
     signed = prepared.signed
     typer.echo(f"project id:  {signed.project_id}")
     typer.echo(f"owner:       {key.fingerprint}")
+    from core.protocol.contributions import TRUNK_UID
+
+    experts = len(prepared.index.files) - (TRUNK_UID in prepared.index.files)
+    trunk = " and the trainer's layers" if TRUNK_UID in prepared.index.files else ""
     typer.echo(
-        f"experts:     {len(prepared.index.files)} "
-        f"({len(list(prepared.store.root.glob('??/*')))} chunks)"
+        f"experts:     {experts}{trunk} ({len(list(prepared.store.root.glob('??/*')))} chunks)"
     )
     if not serve:
         return

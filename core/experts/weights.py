@@ -39,7 +39,16 @@ def weights_hash(module: nn.Module) -> str:
 def save_weights(module: nn.Module, path: Path, *, version: int) -> WeightsInfo:
     """Write atomically; the file's metadata carries the version and the hash."""
     info = WeightsInfo(version, weights_hash(module))
-    tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for k, v in module.state_dict().items():
+        t = v.detach().contiguous().cpu()
+        # safetensors refuses tensors that share memory (a model whose output head is its
+        # embedding, tied): the second name gets a copy of its own
+        if t.numel() and t.untyped_storage().data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        tensors[k] = t
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     data = save(tensors, metadata={"version": str(version), "sha256": info.sha256})

@@ -10,4 +10,5 @@ as the family names them. ``export`` writes a folder that ``transformers`` loads
     mixtral.py   Mixtral-style models with a pluggable sparse block
     export.py    -> a Hugging Face folder (config, safetensors, tokenizer)
     load.py      <- a Hugging Face folder
+    start.py     a project started from a Hugging Face folder (owner new --from)
 """

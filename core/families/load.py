@@ -116,6 +116,7 @@ def read_pretrained(folder: Path, *, dtype: torch.dtype = torch.float32) -> Chec
         else:
             trunk[key] = t
     shapes = trunk_shapes(config)
+    _check_tied(folder, config, trunk)
     if config.tie_word_embeddings:
         trunk.pop("lm_head.weight", None)
     if set(trunk) != set(shapes):
@@ -142,6 +143,27 @@ def read_pretrained(folder: Path, *, dtype: torch.dtype = torch.float32) -> Chec
             f"{folder}: sparse blocks of layers {sorted(extra_layers)} past the config"
         )
     return Checkpoint(config, trunk, layers)
+
+
+def _check_tied(folder: Path, config: MixtralConfig, trunk: dict[str, torch.Tensor]) -> None:
+    """The output head as config.json says: its own ``lm_head.weight``, or the embedding's
+    (a head of its own beside tied embeddings would be dropped, as transformers does)."""
+    head, embedding = trunk.get("lm_head.weight"), trunk.get("model.embed_tokens.weight")
+    if not config.tie_word_embeddings and head is None and embedding is not None:
+        raise FamilyError(
+            f"{folder}: no lm_head.weight, and config.json's tie_word_embeddings is false "
+            "(true if the output head shares the embedding's weights)"
+        )
+    if (
+        config.tie_word_embeddings
+        and head is not None
+        and embedding is not None
+        and (head.shape != embedding.shape or not torch.equal(head, embedding))
+    ):
+        raise FamilyError(
+            f"{folder}: config.json ties the output head to the embedding "
+            "(tie_word_embeddings), but lm_head.weight differs from it"
+        )
 
 
 def model_from_checkpoint(

@@ -275,6 +275,29 @@ class WeightsFetcher:
         self.stats.failed += 1
         raise FetchError(f"no provider could send chunk {digest[:12]}")
 
+    async def index(self, signed: SignedManifest) -> WeightsIndex:
+        """The project's weights index (which files it has), verified against the hash
+        the owner signed."""
+        index, _ = await self._index(signed, None)
+        return index
+
+    async def _index(
+        self, signed: SignedManifest, providers: Sequence[PeerID] | None
+    ) -> tuple[WeightsIndex, Sequence[PeerID]]:
+        pid = signed.project_id
+        if providers is None:
+            owners = [
+                peer_id_from_public_key(bytes.fromhex(a.key)) for a in signed.manifest.aggregators
+            ]
+            providers = await self.providers(pid, signed.weights_index, owners)
+            if signed.weights_index not in self.store:
+                providers = await self.rank(providers, signed.weights_index, owners)
+        index_bytes = await self.fetch_chunk(signed.weights_index, providers)
+        try:
+            return WeightsIndex.decode(index_bytes), providers
+        except ValueError as exc:
+            raise FetchError(f"weights index of {pid} is malformed: {exc}") from exc
+
     async def fetch(
         self,
         signed: SignedManifest,
@@ -287,18 +310,7 @@ class WeightsFetcher:
         whose hash the owner signed. ``providers``: whom to ask, in order (default: the
         peers announcing this index in the DHT, shuffled)."""
         pid = signed.project_id
-        if providers is None:
-            owners = [
-                peer_id_from_public_key(bytes.fromhex(a.key)) for a in signed.manifest.aggregators
-            ]
-            providers = await self.providers(pid, signed.weights_index, owners)
-            if signed.weights_index not in self.store:
-                providers = await self.rank(providers, signed.weights_index, owners)
-        index_bytes = await self.fetch_chunk(signed.weights_index, providers)
-        try:
-            index = WeightsIndex.decode(index_bytes)
-        except ValueError as exc:
-            raise FetchError(f"weights index of {pid} is malformed: {exc}") from exc
+        index, providers = await self._index(signed, providers)
         missing = [u for u in uids if u not in index.files]
         if missing:
             raise FetchError(f"project {pid} has no weights for {missing[:3]}")

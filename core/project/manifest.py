@@ -6,10 +6,11 @@ all at once, before anything is signed or published.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -418,27 +419,10 @@ TEMPLATE = """\
 
 [project]
 name = "{name}"                 # lowercase letters, digits and '-'
-description = "A small character-level language model trained by volunteers."
+description = {description}
 min_app_version = "0.1.0"          # volunteers with an older app are asked to update
 
-[model]
-vocab_size = 256                   # bytes
-hidden = 64                        # width of the trainer-side layers and of every expert
-context = 64                       # tokens per training sample
-expert_prefix = "ffn"              # experts are named <prefix><layer>.<i>.<j>, e.g. ffn0.3.1
-mixture_layers = 2                 # mixture-of-experts layers in the model
-grid = [4, 4]                      # experts per layer, as a grid (beam search runs over it;
-                                   #   at most 16384 a layer, 65536 in all)
-k_best = 4                         # experts asked per token group
-k_min = 1                          # answers needed before the trainer goes on
-
-[model.expert]
-kind = "ffn"                       # ffn (the byte model's) or swiglu (mixtral's)
-hidden = 64                        # must equal model.hidden
-inner = 256                        # feed-forward width (0: 4 x hidden)
-activation = "gelu"
-
-[model.wire]
+{model}[model.wire]
 # How expert inputs/outputs (activations) and their gradients travel between trainers
 # and volunteers: raw (float32), f16, bf16, q8, q4, q3 (blockwise quantized, bits per
 # value), q4z (q4 deflated). q8 costs about a quarter of raw's bytes; q4z a tenth, at
@@ -446,7 +430,7 @@ activation = "gelu"
 activations = "q8"
 gradients = "q8"
 
-[training]
+{data}[training]
 optimizer = "adam"                 # sgd, adam or adamw, run by the aggregators
 learning_rate = 0.001
 contribution_samples = 512         # a volunteer sends its gradients every N samples...
@@ -518,19 +502,109 @@ pardoned = []                      # peer ids whose bans you lift (publish again
 # One block per trainer allowed to sign receipts (`moehome owner trainer-key` on the
 # trainer's machine prints its key).
 {trainers}
+{weights}"""
+
+DEFAULT_MODEL = """\
+[model]
+vocab_size = 256                   # bytes
+hidden = 64                        # width of the trainer-side layers and of every expert
+context = 64                       # tokens per training sample
+expert_prefix = "ffn"              # experts are named <prefix><layer>.<i>.<j>, e.g. ffn0.3.1
+mixture_layers = 2                 # mixture-of-experts layers in the model
+grid = [4, 4]                      # experts per layer, as a grid (beam search runs over it;
+                                   #   at most 16384 a layer, 65536 in all)
+k_best = 4                         # experts asked per token group
+k_min = 1                          # answers needed before the trainer goes on
+
+[model.expert]
+kind = "ffn"                       # ffn (the byte model's) or swiglu (mixtral's)
+hidden = 64                        # must equal model.hidden
+inner = 256                        # feed-forward width (0: 4 x hidden)
+activation = "gelu"
+
+"""
+
+DEFAULT_WEIGHTS = """\
 [weights]
 seed = 0                           # initial weights are made from this seed...
 # folder = "weights/"              # ...unless a folder of <uid>.safetensors files is given
 """
 
 
-def write_template(
-    path: Path, name: str, *, aggregator_key: str | None = None, trainer_key: str | None = None
-) -> None:
-    """Write the commented manifest; ``aggregator_key`` and ``trainer_key`` (hex): this
-    computer's, listed so that the project runs here as written."""
-    if path.exists():
-        raise FileExistsError(f"{path} exists; not overwriting it")
+DEFAULT_DESCRIPTION = "A small character-level language model trained by volunteers."
+
+#: What ``model_block`` says beside each field of ``[model]`` and ``[model.expert]``.
+MODEL_COMMENTS: dict[str, str] = {
+    "architecture": "mixtral: transformers' Mixtral layers, SwiGLU experts",
+    "vocab_size": "token ids (bytes: 256 and the end of text)",
+    "hidden": "width of the trainer-side layers and of every expert",
+    "context": "tokens per training sample",
+    "expert_prefix": "experts are named <prefix><layer>.<i>, e.g. ffn0.3",
+    "mixture_layers": "mixture-of-experts layers in the model",
+    "grid": "experts per layer (one dimension: a router's exactly)",
+    "k_best": "experts asked per token",
+    "k_min": "answers needed before the trainer goes on",
+    "heads": "attention heads",
+    "kv_heads": "key/value heads (fewer: grouped-query attention)",
+    "rope_theta": "the rotary embedding's base",
+    "rms_norm_eps": "the RMS norms' epsilon",
+    "router_aux_loss": "weight of the router's load-balancing loss",
+    "tie_embeddings": "the output head shares the embedding's weights",
+    "expert.kind": "mixtral's experts: w2(silu(w1 x) * w3 x)",
+    "expert.hidden": "must equal model.hidden",
+    "expert.inner": "feed-forward width",
+    "expert.activation": "",
+}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def _commented(key: str, value: Any, comment: str) -> str:
+    line = f"{key} = {_toml_value(value)}"
+    return f"{line:<34} # {comment}" if comment else line
+
+
+def model_block(fields: Mapping[str, Any]) -> str:
+    """``[model]`` and ``[model.expert]`` of a manifest, commented, from the fields of
+    ``ModelSection`` (``expert``: a table of ``ExpertSection``'s); what ``moehome owner
+    new --from`` writes from a checkpoint's configuration."""
+    lines = ["[model]"]
+    lines += [
+        _commented(k, v, MODEL_COMMENTS.get(k, "")) for k, v in fields.items() if k != "expert"
+    ]
+    lines += ["", "[model.expert]"]
+    lines += [
+        _commented(k, v, MODEL_COMMENTS.get(f"expert.{k}", ""))
+        for k, v in fields.get("expert", {}).items()
+    ]
+    return "\n".join(lines) + "\n\n"
+
+
+def manifest_text(
+    name: str,
+    filename: str,
+    *,
+    aggregator_key: str | None = None,
+    trainer_key: str | None = None,
+    description: str = DEFAULT_DESCRIPTION,
+    model: Mapping[str, Any] | None = None,
+    tokenizer: str | None = None,
+    weights_folder: str | None = None,
+) -> str:
+    """The commented manifest (``write_template``'s), by default of the small byte model;
+    ``model``: the fields of ``[model]`` instead (``model_block``), ``tokenizer``: a
+    ``[data]`` section pinning it ("bytes" or a tokenizer.json's sha256),
+    ``weights_folder``: the initial weights' folder (``[weights] folder``)."""
     if not re.match(NAME_PATTERN, name):
         raise ValueError(
             f"project name {name!r}: lowercase letters, digits and '-', at most 48, "
@@ -546,8 +620,44 @@ def write_template(
         if trainer_key
         else '# [[trainers]]\n# key = "..."'
     )
+    data = ""
+    if tokenizer is not None:
+        said = (
+            "256 byte values and the end of text (id 256)"
+            if tokenizer == "bytes"
+            else "the sha256 of the project's tokenizer.json (beside this file)"
+        )
+        data = f"[data]\n{_commented('tokenizer', tokenizer, said)}\n\n"
+    weights = DEFAULT_WEIGHTS
+    if weights_folder is not None:
+        weights = (
+            "[weights]\n"
+            + _commented("seed", 0, "unused: the initial weights are in the folder:")
+            + "\n"
+            + _commented("folder", weights_folder, "<uid>.safetensors, trunk.safetensors")
+            + "\n"
+        )
+    return TEMPLATE.format(
+        name=name,
+        filename=filename,
+        description=json.dumps(description),
+        model=DEFAULT_MODEL if model is None else model_block(model),
+        data=data,
+        aggregators=aggregators,
+        trainers=trainers,
+        weights=weights,
+    )
+
+
+def write_template(
+    path: Path, name: str, *, aggregator_key: str | None = None, trainer_key: str | None = None
+) -> None:
+    """Write the commented manifest; ``aggregator_key`` and ``trainer_key`` (hex): this
+    computer's, listed so that the project runs here as written."""
+    if path.exists():
+        raise FileExistsError(f"{path} exists; not overwriting it")
     path.write_text(
-        TEMPLATE.format(name=name, filename=path.name, aggregators=aggregators, trainers=trainers)
+        manifest_text(name, path.name, aggregator_key=aggregator_key, trainer_key=trainer_key)
     )
 
 

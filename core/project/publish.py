@@ -5,28 +5,40 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import trio
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 
 from core.experts.registry import build_expert
-from core.experts.weights import WeightsError, load_weights, save_weights
+from core.experts.weights import WeightsError, canonical_safetensors, load_weights, save_weights
 from core.project.chunks import ChunkStore, WeightsIndex, split_file
 from core.project.distribution import (
     WeightsService,
     announce_project,
 )
 from core.project.keys import KeyRotation, OwnerKey
-from core.project.manifest import ManifestError, load_manifest
+from core.project.manifest import ManifestError, ModelSection, load_manifest
 from core.project.records import MAX_RECORD_BYTES
 from core.project.signed import SignedManifest
+from core.protocol.contributions import TRUNK_UID
 from net import Peer
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
+#: The trainer-side layers' names and shapes for a manifest's model (the trainer's
+#: ``core.trainer.initial.trunk_shapes_of``: this layer does not build models)
+TrunkShapes = Callable[[ModelSection], Mapping[str, Sequence[int]]]
+
+#: The trainer-side layers' initial weights in a ``[weights] folder`` (a safetensors
+#: file of float32 tensors named as the trainer's parameters), published in the signed
+#: weights index under the shared trunk's uid (``TRUNK_UID``).
+TRUNK_FILE = "trunk.safetensors"
 
 
 def seed_for(seed: int, uid: str) -> int:
@@ -47,9 +59,14 @@ def prepare(
     rotations: tuple[KeyRotation, ...],
     workdir: Path,
     progress: Progress | None = None,
+    *,
+    trunk_shapes: TrunkShapes | None = None,
 ) -> Prepared:
     """Check the manifest, make (or read) every expert's weights, split them into chunks,
-    and sign. Nothing is published yet."""
+    and sign. Nothing is published yet. A ``[weights] folder`` holding ``TRUNK_FILE``
+    publishes it too, as the trainers' initial layers; ``trunk_shapes`` checks its names
+    and shapes (``moehome owner publish`` gives it; without it, each trainer checks them
+    when it loads the file)."""
     manifest = load_manifest(manifest_path)
     store = ChunkStore(workdir / "chunks", max_bytes=1 << 62)  # the owner keeps everything
     uids = list(manifest.model.expert_uids())
@@ -73,6 +90,14 @@ def prepare(
         files[uid] = split_file(path.read_bytes(), store)
         if progress is not None:
             progress(i + 1, len(uids))
+    if folder is not None and (folder_path / TRUNK_FILE).exists():
+        path = workdir / "weights" / TRUNK_FILE
+        tensors = read_trunk(folder_path / TRUNK_FILE)
+        expected = None if trunk_shapes is None else trunk_shapes(manifest.model)
+        if expected is not None:
+            check_trunk(tensors, expected, where=f"weights.folder: {TRUNK_FILE}")
+        path.write_bytes(canonical_safetensors(save(tensors, metadata={"version": "0"})))
+        files[TRUNK_UID] = split_file(path.read_bytes(), store)
     index = WeightsIndex(files)
     store.put(index.encode())
     signed = SignedManifest.create(manifest, owner, rotations, index.sha256)
@@ -82,6 +107,36 @@ def prepare(
             [f"manifest: {size} bytes signed; at most {MAX_RECORD_BYTES} fit the DHT"]
         )
     return Prepared(signed, store, index)
+
+
+def read_trunk(path: Path) -> dict[str, torch.Tensor]:
+    """A trunk file's tensors, float32 (a ``ManifestError`` naming the file otherwise)."""
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise ManifestError([f"weights.folder: cannot read {path}: {exc}"]) from exc
+    odd = sorted(k for k, t in tensors.items() if t.dtype != torch.float32)
+    if odd:
+        raise ManifestError([f"weights.folder: {path}: {odd[0]} is not float32"])
+    return tensors
+
+
+def check_trunk(
+    tensors: Mapping[str, torch.Tensor], expected: Mapping[str, Sequence[int]], *, where: str
+) -> None:
+    """The names and shapes of ``tensors`` are ``expected``'s, or a ``ManifestError``
+    naming the first key that differs."""
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        raise ManifestError(
+            [f"{where}: missing {missing[:3]}, unexpected {extra[:3]} (the trainer's layers)"]
+        )
+    for key, shape in expected.items():
+        if tuple(tensors[key].shape) != tuple(shape):
+            raise ManifestError(
+                [f"{where}: {key} is {list(tensors[key].shape)}, expected {list(shape)}"]
+            )
 
 
 async def serve_project(

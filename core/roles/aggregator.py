@@ -35,6 +35,7 @@ from core.protocol.aggregator_methods import responsible_aggregator
 from core.protocol.bans import Ban
 from core.protocol.contributions import TRUNK_UID
 from core.roles.peer import print_addresses
+from core.trainer.initial import load_trunk, published_trunk
 from core.trainer.trunk import build_trunk, shares_trunk
 from net import Identity, Peer, PeerID, network_config
 from net.identity import peer_id_from_public_key, public_key_of
@@ -122,8 +123,9 @@ async def aggregate(
     uids = my_uids(signed, peer.identity.public_key)
     experts = [u for u in uids if u != TRUNK_UID]
     store = ChunkStore(workdir / "chunks")
+    fetcher = WeightsFetcher(peer, store)
     try:
-        files = await WeightsFetcher(peer, store).fetch(signed, experts)
+        files = await fetcher.fetch(signed, experts)
     except FetchError as exc:
         raise FetchError(
             f"{exc}: the aggregator starts from the published weights; is `moehome owner "
@@ -135,8 +137,12 @@ async def aggregate(
             await trio.to_thread.run_sync(backends_from_files, signed.manifest, files)
         ).items()
     }
-    if TRUNK_UID in uids:  # as every trainer starts it: from the manifest's seed
-        initial[TRUNK_UID] = build_trunk(signed.manifest.model, seed=signed.manifest.weights.seed)
+    if TRUNK_UID in uids:  # as every trainer starts it: the owner's, else from the seed
+        trunk = build_trunk(signed.manifest.model, seed=signed.manifest.weights.seed)
+        published = await published_trunk(fetcher, signed)
+        if published is not None:
+            await trio.to_thread.run_sync(load_trunk, trunk, published, signed.manifest.model)
+        initial[TRUNK_UID] = trunk
     core = await trio.to_thread.run_sync(
         AggregatorCore, settings_from(signed, uids), workdir / "state", initial
     )

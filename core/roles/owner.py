@@ -87,27 +87,3 @@ async def announce_rotation_once(
 ) -> int:
     async with joined_client(identity, bootstrap, validator=moehome_validator()) as peer:
         return await announce_rotation(peer, rotation)
-
-
-async def export_once(
-    identity: Identity,
-    project_id: str,
-    bootstrap: Sequence[str],
-    data_dir: Path,
-    out: Path,
-    *,
-    workdir: Path,
-    tokenizer: Path | None,
-    progress: Any = None,
-) -> Any:
-    """``moehome owner export``: the project's manifest found, the model written to
-    ``out`` (core/trainer/export.py)."""
-    from core.project.distribution import find_manifest
-    from core.project.pins import PinStore
-    from core.trainer.export import export_project
-
-    async with joined_client(identity, bootstrap, validator=moehome_validator()) as peer:
-        signed = await find_manifest(peer, project_id, PinStore(data_dir / "pinned-owners.json"))
-        return await export_project(
-            peer, signed, out, workdir=workdir, tokenizer=tokenizer, progress=progress
-        )

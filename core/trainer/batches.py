@@ -147,7 +147,7 @@ class _StandardLibrary(TextFiles):
         self.files = files
 
 
-class _Budgeted(DocumentSource):
+class BudgetedText(DocumentSource):
     """The first ``max_bytes`` of text of ``data`` (or of the standard library)."""
 
     def __init__(self, data: str, fmt: str | None, field: str, max_bytes: int) -> None:
@@ -190,7 +190,7 @@ def prepared_shards(
     partial.parent.mkdir(parents=True, exist_ok=True)
     log.info("tokenizing %s into %s (once)", data, out)
 
-    index: ShardIndex = prepare(_Budgeted(data, fmt, field, max_bytes), tokenizer, partial)
+    index: ShardIndex = prepare(BudgetedText(data, fmt, field, max_bytes), tokenizer, partial)
     if index.tokens == 0:
         raise DataError(f"{data}: no text in it")
     partial.rename(out)

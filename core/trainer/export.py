@@ -1,8 +1,9 @@
 """``moehome owner export``: the project's model as a folder that ``transformers`` loads
 (``AutoModelForCausalLM.from_pretrained``), assembled from the trainer's layers (its
-newest checkpoint, or the initial ones of the manifest's seed) and the experts' newest
-versions as the aggregators announce them (each fetched and checked against its signed
-record; the owner's initial file where no version was announced yet)."""
+newest checkpoint, or the initial ones: the owner's published trunk, else those of the
+manifest's seed) and the experts' newest versions as the aggregators announce them (each
+fetched and checked against its signed record; the owner's initial file where no version
+was announced yet)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ from core.families.export import LayerWeights, write_pretrained
 from core.families.mixtral import trunk_shapes
 from core.moe.published import PublishedWeights
 from core.project.chunks import ChunkStore
+from core.project.distribution import WeightsFetcher
 from core.project.signed import SignedManifest
 from core.trainer.batches import TOKENIZER_FILE, project_tokenizer
 from core.trainer.family import family_trunk
+from core.trainer.initial import published_trunk
 from net import Peer
 
 log = logging.getLogger(__name__)
@@ -92,12 +95,13 @@ async def export_project(
     trainer's (its checkpoints, its copy of the tokenizer)."""
     m = signed.manifest.model
     text, weights, step = await trio.to_thread.run_sync(_plan, signed, out, workdir, tokenizer)
+    chunks = ChunkStore(workdir / "export-chunks")
+    if step is None:  # no checkpoint: the initial layers are the owner's, when published
+        weights = await published_trunk(WeightsFetcher(peer, chunks), signed) or weights
     config = mixtral_config(m, eos_token_id=text.eos_id)
     shapes = trunk_shapes(config)
     trunk = {k: v for k, v in weights.items() if k in shapes}
-    published = PublishedWeights(
-        peer, signed, ChunkStore(workdir / "export-chunks"), max_bytes=2**62
-    )
+    published = PublishedWeights(peer, signed, chunks, max_bytes=2**62)
     versions: dict[str, int] = {}
     layers = []
     for i, grid in enumerate(m.grids()):

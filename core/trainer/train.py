@@ -55,6 +55,7 @@ from core.trainer.events import (
     TrainingSummary,
     Waiting,
 )
+from core.trainer.initial import start_from_published
 from core.trainer.model import TrainerModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
 from core.trainer.sharing import TrunkSharing
@@ -331,6 +332,8 @@ async def train_on(
         replica=build,
     )
     resumed = await trio.to_thread.run_sync(session.restore)
+    if not resumed:  # replicas and the shared trunk's anchor copy the master's weights
+        await start_from_published(peer, signed, session.model, options.workdir / "trunk-chunks")
     report(
         TrainingStarted(
             project=signed.project_id,

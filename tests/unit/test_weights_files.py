@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import load_weights, save_weights
@@ -26,3 +27,21 @@ def test_equal_weights_make_equal_files(tmp_path: Path) -> None:
         torch.equal(a, b)
         for a, b in zip(copy.state_dict().values(), module.state_dict().values(), strict=True)
     )
+
+
+def test_a_module_whose_head_is_its_embedding_saves_and_loads(tmp_path):
+    """A tied output head (Mixtral with tie_word_embeddings) shares the embedding's
+    memory; safetensors refused such a pair, so the shared trunk of a tied project could
+    not be published."""
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.head = nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight
+
+    source, target = Tied(), Tied()
+    save_weights(source, tmp_path / "tied.safetensors", version=2)
+    load_weights(target, tmp_path / "tied.safetensors")
+    assert torch.equal(target.embed.weight, source.embed.weight)
+    assert target.head.weight is target.embed.weight
