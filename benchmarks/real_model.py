@@ -67,11 +67,14 @@ from transformers import MixtralConfig, MixtralForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.checkpoints import CheckpointStore
 from core.data.loader import PackedLoader, SourceSpec
+from core.data.shards import open_shards
 from core.data.tokenizer import HFTokenizer, train_bpe
 from core.demo.emulated_host import start_peer
 from core.experts.registry import build_expert
 from core.experts.server import ServerConfig
+from core.experts.uid import Grid
 from core.families.config import mixtral_config
 from core.families.export import export_model
 from core.families.load import load_pretrained
@@ -92,6 +95,7 @@ from core.trainer.events import Evaluated, TrainerEvent, TrainingProgressed
 from core.trainer.export import export_project, trainer_layers
 from core.trainer.family import MixtralTrainerModel, build_family_model
 from core.trainer.train import TrainerOptions, train_on
+from net import Peer
 
 log = logging.getLogger("real_model")
 
@@ -161,9 +165,9 @@ def prepare_data(folder: Path, vocab: int, tokenizer_bytes: int, text_bytes: int
     started = time.perf_counter()
     tokenizer = train_bpe(stdlib_texts(tokenizer_bytes), vocab, folder / "tokenizer.json")
     shards = prepared_shards(STDLIB, tokenizer, folder, max_bytes=text_bytes)
-    loader = PackedLoader([SourceSpec(shards)], 1, 1, vocab_size=vocab)
-    tokens = sum(source.tokens for source in loader.sources)
-    loader.close()
+    _, index = open_shards(shards)
+    assert index is not None
+    tokens = index.tokens
     log.info(
         "BPE of %d tokens and %d tokens of shards in %.0f s",
         tokenizer.vocab_size,
@@ -247,7 +251,7 @@ def local_model(
     spec = m.expert.spec()
     seed = manifest.weights.seed
 
-    def block(_layer: int, grid: Any) -> LocalGridMixture:
+    def block(_layer: int, grid: Grid) -> LocalGridMixture:
         modules = [
             build_expert(spec, seed=seed_for(seed, str(u))) if experts is None else experts[str(u)]
             for u in grid
@@ -312,7 +316,6 @@ async def swarm_run(
     workdir: Path,
 ) -> dict[str, Any]:
     """Train through a swarm of real peers; export; the figures."""
-    result: dict[str, Any] = {}
     async with trio.open_nursery() as nursery:
         boot = await start_peer(nursery, [])
         bootstrap = boot.addrs()[:1]
@@ -339,13 +342,11 @@ async def swarm_run(
         await nursery.start(serve_project, owner, prepared)
         await nursery.start(aggregate, aggregator, signed, workdir / "aggregator")
         uids = list(signed.manifest.model.expert_uids())
-        progress: list[tuple[int, float]] = []
 
         def report(event: TrainerEvent) -> None:
             if isinstance(event, Evaluated):
                 log.info("swarm evaluation at step %d: %.4f", event.step, event.loss)
             elif isinstance(event, TrainingProgressed):
-                progress.append((event.step, event.loss))
                 log.info(
                     "swarm step %d/%d: loss %.3f, %.2f samples/s, expert versions %d-%d",
                     event.step,
@@ -388,21 +389,24 @@ async def swarm_run(
         experts = await exported_experts(trainer, signed, exported.versions, workdir)
         nursery.cancel_scope.cancel()
     weights, step = trainer_layers(signed, options.workdir)
-    result.update(
-        summary=summary.model_dump(),
-        manifest=signed.manifest,
-        export=out,
-        export_seconds=export_seconds,
-        trainer_step=step,
-        versions=exported.versions,
-        experts=experts,
-        trunk=weights,
-    )
-    return result
+    latest = CheckpointStore(options.workdir / "checkpoints").latest()
+    assert latest is not None
+    return {
+        "summary": summary.model_dump(),
+        "manifest": signed.manifest,
+        "export": out,
+        "export_seconds": export_seconds,
+        "trainer_step": step,
+        "versions": exported.versions,
+        "experts": experts,
+        "trunk": weights,
+        # the trainer's loader's cursor (in its checkpoint): where its batches ended
+        "data_cursor": latest[1]["data"],
+    }
 
 
 async def exported_experts(
-    peer: Any, signed: SignedManifest, versions: dict[str, int], workdir: Path
+    peer: Peer, signed: SignedManifest, versions: dict[str, int], workdir: Path
 ) -> dict[str, torch.nn.Module]:
     """The weights of the very versions exported, fetched and checked against their
     signed records."""
@@ -453,7 +457,8 @@ def reference_run(
         optimizer.step()
         losses.append(float(lm.detach()))
         if (step + 1) % 10 == 0 or step + 1 == steps:
-            log.info("reference step %d/%d: loss %.3f", step + 1, steps, sum(losses[-10:]) / 10)
+            recent = losses[-10:]
+            log.info("reference step %d/%d: loss %.3f", step + 1, steps, sum(recent) / len(recent))
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "steps": steps, "samples": steps * loader.batch_size}
 
@@ -524,8 +529,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
-    # peers that left are dialled a while longer: libp2p says so at every attempt
-    logging.getLogger("libp2p.transport.tcp").setLevel(logging.CRITICAL)
+    # peers that left are dialled a while longer, and peers stopping refuse connections:
+    # libp2p says so at every attempt
+    for name in ("libp2p.transport.tcp", "libp2p.network.swarm"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     # one thread per computation: on a shared machine, torch's threads of one matmul
     # wait on each other (a step 10x slower at a load of 4 per core)
@@ -614,6 +621,8 @@ def run(
         learning_rate=options.learning_rate,
         schedule=schedule,
     )
+    # the trainer's checkpoint keeps its loader's cursor: where the same batches end
+    same_batches = batches.state_dict() == project["data_cursor"]
     batches.close()
     reference_loss = mean_loss(reference, held_out)
 
@@ -677,6 +686,7 @@ def run(
         "reference_loss": _round(reference_loss),
         "loss_ratio": _round(swarm_loss / reference_loss),
         "swarm_trainer_loss": _round(summary["final_loss"]),
+        "same_batches": same_batches,
         "swarm_failed_steps": summary["failed_steps"],
         "swarm_expert_versions": [summary["version_min"], summary["version_max"]],
         "exported_expert_versions": [

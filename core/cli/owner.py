@@ -116,6 +116,13 @@ def owner_new(
             ),
         ),
     ] = None,
+    tokenizer_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokenizer",
+            help="A tokenizer.json (see owner tokenizer): pinned, vocab_size its vocabulary.",
+        ),
+    ] = None,
 ) -> None:
     """Write a commented project manifest to edit before publishing. This computer's
     aggregator and trainer are listed in it (each role has its own key). With --from,
@@ -127,8 +134,15 @@ def owner_new(
     if from_folder is not None:
         _owner_new_from(from_folder, path, name, aggregator, trainer)
         return
+    pinned = None
+    if tokenizer_file is not None:
+        with one_line_errors(OSError):
+            from core.data.tokenizer import HFTokenizer
+
+            loaded = HFTokenizer.load(tokenizer_file)
+            pinned = (loaded.sha256, loaded.vocab_size)
     try:
-        write_template(path, name, aggregator_key=aggregator, trainer_key=trainer)
+        write_template(path, name, aggregator_key=aggregator, trainer_key=trainer, tokenizer=pinned)
     except (FileExistsError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

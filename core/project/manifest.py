@@ -506,21 +506,27 @@ pardoned = []                      # peer ids whose bans you lift (publish again
 
 DEFAULT_MODEL = """\
 [model]
-vocab_size = 256                   # bytes
+architecture = "mixtral"           # transformers' Mixtral layers (attention with rotary
+                                   #   embeddings, RMS norms); the experts are SwiGLU blocks
+                                   #   (or "byte": moehome's small byte model)
+vocab_size = 257                   # the tokenizer's ids: bytes are 256 and the end of text
 hidden = 64                        # width of the trainer-side layers and of every expert
 context = 64                       # tokens per training sample
-expert_prefix = "ffn"              # experts are named <prefix><layer>.<i>.<j>, e.g. ffn0.3.1
-mixture_layers = 2                 # mixture-of-experts layers in the model
-grid = [4, 4]                      # experts per layer, as a grid (beam search runs over it;
+expert_prefix = "ffn"              # experts are named <prefix><layer>.<i>.<j>, e.g. ffn0.1.3
+mixture_layers = 2                 # layers, each with a mixture of experts
+grid = [2, 4]                      # experts per layer, as a grid (beam search runs over it;
                                    #   at most 16384 a layer, 65536 in all)
-k_best = 4                         # experts asked per token group
+k_best = 2                         # experts per token (Mixtral's 2 of 8)
 k_min = 1                          # answers needed before the trainer goes on
+heads = 4                          # attention heads (hidden / heads: each head's width)
+kv_heads = 2                       # key/value heads (fewer than heads: grouped-query attention)
+router_aux_loss = 0.01             # weight of the router's load-balancing loss
 
 [model.expert]
-kind = "ffn"                       # ffn (the byte model's) or swiglu (mixtral's)
+kind = "swiglu"                    # swiglu (mixtral's) or ffn (the byte model's)
 hidden = 64                        # must equal model.hidden
-inner = 256                        # feed-forward width (0: 4 x hidden)
-activation = "gelu"
+inner = 128                        # the SwiGLU block's width
+activation = "silu"
 
 """
 
@@ -531,7 +537,7 @@ seed = 0                           # initial weights are made from this seed...
 """
 
 
-DEFAULT_DESCRIPTION = "A small character-level language model trained by volunteers."
+DEFAULT_DESCRIPTION = "A small Mixtral-style language model trained by volunteers."
 
 #: What ``model_block`` says beside each field of ``[model]`` and ``[model.expert]``.
 MODEL_COMMENTS: dict[str, str] = {
@@ -600,11 +606,13 @@ def manifest_text(
     model: Mapping[str, Any] | None = None,
     tokenizer: str | None = None,
     weights_folder: str | None = None,
+    vocab_size: int | None = None,
 ) -> str:
     """The commented manifest (``write_template``'s), by default of the small byte model;
     ``model``: the fields of ``[model]`` instead (``model_block``), ``tokenizer``: a
     ``[data]`` section pinning it ("bytes" or a tokenizer.json's sha256),
-    ``weights_folder``: the initial weights' folder (``[weights] folder``)."""
+    ``weights_folder``: the initial weights' folder (``[weights] folder``),
+    ``vocab_size``: the default model's, for ``tokenizer``'s vocabulary."""
     if not re.match(NAME_PATTERN, name):
         raise ValueError(
             f"project name {name!r}: lowercase letters, digits and '-', at most 48, "
@@ -621,11 +629,13 @@ def manifest_text(
         else '# [[trainers]]\n# key = "..."'
     )
     data = ""
+    if tokenizer is None and model is None:  # the template's own model reads bytes
+        tokenizer = "bytes"
     if tokenizer is not None:
         said = (
-            "256 byte values and the end of text (id 256)"
+            "bytes (and the end of text, id 256), or a tokenizer.json's sha256"
             if tokenizer == "bytes"
-            else "the sha256 of the project's tokenizer.json (beside this file)"
+            else "the sha256 of the project's tokenizer.json"
         )
         data = f"[data]\n{_commented('tokenizer', tokenizer, said)}\n\n"
     weights = DEFAULT_WEIGHTS
@@ -641,7 +651,7 @@ def manifest_text(
         name=name,
         filename=filename,
         description=json.dumps(description),
-        model=DEFAULT_MODEL if model is None else model_block(model),
+        model=_default_model(vocab_size) if model is None else model_block(model),
         data=data,
         aggregators=aggregators,
         trainers=trainers,
@@ -649,15 +659,36 @@ def manifest_text(
     )
 
 
+def _default_model(vocab_size: int | None) -> str:
+    if vocab_size is None:
+        return DEFAULT_MODEL
+    line = next(x for x in DEFAULT_MODEL.splitlines() if x.startswith("vocab_size = "))
+    said = "the tokenizer's ids (its vocabulary)"
+    return DEFAULT_MODEL.replace(line, _commented("vocab_size", vocab_size, said))
+
+
 def write_template(
-    path: Path, name: str, *, aggregator_key: str | None = None, trainer_key: str | None = None
+    path: Path,
+    name: str,
+    *,
+    aggregator_key: str | None = None,
+    trainer_key: str | None = None,
+    tokenizer: tuple[str, int] | None = None,
 ) -> None:
     """Write the commented manifest; ``aggregator_key`` and ``trainer_key`` (hex): this
-    computer's, listed so that the project runs here as written."""
+    computer's, listed so that the project runs here as written; ``tokenizer``: (sha256,
+    vocabulary) of the tokenizer.json the project pins (default: bytes)."""
     if path.exists():
         raise FileExistsError(f"{path} exists; not overwriting it")
     path.write_text(
-        manifest_text(name, path.name, aggregator_key=aggregator_key, trainer_key=trainer_key)
+        manifest_text(
+            name,
+            path.name,
+            aggregator_key=aggregator_key,
+            trainer_key=trainer_key,
+            tokenizer=None if tokenizer is None else tokenizer[0],
+            vocab_size=None if tokenizer is None else tokenizer[1],
+        )
     )
 
 
