@@ -87,7 +87,7 @@ def test_owner_cli_init_new_publish_and_rotate(tmp_path, monkeypatch):
     manifest = tmp_path / "proj.toml"
     result = runner.invoke(app, ["owner", "new", str(manifest), "--name", "cli-test"])
     assert result.exit_code == 0, result.output
-    manifest.write_text(manifest.read_text().replace("grid = [4, 4]", "grid = [2, 2]"))
+    manifest.write_text(manifest.read_text().replace("grid = [2, 4]", "grid = [2, 2]"))
     result = runner.invoke(app, ["owner", "publish", str(manifest), "--no-serve"])
     assert result.exit_code == 0, result.output
     pid = result.output.split("project id:")[1].split()[0]

@@ -28,10 +28,10 @@ def small_manifest(tmp_path: Path, name: str = "tiny", **edits: str) -> Path:
     write_template(path, name)
     text = (
         path.read_text()
-        .replace("grid = [4, 4]", "grid = [2, 2]")
+        .replace("grid = [2, 4]", "grid = [2, 2]")
         .replace("mixture_layers = 2", "mixture_layers = 1")
     )
-    text = text.replace("hidden = 64", "hidden = 16").replace("inner = 256", "inner = 32")
+    text = text.replace("hidden = 64", "hidden = 16").replace("inner = 128", "inner = 32")
     # the tests written against three distinct contributors per version keep them (the
     # template says 2; tests/processes/test_readme_owner.py runs the template as it is)
     text = text.replace("min_contributors = 2 ", "min_contributors = 3 ")
@@ -61,7 +61,7 @@ def test_owner_key_with_and_without_passphrase(tmp_path):
     [
         ({'name = "tiny"': 'name = "Tiny Project"'}, "project.name"),
         ({"learning_rate = 0.001": "learning_rate = -1"}, "training.learning_rate"),
-        ({'kind = "ffn"': 'kind = "lstm"'}, "model.expert.kind"),
+        ({'kind = "swiglu"': 'kind = "lstm"'}, "model.expert.kind"),
         ({"grid = [2, 2]": "grid = []"}, "model.grid"),
         ({"k_min = 1": "k_min = 9"}, "model: k_min"),
         ({'optimizer = "adam"': 'optimiser = "adam"'}, "training.optimiser: unknown field"),
