@@ -98,11 +98,12 @@ from core.project.distribution import (
     list_projects,
 )
 from core.project.keys import OwnerKey
-from core.project.manifest import load_manifest, write_template
+from core.project.manifest import load_manifest
 from core.project.pins import PinStore
 from core.project.publish import prepare, serve_project
 from core.project.records import ProviderAnnouncement, providers_key
 from core.project.signed import SignedManifest, canonical, project_id
+from core.project.template import write_template
 from core.protocol.aggregator_methods import CONTRIBUTE
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from core.protocol.expert_methods import BACKWARD, FORWARD

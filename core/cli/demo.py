@@ -50,6 +50,21 @@ def demo(
     data: Annotated[
         str, typer.Option(help="Training text: 'stdlib' or a folder of text files.")
     ] = "stdlib",
+    architecture: Annotated[
+        str,
+        typer.Option(
+            help="The model: mixtral (transformers' Mixtral layers, SwiGLU experts) or byte "
+            "(moehome's small byte model).",
+        ),
+    ] = "mixtral",
+    vocab_size: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65536,
+            help="mixtral: the BPE tokenizer's size, learned from the data first (0: bytes).",
+        ),
+    ] = 1024,
     workdir: Annotated[
         Path | None, typer.Option(help="Keep every process's files here (default: a temp folder).")
     ] = None,
@@ -163,6 +178,8 @@ def demo(
         slow_ms=slow_ms,
         rule=rule,
         data=data,
+        architecture=architecture,
+        vocab_size=vocab_size,
         workdir=workdir,
         nat=nat,
         symmetric=symmetric,
@@ -171,6 +188,12 @@ def demo(
         wire=wire,
         relay_circuit_mib=relay_circuit_mib,
     )
+    if architecture not in ("mixtral", "byte"):
+        typer.echo(f"error: --architecture {architecture}: mixtral or byte", err=True)
+        raise typer.Exit(2)
+    if 0 < vocab_size < 257:
+        typer.echo("error: --vocab-size: 0 (bytes) or at least 257", err=True)
+        raise typer.Exit(2)
     if experts is not None:
         options = replace(options, experts_per_volunteer=experts)
     if audit_rate is not None:

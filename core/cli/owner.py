@@ -127,7 +127,7 @@ def owner_new(
     """Write a commented project manifest to edit before publishing. This computer's
     aggregator and trainer are listed in it (each role has its own key). With --from,
     the model is the checkpoint's: its weights go to a folder beside the manifest."""
-    from core.project.manifest import write_template
+    from core.project.template import write_template
 
     aggregator = load_identity(False, role="aggregator").public_key.hex()
     trainer = load_identity(False, role="trainer").public_key.hex()

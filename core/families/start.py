@@ -33,8 +33,9 @@ from core.experts.weights import canonical_safetensors, save_weights
 from core.families.config import mixtral_config, model_fields
 from core.families.load import Checkpoint, read_config, read_pretrained
 from core.families.mixtral import FamilyError, trunk_shapes
-from core.project.manifest import ModelSection, manifest_text, parse_manifest
+from core.project.manifest import ModelSection, parse_manifest
 from core.project.publish import TRUNK_FILE
+from core.project.template import manifest_text
 
 #: The tokenizer a checkpoint's folder holds, and where the manifest's copy goes.
 TOKENIZER_FILE = "tokenizer.json"

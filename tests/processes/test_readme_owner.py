@@ -78,6 +78,13 @@ def test_the_readme_owner_section_runs_as_written(tmp_path: Path) -> None:
             trainer.proc.send_signal(signal.SIGINT)
         assert trainer.proc.wait(timeout=180) == 0, trainer.stderr.read_text()[-3000:]
         assert (home / "data" / "trainer" / owner.values["<project id>"]).is_dir()
+        # the model taken out, as the README's next lines say: a folder transformers
+        # loads, and text sampled from it
+        export = next(c for c, _ in more if command_words(c)[:2] == ["owner", "export"])
+        assert "experts: 16 at versions" in owner.run(export)
+        assert (home / "model" / "model.safetensors").is_file()
+        generate = next(c for c, _ in more if command_words(c)[:2] == ["owner", "generate"])
+        assert owner.run(generate).startswith("def ")
         for role in owner.running:
             assert role.errors() == [], f"{role.name}: {role.errors()[:5]}"
     finally:

@@ -14,11 +14,12 @@ from core.project.chunks import CHUNK_BYTES, ChunkStore, WeightsIndex, split_fil
 from core.project.distribution import GET_CHUNK, ProjectNotFound, WeightsFetcher
 from core.project.joining import join_project
 from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError
-from core.project.manifest import ManifestError, load_manifest, write_template
+from core.project.manifest import ManifestError, load_manifest
 from core.project.pins import PinStore
 from core.project.publish import prepare, seed_for, serve_project
 from core.project.records import project_key
 from core.project.signed import ManifestRejected, SignedManifest
+from core.project.template import write_template
 from net import BadRequest, Reply
 from net.testing import open_swarm
 

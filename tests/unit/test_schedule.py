@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from core.project.manifest import ManifestError, load_manifest, parse_manifest, write_template
+from core.project.manifest import ManifestError, load_manifest, parse_manifest
 from core.project.schedule import SCHEDULE_KINDS, Schedule, ScheduleKind, rate_factor
+from core.project.template import write_template
 
 # (kind, warmup, total, decay_fraction, min_ratio): {step: factor}
 TABLE: list[tuple[tuple[ScheduleKind, int, int, float, float], dict[int, float]]] = [

@@ -33,6 +33,7 @@ def test_a_module_whose_head_is_its_embedding_saves_and_loads(tmp_path):
     """A tied output head (Mixtral with tie_word_embeddings) shares the embedding's
     memory; safetensors refused such a pair, so the shared trunk of a tied project could
     not be published."""
+
     class Tied(nn.Module):
         def __init__(self) -> None:
             super().__init__()
