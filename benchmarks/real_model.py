@@ -19,9 +19,14 @@ In one run:
 3. **(b) The reference.** The same initial weights (the trainer's layers of the
    manifest's seed and the experts' published initial weights, ``export_model`` ->
    ``MixtralForCausalLM.from_pretrained``), the same batches (``PackedLoader``, the same
-   seed, rank 0 of 1, the same shards), AdamW at the same rate and schedule, clipped
-   as the trainer clips, on every parameter every step, with Mixtral's own loss (the
+   seed, rank 0 of 1, the same shards), AdamW at the same rate and schedule, the
+   gradient clipped at the same norm (over every parameter: here the experts' are the
+   model's too), every parameter stepped every step, with Mixtral's own loss (the
    cross-entropy plus the router's load-balancing loss at the manifest's weight).
+   ``same_batches`` says whether its loader ended where the trainer's did.
+
+torch computes with one thread (``--threads``): on a shared machine two threads of one
+matmul waited on each other, a step 10x slower. Both runs are timed in this process.
 
 Keys:
 

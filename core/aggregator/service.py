@@ -104,6 +104,9 @@ class AggregatorService:
         # a referee's recomputations, one at a time beside the rounds
         self._refereeing = trio.CapacityLimiter(1)
         self.refereed = 0
+        #: per expert, the record last announced and when (it is put again before its
+        #: ttl ends: an expert without rounds for a while keeps its version findable)
+        self._announced: dict[str, tuple[float, bytes]] = {}
 
     def honour_ban(self, public_key: bytes) -> None:
         """Refuse this contributor from now on and drop what it has pending (the core is
@@ -134,7 +137,17 @@ class AggregatorService:
             if trio.current_time() >= next_prune:
                 next_prune = trio.current_time() + PRUNE_SECONDS
                 self.core.prune(self.core.clock.wall())
+            await self._refresh_versions()
             await trio.sleep(0.2)
+
+    async def _refresh_versions(self) -> None:
+        """Put again every version record a third of its ttl old: without it, an expert
+        whose rounds wait (too few volunteers) vanished from the DHT after the ttl, and
+        export, audits and volunteers fell back to its initial weights."""
+        stale = trio.current_time() - self.version_ttl / 3
+        for uid, (when, packed) in list(self._announced.items()):
+            if when <= stale:
+                await self._put_version(uid, packed)
 
     async def _announce_version(self, uid: str) -> None:
         """Say which version of ``uid`` is current, and where its weights are: the file's
@@ -147,9 +160,14 @@ class AggregatorService:
         if self.store is not None:
             entry = await trio.to_thread.run_sync(self._export, uid, limiter=self._engine)
             record["file"] = [entry.sha256, entry.size, list(entry.chunks)]
+        await self._put_version(uid, pack(record))
+
+    async def _put_version(self, uid: str, packed: bytes) -> None:
+        # remembered first: a failed put is tried again at the next refresh
+        self._announced[uid] = (trio.current_time(), packed)
         try:
             await self.peer.dht.put(
-                version_key(self.core.settings.project, uid), pack(record), self.version_ttl
+                version_key(self.core.settings.project, uid), packed, self.version_ttl
             )
         except DhtError as exc:
             log.info("could not announce the version of %s: %s", uid, exc)
