@@ -18,7 +18,7 @@ from core.families.mixtral import LocalGridMixture
 from core.families.routing import GridGate
 from core.project.manifest import Manifest, ManifestError, parse_manifest
 from core.project.publish import seed_for
-from core.trainer.batches import BudgetedText, training_batches
+from core.trainer.batches import BudgetedText, parse_source, training_batches
 from core.trainer.family import MixtralTrainerModel, build_family_model
 from core.trainer.session import SessionSettings, TrainingSession
 
@@ -204,3 +204,18 @@ def test_the_whole_standard_library_reads_as_text():
     documents = list(BudgetedText("stdlib", None, "text", 1 << 40))
     assert len(documents) > 1000
     assert sum(len(d.text) for d in documents) > 20_000_000
+
+
+@pytest.mark.parametrize(
+    ("given", "path", "weight"),
+    [
+        ("shards", "shards", 1.0),
+        ("web/shards@0.7", "web/shards", 0.7),
+        ("code@2", "code", 2.0),
+        ("mail@home/shards", "mail@home/shards", 1.0),  # an @ that is not a weight
+    ],
+)
+def test_a_data_source_may_carry_its_weight_in_the_mixture(given, path, weight):
+    spec = parse_source(given)
+    assert spec.path == Path(path)
+    assert spec.weight == weight
