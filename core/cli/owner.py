@@ -141,6 +141,15 @@ def owner_new(
 
             loaded = HFTokenizer.load(tokenizer_file)
             pinned = (loaded.sha256, loaded.vocab_size)
+            beside = path.parent / "tokenizer.json"  # where owner publish takes it from
+            if not beside.exists():
+                import shutil
+
+                beside.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(tokenizer_file, beside)
+            elif HFTokenizer.load(beside).sha256 != loaded.sha256:
+                typer.echo(f"error: {beside} is another tokenizer; move it away first", err=True)
+                raise typer.Exit(2)
     try:
         write_template(path, name, aggregator_key=aggregator, trainer_key=trainer, tokenizer=pinned)
     except (FileExistsError, ValueError) as exc:
@@ -218,12 +227,16 @@ def owner_publish(
     signed = prepared.signed
     typer.echo(f"project id:  {signed.project_id}")
     typer.echo(f"owner:       {key.fingerprint}")
+    from core.project.chunks import TOKENIZER_ENTRY
     from core.protocol.contributions import TRUNK_UID
 
-    experts = len(prepared.index.files) - (TRUNK_UID in prepared.index.files)
-    trunk = " and the trainer's layers" if TRUNK_UID in prepared.index.files else ""
+    published = prepared.index.files
+    experts = len(set(published) - {TRUNK_UID, TOKENIZER_ENTRY})
+    trunk = " and the trainer's layers" if TRUNK_UID in published else ""
+    tokenizer = " and the tokenizer" if TOKENIZER_ENTRY in published else ""
     typer.echo(
-        f"experts:     {experts}{trunk} ({len(list(prepared.store.root.glob('??/*')))} chunks)"
+        f"experts:     {experts}{trunk}{tokenizer} "
+        f"({len(list(prepared.store.root.glob('??/*')))} chunks)"
     )
     if not serve:
         return

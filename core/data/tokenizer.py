@@ -31,6 +31,9 @@ TRAINED_EOS: Final = "<|endoftext|>"
 #: The least vocabulary of a byte-level BPE: its 256 bytes and the end-of-text token.
 MIN_BPE_VOCAB: Final = 256 + 1
 BYTES: Final = "bytes"
+#: What a project's tokenizer file is called: beside its manifest (``owner publish``
+#: publishes it from there), beside token shards, in a trainer's work folder.
+TOKENIZER_FILE: Final = "tokenizer.json"
 #: Documents handed to the BPE trainer at once (its Rust side takes batches faster).
 _TRAIN_BATCH: Final = 1000
 
@@ -69,6 +72,12 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         # A window cut in the middle of a character decodes to a replacement character.
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def tokenizer_sha256(data: bytes) -> str:
+    """What a manifest's ``[data] tokenizer`` pins of a tokenizer file: the sha256 of its
+    bytes, hex."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def _tokenizers() -> None:
@@ -117,7 +126,7 @@ class HFTokenizer:
             data = path.read_bytes()
         except OSError as exc:
             raise DataError(f"{path}: cannot read the tokenizer ({exc.strerror or exc})") from None
-        digest = hashlib.sha256(data).hexdigest()
+        digest = tokenizer_sha256(data)
         if pinned_sha256 is not None and digest != pinned_sha256.lower():
             raise DataError(
                 f"{path}: sha256 {digest[:12]}, the project pins {pinned_sha256[:12]}; "

@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES: Final = 1024 * 1024
 MAX_INDEX_BYTES: Final = 8 * 1024 * 1024
 _HEX = set("0123456789abcdef")
+#: The weights index's entry of the project's pinned ``tokenizer.json`` (``[data]
+#: tokenizer``, a sha256): data that trainers and export fetch, never an expert's
+#: weights. No expert's uid can be it (those are a grid's prefix and coordinates,
+#: "ffn0.1.2"), and volunteers and aggregators fetch only their experts' uids.
+TOKENIZER_ENTRY: Final = "tokenizer"
 
 
 def sha256_hex(data: bytes | bytearray | memoryview) -> str:

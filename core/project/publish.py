@@ -14,9 +14,10 @@ import trio
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
+from core.data.tokenizer import BYTES, TOKENIZER_FILE, tokenizer_sha256
 from core.experts.registry import build_expert
 from core.experts.weights import WeightsError, canonical_safetensors, load_weights, save_weights
-from core.project.chunks import ChunkStore, WeightsIndex, split_file
+from core.project.chunks import TOKENIZER_ENTRY, ChunkStore, WeightsIndex, split_file
 from core.project.distribution import (
     WeightsService,
     announce_project,
@@ -66,7 +67,9 @@ def prepare(
     and sign. Nothing is published yet. A ``[weights] folder`` holding ``TRUNK_FILE``
     publishes it too, as the trainers' initial layers; ``trunk_shapes`` checks its names
     and shapes (``moehome owner publish`` gives it; without it, each trainer checks them
-    when it loads the file)."""
+    when it loads the file). A manifest pinning a tokenizer (``[data] tokenizer``, a
+    sha256) publishes the ``tokenizer.json`` beside it (or in the ``[weights] folder``)
+    whose sha256 is the pin, under ``TOKENIZER_ENTRY``, for trainers and export."""
     manifest = load_manifest(manifest_path)
     store = ChunkStore(workdir / "chunks", max_bytes=1 << 62)  # the owner keeps everything
     uids = list(manifest.model.expert_uids())
@@ -98,6 +101,10 @@ def prepare(
             check_trunk(tensors, expected, where=f"weights.folder: {TRUNK_FILE}")
         path.write_bytes(canonical_safetensors(save(tensors, metadata={"version": "0"})))
         files[TRUNK_UID] = split_file(path.read_bytes(), store)
+    if manifest.data.tokenizer != BYTES:
+        places = [manifest_path.parent] + ([folder_path] if folder is not None else [])
+        tokenizer = pinned_tokenizer(manifest.data.tokenizer, places, manifest_path.name)
+        files[TOKENIZER_ENTRY] = split_file(tokenizer, store)
     index = WeightsIndex(files)
     store.put(index.encode())
     signed = SignedManifest.create(manifest, owner, rotations, index.sha256)
@@ -107,6 +114,31 @@ def prepare(
             [f"manifest: {size} bytes signed; at most {MAX_RECORD_BYTES} fit the DHT"]
         )
     return Prepared(signed, store, index)
+
+
+def pinned_tokenizer(pinned: str, places: Sequence[Path], manifest_name: str) -> bytes:
+    """The bytes of the first ``tokenizer.json`` in ``places`` whose sha256 is ``pinned``
+    (the manifest's ``[data] tokenizer``), or a ``ManifestError`` saying where to put it.
+    Data, never code: only its hash is read here."""
+    other = []
+    for place in places:
+        path = place / TOKENIZER_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ManifestError([f"data.tokenizer: cannot read {path}: {exc}"]) from exc
+        if tokenizer_sha256(data) == pinned:
+            return data
+        other.append(f"{path} is {tokenizer_sha256(data)[:12]}...")
+    found = f" ({'; '.join(other)})" if other else ""
+    raise ManifestError(
+        [
+            f"data.tokenizer: no tokenizer.json of sha256 {pinned[:12]}... found; put the "
+            f"tokenizer.json the manifest pins beside {manifest_name}{found}"
+        ]
+    )
 
 
 def read_trunk(path: Path) -> dict[str, torch.Tensor]:

@@ -28,13 +28,11 @@ from core.data.loader import PackedLoader, SourceSpec
 from core.data.prepare import prepare
 from core.data.shards import INDEX, ShardIndex
 from core.data.tokenizer import BYTES, ByteTokenizer, HFTokenizer, TextTokenizer, check_vocab
+from core.data.tokenizer import TOKENIZER_FILE as TOKENIZER_FILE
 from core.trainer.data import STDLIB, Corpus, bundled_corpus, sample_batch, stdlib_sources
 from core.trainer.data import validation_batches as corpus_validation
 
 log = logging.getLogger(__name__)
-
-#: The tokenizer a trainer keeps in its work folder (export and generation read it).
-TOKENIZER_FILE = "tokenizer.json"
 
 
 class Batches(Protocol):
@@ -119,6 +117,13 @@ def is_token_data(path: Path) -> bool:
     return (path / INDEX).is_file() or any(
         p.suffix in (".npy", ".bin") for p in path.glob("*") if p.is_file()
     )
+
+
+def shard_folders(data: Sequence[str]) -> list[Path]:
+    """The folders of token shards among a trainer's ``--data`` (where a tokenizer.json
+    kept beside them is looked for)."""
+    paths = [parse_source(item).path for item in data]
+    return [p for p in paths if p.is_dir() and is_token_data(p)]
 
 
 def project_tokenizer(pinned: str, given: Path | None, sources: Sequence[Path]) -> TextTokenizer:
@@ -261,8 +266,7 @@ def training_batches(
         batches = CorpusBatches(corpus, batch_size, context, seed + 1_000_003 * rank)
         return batches, batches.describe(), None
     specs = [parse_source(item) for item in data]
-    token_sources = [s.path for s in specs if s.path.is_dir() and is_token_data(s.path)]
-    tokenizer = project_tokenizer(pinned_tokenizer, tokenizer_file, token_sources)
+    tokenizer = project_tokenizer(pinned_tokenizer, tokenizer_file, shard_folders(data))
     check_vocab(tokenizer, vocab_size, "model.vocab_size")
     if isinstance(tokenizer, HFTokenizer):
         kept = workdir / TOKENIZER_FILE

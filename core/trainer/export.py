@@ -29,6 +29,7 @@ from core.project.signed import SignedManifest
 from core.trainer.batches import TOKENIZER_FILE, project_tokenizer
 from core.trainer.family import family_trunk
 from core.trainer.initial import published_trunk
+from core.trainer.tokenizer_file import tokenizer_for
 from net import Peer
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,12 @@ async def export_project(
     progress: Progress | None = None,
 ) -> Exported:
     """Write the project's model to ``out`` (absent or empty); ``workdir``: the
-    trainer's (its checkpoints, its copy of the tokenizer)."""
+    trainer's (its checkpoints, its copy of the tokenizer: fetched from the swarm into it
+    when it has none and ``tokenizer`` is not given)."""
     m = signed.manifest.model
+    tokenizer = await tokenizer_for(
+        peer, signed, workdir, given=tokenizer, store=workdir / "export-chunks"
+    )
     text, weights, step = await trio.to_thread.run_sync(_plan, signed, out, workdir, tokenizer)
     chunks = ChunkStore(workdir / "export-chunks")
     if step is None:  # no checkpoint: the initial layers are the owner's, when published

@@ -44,7 +44,13 @@ from core.project.pins import PinStore
 from core.project.signed import SignedManifest
 from core.project.versions import pull_interval
 from core.protocol.aggregator_methods import responsible_aggregator
-from core.trainer.batches import Batches, CorpusBatches, DataDescription, training_batches
+from core.trainer.batches import (
+    Batches,
+    CorpusBatches,
+    DataDescription,
+    shard_folders,
+    training_batches,
+)
 from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus
 from core.trainer.events import (
     Evaluated,
@@ -59,6 +65,7 @@ from core.trainer.initial import start_from_published
 from core.trainer.model import TrainerModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
 from core.trainer.sharing import TrunkSharing
+from core.trainer.tokenizer_file import tokenizer_for
 from core.trainer.trunk import shares_trunk
 from net import Identity, Peer, PeerID, network_config
 from net.identity import peer_id_from_public_key
@@ -275,14 +282,24 @@ async def train_on(
         described = DataDescription(corpus.source, corpus.total_bytes, corpus.files)
     else:
         sources = (options.data,) if isinstance(options.data, str | Path) else options.data
+        items = [str(s) for s in sources]
+        # the pinned tokenizer.json: given, beside the shards, kept, or from the swarm
+        tokenizer_file = await tokenizer_for(
+            peer,
+            signed,
+            options.workdir,
+            given=options.tokenizer,
+            beside=await trio.to_thread.run_sync(shard_folders, items),
+            store=options.workdir / "trunk-chunks",
+        )
         data, described, tokenizer = await trio.to_thread.run_sync(
             partial(
                 training_batches,
                 m.architecture,
                 m.vocab_size,
                 signed.manifest.data.tokenizer,
-                [str(s) for s in sources],
-                tokenizer_file=options.tokenizer,
+                items,
+                tokenizer_file=tokenizer_file,
                 workdir=options.workdir,
                 max_bytes=options.max_data_bytes,
                 context=m.context,
