@@ -6,10 +6,11 @@ tokenizer), and, once trained, the model exported and sampled as an owner would
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.data.tokenizer import train_bpe
+from core.data.tokenizer import ByteTokenizer, TextTokenizer, train_bpe
 from core.demo.options import DemoOptions
 from core.demo.supervisor import Swarm
 from core.trainer.batches import TOKENIZER_FILE, BudgetedText, prepared_shards
@@ -26,18 +27,20 @@ PROMPTS = ("def ", "import ")
 
 @dataclass(frozen=True)
 class DemoLanguage:
-    """The pinned tokenizer's sha256 and vocabulary, and the shards (None: bytes, which
-    the trainer tokenizes itself)."""
+    """The pinned tokenizer's sha256 (or bytes) and vocabulary, and the shards."""
 
     tokenizer: str
     vocab_size: int
-    shards: Path | None
+    shards: Path
 
 
 def demo_language(options: DemoOptions, folder: Path) -> DemoLanguage:
     """(Blocking.) The tokenizer and shards of a mixtral demo in ``folder``."""
+    tokenizer: TextTokenizer
     if options.vocab_size == 0:
-        return DemoLanguage("bytes", 257, None)
+        tokenizer = ByteTokenizer()
+        shards = prepared_shards(options.data, tokenizer, folder, max_bytes=TRAINING_TEXT_BYTES)
+        return DemoLanguage(tokenizer.sha256, tokenizer.vocab_size, shards)
     texts = (d.text for d in BudgetedText(options.data, None, "text", TOKENIZER_TEXT_BYTES))
     tokenizer = train_bpe(texts, options.vocab_size, folder / TOKENIZER_FILE)
     shards = prepared_shards(options.data, tokenizer, folder, max_bytes=TRAINING_TEXT_BYTES)
@@ -49,6 +52,7 @@ async def sample_text(swarm: Swarm, project: str, bootstrap: str, trainer_workdi
     """The trained model exported from the swarm and a few continuations of ``PROMPTS``
     sampled from it: the owner's commands, as processes."""
     out = swarm.root / "model"
+    shutil.rmtree(out, ignore_errors=True)  # a resumed demo's earlier export
     await swarm.run_to_end(
         "export",
         [
