@@ -72,7 +72,9 @@ def owner_export(
 
 def owner_generate(
     model: ModelArg,
-    prompt: Annotated[str, typer.Option(help="The text to continue.")] = "",
+    prompts: Annotated[
+        list[str] | None, typer.Option("--prompt", help="The text to continue (repeated: each).")
+    ] = None,
     tokens: Annotated[int, typer.Option(min=1, max=100_000, help="New tokens at most.")] = 100,
     temperature: Annotated[float, typer.Option(min=0, help="0: greedy.")] = 0.8,
     samples: Annotated[int, typer.Option(min=1, max=100, help="How many continuations.")] = 1,
@@ -83,7 +85,8 @@ def owner_generate(
         from core.families.use import generate_text, load_exported
 
         loaded, tokenizer = load_exported(model)
-        for i in range(samples):
+        runs = [(p, i) for p in prompts or [""] for i in range(samples)]
+        for n, (prompt, i) in enumerate(runs):
             text = generate_text(
                 loaded,
                 tokenizer,
@@ -93,7 +96,7 @@ def owner_generate(
                 seed=seed + i,
             )
             typer.echo(prompt + text)
-            if i + 1 < samples:
+            if n + 1 < len(runs):
                 typer.echo("-" * 40)
 
 

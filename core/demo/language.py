@@ -68,11 +68,8 @@ async def sample_text(swarm: Swarm, project: str, bootstrap: str, trainer_workdi
             str(trainer_workdir),
         ],
     )
-    samples = []
-    for prompt in PROMPTS:
-        text = await swarm.run_to_end(
-            f"generate-{prompt.strip()}",
-            ["owner", "generate", str(out), "--prompt", prompt, "--tokens", "40", "--seed", "1"],
-        )
-        samples.append(text.rstrip())
-    return "\n".join(samples)
+    prompts = [word for prompt in PROMPTS for word in ("--prompt", prompt)]
+    text = await swarm.run_to_end(
+        "generate", ["owner", "generate", str(out), *prompts, "--tokens", "40", "--seed", "1"]
+    )
+    return text.rstrip()
