@@ -31,7 +31,7 @@ import trio
 
 from core.demo.emulated_host import HostSpec, serve_volunteers, start_host, start_peer
 from core.demo.options import DemoOptions
-from core.demo.scenario import demo_manifest
+from core.demo.scenario import demo_k_best, demo_manifest
 from core.experts import records as expert_records
 from core.project.keys import OwnerKey
 from core.project.publish import prepare, serve_project
@@ -86,7 +86,7 @@ class EmulationOptions:
 
     def rows_per_sample(self) -> int:
         d = self.demo
-        return 64 * 4 * d.mixture_layers  # context x k_best x layers (demo_manifest's)
+        return 64 * demo_k_best(d) * d.mixture_layers  # context x k_best x layers
 
     def seconds_per_row(self) -> float:
         """Forward seconds per expert row of one volunteer (backward: twice)."""

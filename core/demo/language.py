@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,9 +49,16 @@ def demo_language(options: DemoOptions, folder: Path) -> DemoLanguage:
     return DemoLanguage(tokenizer.sha256, tokenizer.vocab_size, shards)
 
 
-async def sample_text(swarm: Swarm, project: str, bootstrap: str, trainer_workdir: Path) -> str:
+async def sample_text(
+    swarm: Swarm,
+    project: str,
+    bootstrap: str,
+    trainer_workdir: Path,
+    prefix: Sequence[str] = (),
+) -> str:
     """The trained model exported from the swarm and a few continuations of ``PROMPTS``
-    sampled from it: the owner's commands, as processes."""
+    sampled from it: the owner's commands, as processes (``prefix``: where the owner
+    runs, in the network lab)."""
     out = swarm.root / "model"
     shutil.rmtree(out, ignore_errors=True)  # a resumed demo's earlier export
     await swarm.run_to_end(
@@ -67,6 +75,7 @@ async def sample_text(swarm: Swarm, project: str, bootstrap: str, trainer_workdi
             "--workdir",
             str(trainer_workdir),
         ],
+        prefix,
     )
     prompts = [word for prompt in PROMPTS for word in ("--prompt", prompt)]
     text = await swarm.run_to_end(

@@ -141,6 +141,11 @@ def _places(options: DemoOptions) -> Iterator[Places]:
         yield places
 
 
+def demo_k_best(options: DemoOptions) -> int:
+    """Experts per token of the demo's model: Mixtral's 2, the byte model's 4."""
+    return 4 if options.architecture == "byte" else 2
+
+
 def demo_manifest(
     options: DemoOptions,
     aggregator: tuple[str, str],
@@ -170,7 +175,7 @@ hidden = {options.hidden}
 context = 64
 mixture_layers = {options.mixture_layers}
 grid = [{grid}]
-k_best = 4
+k_best = {demo_k_best(options)}
 k_min = 1
 
 [model.expert]
@@ -188,7 +193,7 @@ hidden = {options.hidden}
 context = 64
 mixture_layers = {options.mixture_layers}
 grid = [{grid}]
-k_best = 2
+k_best = {demo_k_best(options)}
 k_min = 1
 heads = 4
 kv_heads = 2
@@ -485,7 +490,9 @@ async def _run(
         # through the aggregator: the bootstrap peer may have been killed (--kill-relay)
         workdir = swarm.folder("trainer") / "data" / "trainer" / project
         with console.status("exporting the model and sampling it"):
-            summary["generated"] = await sample_text(swarm, project, agg_addr, workdir)
+            summary["generated"] = await sample_text(
+                swarm, project, agg_addr, workdir, places.prefix("owner")
+            )
     return summary
 
 

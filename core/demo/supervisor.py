@@ -116,8 +116,8 @@ class Swarm:
                 if line.startswith(prefix):
                     return line.strip()
 
-    async def run_to_end(self, name: str, args: list[str]) -> str:
-        proc = self.start(name, args)
+    async def run_to_end(self, name: str, args: list[str], prefix: Sequence[str] = ()) -> str:
+        proc = self.start(name, args, prefix=prefix)
         assert proc.popen.stdout is not None
         out = await trio.to_thread.run_sync(proc.popen.stdout.read)
         code = await trio.to_thread.run_sync(proc.popen.wait)

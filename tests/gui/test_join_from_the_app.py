@@ -118,7 +118,7 @@ def test_a_fresh_tray_joins_the_demo_from_its_invite(qtbot: Any, tmp_path, monke
             shown = page.picker.summary.text()
             assert "demo-lm" in shown
             assert "Owner's key:" in shown
-            assert "Trains: 16 feed-forward experts in 2 layers" in shown
+            assert "Trains: 16 SwiGLU (Mixtral-style) experts in 2 layers" in shown
             wizard.next()
             qtbot.waitUntil(lambda: wizard.currentPage() is wizard.benchmark_page, timeout=90_000)
 
