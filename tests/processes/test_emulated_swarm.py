@@ -36,7 +36,10 @@ async def test_two_trainers_share_the_trunk_and_volunteers_and_route_around_slow
         volunteers=4,
         volunteer_processes=2,
         trainers=2,
-        samples=192,  # 6 steps of 16 each
+        # 10 steps of 16 each: changes sent after steps 2, 4, 6 and 8. With 6 steps (two
+        # changes), a trainer took its second version only if that version's round closed
+        # before its last step: 1 run in 4 ended with one rebase
+        samples=320,
         batch_size=16,
         in_flight=1,
         samples_per_s=16.0,
@@ -46,7 +49,7 @@ async def test_two_trainers_share_the_trunk_and_volunteers_and_route_around_slow
         demo=DemoOptions(trunk_sync_every=2),
     )
     out = await run_emulated(options, tmp_path)
-    assert out["samples"] == 192
+    assert out["samples"] == 320
     answered: set[str] = set()
     answers: Counter[str] = Counter()
     for summary in out["trainers"]:
