@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.data.tokenizer import ByteTokenizer, TextTokenizer, train_bpe
+from core.data.tokenizer import TOKENIZER_FILE, ByteTokenizer, TextTokenizer, train_bpe
 from core.demo.options import DemoOptions
 from core.demo.supervisor import Swarm
-from core.trainer.batches import TOKENIZER_FILE, BudgetedText, prepared_shards
+from core.trainer.batches import BudgetedText, prepared_shards
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,14 @@ from core.data.errors import DataError
 from core.data.loader import PackedLoader, SourceSpec
 from core.data.prepare import prepare
 from core.data.shards import INDEX, ShardIndex
-from core.data.tokenizer import BYTES, ByteTokenizer, HFTokenizer, TextTokenizer, check_vocab
-from core.data.tokenizer import TOKENIZER_FILE as TOKENIZER_FILE
+from core.data.tokenizer import (
+    BYTES,
+    TOKENIZER_FILE,
+    ByteTokenizer,
+    HFTokenizer,
+    TextTokenizer,
+    check_vocab,
+)
 from core.trainer.data import STDLIB, Corpus, bundled_corpus, sample_batch, stdlib_sources
 from core.trainer.data import validation_batches as corpus_validation
 

@@ -26,7 +26,7 @@ from core.moe.published import PublishedWeights
 from core.project.chunks import ChunkStore
 from core.project.distribution import WeightsFetcher
 from core.project.signed import SignedManifest
-from core.trainer.batches import TOKENIZER_FILE, project_tokenizer
+from core.trainer.batches import project_tokenizer
 from core.trainer.family import family_trunk
 from core.trainer.initial import published_trunk
 from core.trainer.tokenizer_file import tokenizer_for
@@ -76,9 +76,8 @@ def _plan(
         )
     if out.exists() and any(out.iterdir()):
         raise UserFacingError(f"{out} is not empty; choose a new folder")
-    kept = workdir / TOKENIZER_FILE
-    given = tokenizer or (kept if kept.is_file() else None)
-    text = project_tokenizer(signed.manifest.data.tokenizer, given, [])
+    # the file tokenizer_for chose (given, or the work folder's, fetched when missing)
+    text = project_tokenizer(signed.manifest.data.tokenizer, tokenizer, [])
     weights, step = trainer_layers(signed, workdir)
     return text, weights, step
 
@@ -96,11 +95,10 @@ async def export_project(
     trainer's (its checkpoints, its copy of the tokenizer: fetched from the swarm into it
     when it has none and ``tokenizer`` is not given)."""
     m = signed.manifest.model
-    tokenizer = await tokenizer_for(
-        peer, signed, workdir, given=tokenizer, store=workdir / "export-chunks"
-    )
+    store = workdir / "export-chunks"
+    tokenizer = await tokenizer_for(peer, signed, workdir, given=tokenizer, store=store)
     text, weights, step = await trio.to_thread.run_sync(_plan, signed, out, workdir, tokenizer)
-    chunks = ChunkStore(workdir / "export-chunks")
+    chunks = ChunkStore(store)
     if step is None:  # no checkpoint: the initial layers are the owner's, when published
         weights = await published_trunk(WeightsFetcher(peer, chunks), signed) or weights
     config = mixtral_config(m, eos_token_id=text.eos_id)
