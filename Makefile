@@ -2,12 +2,20 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# A GPU install: `make setup TORCH=cu128` (PyTorch's tag of a CUDA version: cu126, cu128...)
+# takes torch from PyTorch's index for it; constraints.txt's pin still holds (PEP 440:
+# `==2.13.0` matches `2.13.0+cu128`). Empty: the CPU build, as before.
+TORCH  ?=
+TORCH_FROM = --index-url https://download.pytorch.org/whl/$(TORCH) --extra-index-url https://pypi.org/simple
 
 .PHONY: setup demo test test-fast lint bench bundle compare-env clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
+	@# torch first, alone, so that only torch comes from PyTorch's index; --upgrade replaces
+	@# a CPU build already there (PEP 440 ranks 2.13.0+cu128 above 2.13.0+cpu)
+	$(if $(TORCH),$(BIN)/python -m pip install --upgrade -c constraints.txt $(TORCH_FROM) torch)
 	$(BIN)/python -m pip install -c constraints.txt -e ".[dev,owner]"
 	@# trio-typing (a libp2p dependency) ships stale stubs for trio that hide trio's own
 	@# inline types from mypy; trio is typed by itself since 0.23.

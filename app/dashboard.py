@@ -446,7 +446,9 @@ class DashboardWindow(QWidget):
     @staticmethod
     def _device(device: DeviceStatus) -> str:
         parts: list[str] = []
-        if device.device == "cpu":
+        if device.computes_on:
+            parts.append(device.computes_on)
+        elif device.device == "cpu":  # an older node names only torch's device
             parts.append("the processor (no GPU found)")
         elif device.device:
             parts.append(device.device)
@@ -459,7 +461,9 @@ class DashboardWindow(QWidget):
             parts.append(device.memory)
         if device.network_rtt_ms is not None:
             parts.append(f"network {device.network_rtt_ms:.0f} ms")
-        return "  ·  ".join(parts) if parts else DASH
+        text = "  ·  ".join(parts) if parts else DASH
+        # a GPU left unused: on a line of its own, whole
+        return f"{text}\n\N{WARNING SIGN} {_sentence(device.warning)}" if device.warning else text
 
     @staticmethod
     def _readings(readings: Readings) -> str:

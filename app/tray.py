@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMenu,
     QPushButton,
+    QStyle,
     QSystemTrayIcon,
     QVBoxLayout,
     QWidget,
@@ -88,6 +89,18 @@ def network_line(status: Status | None) -> str:
     if status is None or not status.network.reachability:
         return ""
     return f"Network: {_REACH.get(status.network.reach, status.network.reach)}"
+
+
+def device_line(status: Status | None) -> str:
+    """The menu's device line: what the node computes on ("" when the node does not say:
+    not running, or an older node)."""
+    if status is None or not status.device.computes_on:
+        return ""
+    return f"Computing on: {status.device.computes_on}"
+
+
+def capitalized(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def remaining(until: float, now: float) -> str:
@@ -211,6 +224,8 @@ class Tray(QObject):
         self.wizard: FirstStartWizard | None = None
         self.project_dialog: ProjectDialog | None = None
         self._problems_told: set[str] = set()
+        #: The device warnings told in a notification: once each while the tray runs.
+        self._device_warnings_told: set[str] = set()
         self._pending_invite = ""
         self.notifications: list[tuple[str, str]] = []  # (title, message), for tests too
         self.icon = QSystemTrayIcon(state_icon(NOT_RUNNING, ""), self)
@@ -247,6 +262,14 @@ class Tray(QObject):
         # how other computers reach this one; the advice in its tooltip
         self.network_action = self._action("", "networkAction")
         self.network_action.setEnabled(False)
+        # what the node computes on; below it, a GPU it cannot use, in plain sight (it
+        # opens the dashboard, which says it whole)
+        self.device_action = self._action("", "deviceAction")
+        self.device_action.setEnabled(False)
+        self.device_warning_action = self._action("", "deviceWarningAction", self.open_dashboard)
+        self.device_warning_action.setIcon(
+            QApplication.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxWarning)
+        )
         self.menu.setToolTipsVisible(True)
         self.menu.addSeparator()
         self.pause_action = self._action("Pause", "pauseAction", self.pause)
@@ -444,8 +467,9 @@ class Tray(QObject):
         snoozed = until is not None and code == "snoozed"
         if snoozed and until is not None:  # one line, not "Paused: snoozed" and another
             line = f"Snoozed — {remaining(until, time.time())} left"
+        warning = capitalized(status.device.warning) if status is not None else ""
         self.icon.setIcon(state_icon(state, code))
-        self.icon.setToolTip(f"moehome — {line}")
+        self.icon.setToolTip(f"moehome — {line}" + (f"\n{warning}" if warning else ""))
         # a menu as wide as a long reason crosses the screen: cut, the whole in its tooltip
         self.status_action.setText(menu_text(line))
         self.status_action.setToolTip(line)
@@ -453,6 +477,15 @@ class Tray(QObject):
         self.network_action.setText(network)
         self.network_action.setToolTip(status.network.advice if status is not None else "")
         self.network_action.setVisible(bool(network))
+        device = device_line(status)
+        self.device_action.setText(device)
+        self.device_action.setVisible(bool(device))
+        self.device_warning_action.setText(menu_text(warning))
+        self.device_warning_action.setToolTip(warning)
+        self.device_warning_action.setVisible(bool(warning))
+        if warning and warning not in self._device_warnings_told:
+            self._device_warnings_told.add(warning)
+            self._notify("moehome computes on the CPU", warning)
         running = status is not None
         # also without a project: a pause is stored and must be undoable from the menu
         paused_by_user = running and code in ("paused", "snoozed")

@@ -280,7 +280,7 @@ def demo_call_sizes(steps: int) -> dict[int, int]:
     trained ``steps`` steps on the demo's data (the gate learns, and its choices
     spread or gather as it does)."""
     m, seed = demo_model()
-    spec = m.expert.spec()
+    spec = m.expert_spec()
     sizes: dict[int, int] = {}
 
     class Counted(LocalMixtureOfExperts):

@@ -107,7 +107,7 @@ def train(
     """Validation loss after ``steps`` batches applied (all trainers together; the
     batches still in flight at the end are dropped, as the swarm's run drops them)."""
     m, weights_seed = demo_model()
-    spec = m.expert.spec()
+    spec = m.expert_spec()
     options = DemoOptions()
     lr = options.learning_rate
     first = build_model(

@@ -253,7 +253,7 @@ def local_model(
     full router (what ``transformers`` computes): the experts given, or their published
     initial weights; the trainer's layers given, or those of the manifest's seed."""
     m = manifest.model
-    spec = m.expert.spec()
+    spec = m.expert_spec()
     seed = manifest.weights.seed
 
     def block(_layer: int, grid: Grid) -> LocalGridMixture:

@@ -39,7 +39,7 @@ def local_run(options: DemoOptions, steps: int) -> dict[str, float]:
         path.write_text(demo_manifest(options, ("0" * 64, ""), "0" * 64))
         manifest = load_manifest(path)
     m = manifest.model
-    spec = m.expert.spec()
+    spec = m.expert_spec()
     seed = manifest.weights.seed
     model = build_model(
         m,

@@ -56,7 +56,7 @@ def train(
     eval_batches: int = 8,
 ) -> dict[str, Any]:
     m, seed = demo_model()
-    spec = m.expert.spec()
+    spec = m.expert_spec()
     model = build_model(
         m,
         lambda _i, grid: LocalMixtureOfExperts(

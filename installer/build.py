@@ -1,9 +1,12 @@
 """Build the desktop bundle: render the icons, run PyInstaller on installer/moehome.spec,
 add the Linux desktop entry, and report the bundle's size as one JSON line.
 
-    python installer/build.py [--dist DIR] [--work DIR]
+    python installer/build.py [--dist DIR] [--work DIR] [--gpu CUDA_TAG [--venv DIR]]
 
 The bundle is a folder (dist/moehome/) with `moehome` (CLI and node) and `moehome-tray`.
+With ``--gpu cu128`` it is the GPU variant (dist/moehome-gpu-cu128/, several GB), frozen
+from an environment of its own (.venv-cu128: made on first use with torch's CUDA build,
+as `make setup TORCH=cu128` does), so the CPU environment is left as it is.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +31,13 @@ from render_icons import OUT as ICONS  # noqa: E402
 from render_icons import render  # noqa: E402
 
 log = logging.getLogger("build")
+
+#: PyTorch's index of the builds for one CUDA version, and PyPI for everything else
+#: (the Makefile's TORCH_FROM: the same two).
+TORCH_INDEX = "https://download.pytorch.org/whl/{tag}"
+PYPI = "https://pypi.org/simple"
+#: The bundle's folder: PyInstaller's spec reads its name from here.
+NAME_VARIABLE = "MOEHOME_BUNDLE_NAME"
 
 
 def folder_bytes(path: Path) -> int:
@@ -53,14 +65,53 @@ def copy_corpus(folder: Path, budget: int = CORPUS_BYTES) -> None:
         total += size
 
 
-def build(dist: Path, work: Path) -> dict[str, object]:
+def cuda_tag(text: str) -> str:
+    if not re.fullmatch(r"cu\d{3}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is no CUDA tag of PyTorch's (cu126, cu128...)")
+    return text
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def gpu_environment(tag: str, venv: Path) -> Path:
+    """The Python of ``venv``, made first if missing, with torch's CUDA build for ``tag``
+    (the version constraints.txt pins) and moehome with its tools; one whose torch has no
+    CUDA is refused."""
+    python = venv_python(venv)
+    if not python.exists():
+        log.info("[0/3] %s: a new environment with torch's %s build (GBs to download)", venv, tag)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(python), "-m", "pip", "install"]
+        subprocess.run([*pip, "--upgrade", "pip"], check=True)
+        index = ["--index-url", TORCH_INDEX.format(tag=tag), "--extra-index-url", PYPI]
+        # torch alone from PyTorch's index (`==2.13.0` matches `2.13.0+cu128`), then the rest
+        subprocess.run([*pip, "-c", "constraints.txt", *index, "torch"], cwd=ROOT, check=True)
+        subprocess.run([*pip, "-c", "constraints.txt", "-e", ".[dev]"], cwd=ROOT, check=True)
+    cuda = subprocess.run(
+        [str(python), "-c", "import torch; print(torch.version.cuda or '')"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not cuda:
+        raise SystemExit(f"the torch in {venv} has no CUDA: delete that folder and build again")
+    log.info("%s: torch for CUDA %s", venv, cuda)
+    return python
+
+
+def build(
+    dist: Path, work: Path, python: Path | None = None, name: str = "moehome"
+) -> dict[str, object]:
+    """The bundle ``dist/name``, frozen by ``python``'s PyInstaller (this one's if None)."""
     t0 = time.monotonic()
     log.info("[1/3] rendering icons")
     render()
     log.info("[2/3] PyInstaller (a few minutes: torch is large)")
     subprocess.run(
         [
-            sys.executable,
+            str(python or sys.executable),
             "-m",
             "PyInstaller",
             str(ROOT / "installer" / "moehome.spec"),
@@ -73,9 +124,10 @@ def build(dist: Path, work: Path) -> dict[str, object]:
             str(work),
         ],
         cwd=ROOT,
+        env={**os.environ, NAME_VARIABLE: name},
         check=True,
     )
-    bundle = dist / "moehome"
+    bundle = dist / name
     log.info("[3/3] training text, desktop entry and icon")
     copy_corpus(bundle / "corpus")
     if sys.platform.startswith("linux"):
@@ -97,10 +149,26 @@ def build(dist: Path, work: Path) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dist", type=Path, default=ROOT / "dist")
-    parser.add_argument("--work", type=Path, default=ROOT / "build" / "pyinstaller")
+    parser.add_argument("--work", type=Path, help="default: build/pyinstaller[-gpu-TAG]")
+    parser.add_argument(
+        "--gpu",
+        type=cuda_tag,
+        metavar="CUDA_TAG",
+        help="the GPU variant, with torch's build for this CUDA version (cu128: CUDA 12.8)",
+    )
+    parser.add_argument("--venv", type=Path, help="the GPU variant's environment (.venv-TAG)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    sys.stdout.write(json.dumps(build(args.dist, args.work)) + "\n")
+    if args.gpu is None:
+        report = build(args.dist, args.work or ROOT / "build" / "pyinstaller")
+    else:
+        name = f"moehome-gpu-{args.gpu}"
+        python = gpu_environment(args.gpu, args.venv or ROOT / f".venv-{args.gpu}")
+        report = build(
+            args.dist, args.work or ROOT / "build" / f"pyinstaller-gpu-{args.gpu}", python, name
+        )
+        report["gpu"] = args.gpu
+    sys.stdout.write(json.dumps(report) + "\n")
 
 
 if __name__ == "__main__":

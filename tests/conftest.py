@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.bundle.building import BUNDLE_BUILD, BundleBuild
+from tests.bundle.building import BUNDLE_BUILD, BundleBuild, prebuilt_bundle
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -13,9 +13,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they will
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The bundle's test goes last, and when other tests run before it, its build
-    starts now, at the lowest priority, to use the CPU time they leave idle."""
+    starts now, at the lowest priority, to use the CPU time they leave idle (none when
+    MOEHOME_BUNDLE names one built before)."""
     bundle = [item for item in items if item.nodeid.startswith("tests/bundle/")]
     if not bundle or len(bundle) == len(items) or config.option.collectonly:
+        return
+    if prebuilt_bundle() is not None:
         return
     items[:] = [item for item in items if item not in bundle] + bundle
     build = BundleBuild.start(background=True)

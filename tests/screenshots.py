@@ -63,6 +63,7 @@ CPU_STATUS = Status(
     samples_done=20_480,
     device=DeviceStatus(
         device="cpu",
+        computes_on="CPU",
         memory="CPU (6.1 GB of RAM free); experts may fill 3.05 GB (50% of free)",
         memory_budget_gb=3.05,
         memory_used_gb=0.49,
@@ -81,7 +82,11 @@ STATUS = Status(
     experts={"ffn0.0.1": 3, "ffn0.1.0": 3},
     contributions=ContributionCounts(sent=41, accepted=39, given_up=0, refused={"stale": 2}),
     samples_done=182_340,
-    device=DeviceStatus(device="cuda:0", memory="NVIDIA RTX 4070 (11.2 GB free)"),
+    device=DeviceStatus(
+        device="cuda:0",
+        computes_on="NVIDIA GeForce RTX 4070 (CUDA)",
+        memory="NVIDIA RTX 4070 (11.2 GB free)",
+    ),
     readings=Readings(gpu_temp_c=67.0, gpu_utilization=0.83, cpu_temp_c=54.0),
     peers=23,
     uptime_s=5400,

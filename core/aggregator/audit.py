@@ -29,7 +29,7 @@ from torch import nn
 from core.contributing.codecs import CodecError, codec
 from core.contributing.reveal import Reveal
 from core.experts.registry import ExpertSpec
-from core.experts.tolerance import COMPUTE_RTOL
+from core.experts.tolerance import COMPUTE_RTOL, in_float32
 from core.protocol.contributions import Contribution, MessageError, tensor_digest
 
 #: margin on the codec's rounding: float32 arithmetic on either side of the bound
@@ -55,14 +55,16 @@ def parameter_gradients(
     """The sum over ``pairs`` of the parameter gradients of ``module``'s backward passes,
     flat float32 per parameter (what a volunteer's accumulator sums). Requests of one
     shape run as one batch, as a volunteer's server batches them (rows are independent,
-    so the sum is the same up to rounding, which the bound allows)."""
+    so the sum is the same up to rounding, which the bound allows). In float32 from the
+    weights and tensors as the project's dtype holds them (tolerance.in_float32)."""
+    module = in_float32(module)
     module.zero_grad(set_to_none=True)
     groups: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for x, g in pairs:
         groups.setdefault(tuple(x.shape[1:]), []).append((x, g))
     for group in groups.values():
-        x = torch.cat([x for x, _ in group]).detach().requires_grad_(True)
-        g = torch.cat([g for _, g in group])
+        x = torch.cat([x for x, _ in group]).float().detach().requires_grad_(True)
+        g = torch.cat([g for _, g in group]).float()
         with torch.enable_grad():
             torch.autograd.backward(module(x), g)  # gradients add up across groups
     sums = {

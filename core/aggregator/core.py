@@ -154,6 +154,9 @@ class AggregatorCore:
                     schedule=settings.expert_schedule,
                 )
                 module = (initial or {}).get(uid) or build_expert(settings.spec, seed=settings.seed)
+                # float32 master weights whatever the project's dtype: an update smaller
+                # than a 16-bit weight's rounding step still counts (published: rounded)
+                module = module.float()
             self.modules[uid] = module
             self.optimizers[uid] = self.rules[uid].optimizer(module)
             self.versions[uid] = 0
@@ -342,11 +345,31 @@ class AggregatorCore:
         return True
 
     def weights_of(self, uid: str, version: int) -> dict[str, torch.Tensor] | None:
-        """A copy of the weights of ``uid`` at ``version``, if current or kept."""
+        """A copy of the weights of ``uid`` at ``version`` as published (in the
+        project's dtype), if current or kept."""
         if version == self.versions.get(uid):
-            return {k: v.detach().clone() for k, v in self.modules[uid].state_dict().items()}
+            return self.published_state(uid)
         kept = self.history[uid].get(version)
         return None if kept is None else dict(kept)
+
+    def published_state(self, uid: str) -> dict[str, torch.Tensor]:
+        """A copy of the current weights of ``uid`` as volunteers get them: an expert's
+        rounded to the project's dtype (the trunk as it is)."""
+        dtype = None if uid == TRUNK_UID else self.settings.spec.torch_dtype
+        return {
+            k: v.detach().to(dtype or v.dtype, copy=True)
+            for k, v in self.modules[uid].state_dict().items()
+        }
+
+    def published_module(self, uid: str) -> nn.Module:
+        """The current weights of ``uid`` as volunteers get them, as a module (to hash or
+        save): the master itself where nothing is rounded."""
+        module = self.modules[uid]
+        if uid == TRUNK_UID or self.settings.spec.torch_dtype == torch.float32:
+            return module
+        served = build_expert(self.settings.spec)
+        served.load_state_dict(self.published_state(uid))
+        return served
 
     def _strike(self, who: str, now: float) -> None:
         strikes = self.strikes.strike(who, now)
@@ -461,8 +484,7 @@ class AggregatorCore:
         """Keep the weights of the version about to be replaced: contributions computed
         on it may still arrive (up to ``staleness_bound`` versions late) and be audited."""
         kept = self.history[uid]
-        weights = self.modules[uid].state_dict()
-        kept[self.versions[uid]] = {k: v.detach().clone() for k, v in weights.items()}
+        kept[self.versions[uid]] = self.published_state(uid)
         while len(kept) > self.settings.staleness_bound + 1:
             kept.popitem(last=False)
 
@@ -532,7 +554,7 @@ class AggregatorCore:
             )
 
     def weights_sha256(self, uid: str) -> str:
-        return weights_hash(self.modules[uid])
+        return weights_hash(self.published_module(uid))
 
     def close(self) -> None:
         """Close the journal file. Takes no checkpoint: what was accepted is durable

@@ -176,7 +176,8 @@ class AggregatorService:
         assert self.store is not None
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / f"{uid}.safetensors"
-            save_weights(self.core.modules[uid], path, version=self.core.versions[uid])
+            module = self.core.published_module(uid)
+            save_weights(module, path, version=self.core.versions[uid])
             return split_file(path.read_bytes(), self.store)
 
     def _decode(self, meta: Mapping[str, Any], peer_id: PeerID) -> Contribution:

@@ -241,6 +241,10 @@ def node_status(
     typer.echo(state_line(status))
     for uid, expert_version in status.experts.items():
         typer.echo(f"  serving {uid} (version {expert_version})")
+    if status.device.computes_on:
+        typer.echo(f"computing on: {status.device.computes_on}")
+    if status.device.warning:
+        typer.echo(f"  warning: {status.device.warning}")
     if status.network.reachability:
         typer.echo(f"network: {status.network.reachability}")
     if status.network.advice:

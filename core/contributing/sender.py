@@ -204,6 +204,9 @@ class ContributionSender:
         accumulator: GradientAccumulator,
     ) -> tuple[Contribution, list[torch.Tensor], _Kept] | None:
         sums, samples, receipts, kept = accumulator.take_all()
+        # encoded in host memory, where the codec's residual stays between contributions
+        # (a GPU's memory holds the weights and the sums: core/node/capacity.py)
+        sums = {name: t.cpu() for name, t in sums.items()}
         if not receipts or not sums:
             kept.drop(self.kept_budget)
             return None

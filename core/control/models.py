@@ -42,7 +42,14 @@ class ContributionCounts(_Sent):
 
 
 class DeviceStatus(_Sent):
+    #: torch's name of the device the node computes on: "cuda:0", "mps", "cpu".
     device: str = ""
+    #: The same in words: the GPU's name ("NVIDIA GeForce RTX 3060 (CUDA)"), "Apple GPU
+    #: (MPS)" or "CPU" ("" from an older node).
+    computes_on: str = ""
+    #: Said when a GPU is there that the node cannot use, with what to do ("your GPU is not
+    #: used: install the GPU build (...)"); "" otherwise.
+    warning: str = ""
     #: How the memory budget was chosen, in words.
     memory: str = ""
     #: The budget the experts may fill, and what the node uses now (its process's

@@ -36,6 +36,39 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """What an expert of ``dtype`` computes in on ``device``: its own dtype on a GPU;
+    float32 on a CPU, whose 16-bit matrix products run many times slower (without
+    AMX). Either way its answers are the project's dtype, within an honest bound of
+    the float32 reference that auditors recompute (core/experts/tolerance.py)."""
+    return torch.float32 if device.type == "cpu" else dtype
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` (a request's tensor, in host memory) on ``device``. To a GPU through pinned
+    memory (torch's caching host allocator: no new page-locked allocation per call) and
+    an asynchronous copy, which the compute that follows on the same stream waits for."""
+    if device.type != "cuda":
+        return t.to(device)
+    staged = t if t.is_pinned() else torch.empty_like(t, pin_memory=True).copy_(t)
+    return staged.to(device, non_blocking=True)
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in host memory for the wire: from a GPU into pinned memory, asynchronously,
+    then waited for (the answer leaves once it is whole)."""
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(t.device).synchronize()
+    return host
+
+
+def module_bytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
 class CacheMiss(KeyError):
     """The kept forward graph of a backward request is gone (expired or evicted)."""
 
@@ -114,6 +147,10 @@ class GraphCache:
         """Number handles on from ``older``'s (handles stay unique across the two)."""
         self._next = older._next
 
+    def continued_from(self, older: GraphCache) -> GraphCache:
+        self.continue_numbering(older)
+        return self
+
     def holds(self, owner: object, handle: int) -> bool:
         with self._lock:
             graph = self._graphs.get(handle)
@@ -159,6 +196,9 @@ class GradientAccumulator:
     #: their inputs and output gradients, kept for a contribution audit (when the node
     #: keeps them: a budget is given)
     kept: KeptTensors = field(default_factory=KeptTensors)
+    #: sum in host memory: the accumulator of previous weights, whose late backward
+    #: passes are rare, takes no device memory beyond what the memory plan counts
+    on_host: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(
@@ -178,11 +218,14 @@ class GradientAccumulator:
             for name, p in module.named_parameters():
                 if p.grad is None:
                     continue
-                g = p.grad.detach().to(torch.float32)
+                g = p.grad.detach()
                 if name in self.sums:
+                    # float32 sums of the dtype's gradients, added in place (no float32
+                    # copy of each gradient on the device)
                     self.sums[name].add_(g.to(self.sums[name].device))
                 else:
-                    self.sums[name] = g.clone()
+                    where = "cpu" if self.on_host else g.device
+                    self.sums[name] = g.to(where, torch.float32, copy=True)
                 p.grad = None
             self.samples += samples
             self.backward_batches += 1
@@ -204,6 +247,11 @@ class GradientAccumulator:
             self.sums, self.samples, self.backward_batches, self.receipts = {}, 0, 0, []
             self.kept = KeptTensors()
             return out
+
+
+def _sums_to(accumulator: GradientAccumulator, device: torch.device) -> None:
+    with accumulator._lock:
+        accumulator.sums = {k: v.to(device) for k, v in accumulator.sums.items()}
 
 
 #: weights versions kept after a swap, at most: aggregators refuse contributions more
@@ -243,10 +291,12 @@ class ExpertBackend:
         self.uid = uid
         self.spec = spec
         self.device = torch.device(device) if device is not None else default_device()
-        self.module = module.to(self.device)
+        #: what the module computes in here (the spec's dtype is what travels)
+        self.compute_dtype = compute_dtype(spec.torch_dtype, self.device)
+        self.sha256 = weights_hash(module)  # of the weights as published
+        self.module = module.to(self.device, self.compute_dtype)
         self.module.requires_grad_(True)
         self.version = version
-        self.sha256 = weights_hash(module)
         self.max_batch_size = max_batch_size
         self.accumulator = GradientAccumulator()
         self.graphs = GraphCache(max_bytes=graph_cache_bytes)
@@ -258,6 +308,36 @@ class ExpertBackend:
         #: audits (None: not kept; set by the contribution sender, core/contributing)
         self.kept_budget: KeptBudget | None = None
 
+    def offload(self) -> None:
+        """Give the device's memory back (the node pauses: a game or the volunteer's own
+        work needs it): kept graphs are dropped (their backward passes would wait for
+        the pause anyway; trainers recompute elsewhere), previous weights with them, and
+        the weights and gradient sums move to host memory until ``reload``. The caller
+        holds the device (no batch runs)."""
+        if self.device.type == "cpu":
+            return
+        self.graphs = GraphCache(
+            self.graphs.max_bytes,
+            self.graphs.max_entries,
+            self.graphs.ttl,
+            self.graphs.max_owner_bytes,
+        ).continued_from(self.graphs)
+        for weights in self.previous:
+            weights.module.to("cpu")
+            _sums_to(weights.accumulator, torch.device("cpu"))
+        self.previous = [w for w in self.previous if w.accumulator.sums]
+        self.module.to("cpu")
+        _sums_to(self.accumulator, torch.device("cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # back to the driver, not only to torch's cache
+
+    def reload(self) -> None:
+        """The weights and sums back on the device after ``offload``."""
+        if self.device.type == "cpu":
+            return
+        self.module.to(self.device)
+        _sums_to(self.accumulator, self.device)
+
     def sha256_of(self, module: nn.Module) -> str:
         return weights_hash(module)
 
@@ -268,14 +348,24 @@ class ExpertBackend:
         and beyond ``max_previous`` the oldest (the caller sent every accumulator's
         gradients first, see ``accumulators``)."""
         old = self.graphs
+        self.accumulator.on_host = True
         self.previous.insert(
             0, PreviousWeights(self.version, self.module, old, self.accumulator, self.sha256)
         )
-        self.previous = [w for w in self.previous if w.graphs.expire()][: self.max_previous]
-        self.module = module.to(self.device)
+        waiting = [w for w in self.previous if w.graphs.expire()][: self.max_previous]
+        # the memory plan counts one previous version (core/node/capacity.py); older ones
+        # stay only while their weights fit in the kept graphs' share
+        spare = old.max_bytes
+        self.previous = waiting[:1]
+        for weights in waiting[1:]:
+            spare -= module_bytes(weights.module) + weights.graphs.nbytes
+            if spare < 0:
+                break
+            self.previous.append(weights)
+        self.sha256 = weights_hash(module)
+        self.module = module.to(self.device, self.compute_dtype)
         self.module.requires_grad_(True)
         self.version = version
-        self.sha256 = weights_hash(module)
         self.accumulator = GradientAccumulator()
         self.graphs = GraphCache(old.max_bytes, old.max_entries, old.ttl, old.max_owner_bytes)
         self.graphs.continue_numbering(old)  # a handle names one graph, whatever its weights
@@ -335,49 +425,53 @@ class ExpertBackend:
     ) -> tuple[torch.Tensor, int | None]:
         """Outputs; with ``keep``, the autograd graph is kept for a backward pass by
         ``owner`` and its handle returned (None when it does not fit the cache)."""
-        x = x.to(self.device)
+        x = self._in(x)
         if not keep:
             with torch.no_grad():
                 out: torch.Tensor = self.module(x)
-            return out.cpu(), None
+            return self._out(out), None
         x = x.detach().requires_grad_(True)
         with torch.enable_grad():
             out = self.module(x)
         handle = self.graphs.put(owner, x, out, self._graph_bytes(x))
-        return out.detach().cpu(), handle
+        return self._out(out.detach()), handle
+
+    def _in(self, t: torch.Tensor) -> torch.Tensor:
+        """A request's tensor on the device, in the compute dtype."""
+        return to_device(t, self.device).to(self.compute_dtype)
+
+    def _out(self, t: torch.Tensor) -> torch.Tensor:
+        """An answer in host memory, in the project's dtype."""
+        return to_host(t.to(self.spec.torch_dtype))
 
     def _graph_bytes(self, x: torch.Tensor) -> int:
-        """What a kept graph holds, roughly: the activations of every layer, in widths of
-        ``x`` per row. ffn: the input, the norm's output and statistics, the residual
-        output (about 4 x hidden) and fc1's output, the activation's input and output
-        (3 x inner). swiglu: the input and output (2 x hidden) and w1 x, w3 x, act(w1 x)
-        and their product (4 x inner)."""
-        ratio = self.spec.inner_dim / self.spec.hidden
-        width = 2 + 4 * ratio if self.spec.kind == "swiglu" else 4 + 3 * ratio
-        return int(x.numel() * x.element_size() * width)
+        """What a kept graph holds, roughly: the activations of every layer of every block,
+        in widths of ``x`` per row (``ExpertSpec.kept_widths``)."""
+        return int(x.numel() * x.element_size() * self.spec.kept_widths())
 
     def backward(
         self, x: torch.Tensor, grad_outputs: torch.Tensor, receipts: Sequence[Any] = ()
     ) -> torch.Tensor:
         """Input gradients for the caller; parameter gradients go to the accumulator.
         Stateless: the forward pass is recomputed from the inputs."""
-        x = x.to(self.device).detach().requires_grad_(True)
+        host_x = x
+        x = self._in(x).detach().requires_grad_(True)
         with torch.enable_grad():
             out = self.module(x)
-            torch.autograd.backward(out, grad_outputs.to(self.device))
-        self._accumulate(int(x.shape[0]), receipts, tensors=(x.detach(), grad_outputs))
+            torch.autograd.backward(out, self._in(grad_outputs))
+        self._accumulate(int(x.shape[0]), receipts, tensors=(host_x, grad_outputs))
         assert x.grad is not None
-        return x.grad.cpu()
+        return self._out(x.grad)
 
     def input_gradients(self, x: torch.Tensor, grad_outputs: torch.Tensor) -> torch.Tensor:
         """Input gradients alone, for an auditor's second opinion on another server's
         backward answer: no parameter gradient is computed, so nothing reaches the
         accumulator or a contribution."""
-        x = x.to(self.device).detach().requires_grad_(True)
+        x = self._in(x).detach().requires_grad_(True)
         with torch.enable_grad():
             out = self.module(x)
-            (grad_x,) = torch.autograd.grad(out, x, grad_outputs.to(self.device))
-        return grad_x.cpu()
+            (grad_x,) = torch.autograd.grad(out, x, self._in(grad_outputs))
+        return self._out(grad_x)
 
     def _accumulate(
         self,
@@ -416,20 +510,22 @@ class ExpertBackend:
             if weights is None:
                 raise
             graph = weights.graphs.pop(owner, handle)
-        if grad_outputs.shape != graph.outputs.shape or grad_outputs.dtype != graph.outputs.dtype:
+        dtype = self.spec.torch_dtype
+        if grad_outputs.shape != graph.outputs.shape or grad_outputs.dtype != dtype:
             raise InvalidInput(
                 f"grad_outputs {grad_outputs.dtype}{list(grad_outputs.shape)} must match "
-                f"outputs {graph.outputs.dtype}{list(graph.outputs.shape)}"
+                f"outputs {dtype}{list(graph.outputs.shape)}"
             )
-        torch.autograd.backward(graph.outputs, grad_outputs.to(self.device))
+        torch.autograd.backward(graph.outputs, self._in(grad_outputs))
         self._accumulate(
             int(graph.inputs.shape[0]),
             receipts,
             weights,
-            tensors=(graph.inputs.detach(), grad_outputs),
+            # as they came (exact: the compute dtype holds every value of the project's)
+            tensors=(graph.inputs.detach().to(dtype), grad_outputs),
         )
         assert graph.inputs.grad is not None
-        return graph.inputs.grad.cpu()
+        return self._out(graph.inputs.grad)
 
 
 def batch_forward(

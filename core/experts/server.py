@@ -4,7 +4,7 @@ batched per expert, computed off the network loop, announced in the DHT."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -191,10 +191,19 @@ class ExpertServer:
         declarations; returns when the withdrawal is stored."""
         self._paused = True
         await self.announcer.announce()
+        # the device's memory back to the volunteer once no batch runs
+        async with self._device:
+            await trio.to_thread.run_sync(self._each_backend, ExpertBackend.offload)
 
     async def resume(self) -> None:
+        async with self._device:
+            await trio.to_thread.run_sync(self._each_backend, ExpertBackend.reload)
         self._paused = False
         await self.announcer.announce()
+
+    def _each_backend(self, method: Callable[[ExpertBackend], None]) -> None:
+        for backend in self.backends.values():
+            method(backend)
 
     @property
     def paused(self) -> bool:

@@ -26,11 +26,13 @@ the compute bound holds for the hardware in use (why it holds: docs/decisions/01
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Final
 
 import numpy as np
 import torch
+from torch import nn
 
 from core.experts import activations
 
@@ -48,6 +50,16 @@ _BF16_RELATIVE: Final = 2.0**-7
 #: the smallest magnitudes the 16-bit codecs round to (below: flushed or subnormal)
 _F16_ABSOLUTE: Final = 2.0**-24
 _BF16_ABSOLUTE: Final = 2.0**-126
+
+
+def in_float32(module: nn.Module) -> nn.Module:
+    """``module`` computing in float32: an auditor's reference for an expert held in a
+    16-bit dtype is the exact value of what its weights compute on its inputs (its own
+    16-bit rounding would add to the server's, and a CPU's 16-bit matrix products are
+    slow). ``module`` itself when it is float32 already; else a copy."""
+    if all(p.dtype == torch.float32 for p in module.parameters()):
+        return module
+    return copy.deepcopy(module).float()
 
 
 def compute_bound(expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -78,9 +78,11 @@ def canonical_safetensors(data: bytes) -> bytes:
 
 
 def load_weights(
-    module: nn.Module, path: Path, *, expected_sha256: str | None = None
+    module: nn.Module, path: Path, *, expected_sha256: str | None = None, cast: bool = False
 ) -> WeightsInfo:
-    """Load into ``module`` (same names and shapes required), checking the hash."""
+    """Load into ``module`` (same names and shapes required), checking the hash. With
+    ``cast`` (an owner's own files, never a peer's), tensors of another float dtype are
+    rounded to the module's, and the file's own hash is then not checked."""
     try:
         tensors = load_file(str(path))
         from safetensors import safe_open
@@ -96,6 +98,11 @@ def load_weights(
         raise WeightsError(
             f"{path}: tensors do not match the expert (missing {missing[:3]}, extra {extra[:3]})"
         )
+    if cast:
+        recast = {k: t for k, t in tensors.items() if t.dtype != own[k].dtype}
+        if recast and all(t.is_floating_point() for t in recast.values()):
+            tensors = {k: t.to(own[k].dtype) for k, t in tensors.items()}
+            metadata.pop("sha256", None)
     for name, t in tensors.items():
         if t.shape != own[name].shape or t.dtype != own[name].dtype:
             raise WeightsError(

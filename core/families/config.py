@@ -24,12 +24,12 @@ def mixtral_config(model: ModelSection, *, eos_token_id: int | None = None) -> M
     return MixtralConfig(
         vocab_size=model.vocab_size,
         hidden_size=model.hidden,
-        intermediate_size=model.expert.spec().inner_dim,
+        intermediate_size=model.expert_spec().inner_dim,
         num_hidden_layers=model.mixture_layers,
         num_attention_heads=model.attention_heads,
         num_key_value_heads=model.key_value_heads,
         head_dim=model.hidden // model.attention_heads,
-        hidden_act=model.expert.spec().activation,
+        hidden_act=model.expert_spec().activation,
         max_position_embeddings=model.context,
         initializer_range=INITIALIZER_RANGE,
         rms_norm_eps=model.rms_norm_eps,
@@ -68,6 +68,7 @@ def model_fields(config: MixtralConfig, *, grid: list[int] | None = None) -> dic
         )
     return {
         "architecture": "mixtral",
+        "dtype": _dtype(config),
         "vocab_size": int(config.vocab_size),
         "hidden": int(config.hidden_size),
         "context": int(min(config.max_position_embeddings, 4096)),
@@ -86,8 +87,17 @@ def model_fields(config: MixtralConfig, *, grid: list[int] | None = None) -> dic
             "hidden": int(config.hidden_size),
             "inner": int(config.intermediate_size),
             "activation": str(config.hidden_act),
+            "blocks": 1,  # a Mixtral expert is one SwiGLU block
         },
     }
+
+
+def _dtype(config: MixtralConfig) -> str:
+    """The checkpoint's own dtype where it names a 16-bit one the experts can hold (a
+    float32 checkpoint stays float32: its owner chose full precision)."""
+    dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", "") or "")
+    name = dtype.removeprefix("torch.")
+    return name if name in ("bfloat16", "float16", "float32") else "bfloat16"
 
 
 def _rope_theta(config: MixtralConfig) -> float:

@@ -104,6 +104,11 @@ def checkpoint_tensors(
         router = full_router(layer.gate.detach().to("cpu", torch.float32), layer.grid)
         tensors[prefix + "gate.weight"] = router.to(dtype).contiguous()
         for e, expert in enumerate(layer.experts):
+            if any(name.startswith("blocks.") for name in expert):
+                raise FamilyError(
+                    f"layer {i} expert {e}: an expert of several blocks ([model.expert] "
+                    "blocks > 1) has no Mixtral form: a Mixtral expert is one SwiGLU block"
+                )
             if set(expert) != set(EXPERT_KEYS):
                 raise FamilyError(f"layer {i} expert {e}: tensors {sorted(expert)}, not SwiGLU")
             for name in EXPERT_KEYS:

@@ -137,7 +137,7 @@ def write_initial_weights(
     grids = model.grids()
     if len(grids) != len(checkpoint.layers):
         raise FamilyError(f"{len(grids)} mixture layers, the checkpoint {len(checkpoint.layers)}")
-    spec = model.expert.spec()
+    spec = model.expert_spec()
     out.mkdir(parents=True)
     done, total = 0, model.expert_count
     for grid, layer in zip(grids, checkpoint.layers, strict=True):

@@ -24,7 +24,7 @@ from torch import nn
 
 from core.experts import activations
 from core.experts.activations import ActivationCodecError
-from core.experts.tolerance import excess
+from core.experts.tolerance import excess, in_float32
 from core.protocol.answers import NONE, AnswerStatement, parts_digest
 from core.protocol.contributions import tensor_digest
 from net import PeerID, Tensor
@@ -162,8 +162,10 @@ def recompute_rows(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """What ``module`` computes for ``inputs``: outputs (forward), or the input
-    gradients for ``grad_outputs`` (backward; no parameter gradient is kept)."""
-    x = inputs.to(dtype)
+    gradients for ``grad_outputs`` (backward; no parameter gradient is kept). In
+    float32 from the inputs as ``dtype`` holds them (tolerance.in_float32)."""
+    x = inputs.to(dtype).float()
+    module = in_float32(module)
     if kind == "forward":
         with torch.no_grad():
             out: torch.Tensor = module(x)
@@ -173,7 +175,7 @@ def recompute_rows(
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         y = module(x)
-        (grad,) = torch.autograd.grad(y, x, grad_outputs.to(dtype))
+        (grad,) = torch.autograd.grad(y, x, grad_outputs.to(dtype).float())
     return grad
 
 

@@ -151,6 +151,9 @@ class ExpertCaller:
     receipts: ReceiptSigner | None = None
     #: how activations and their gradients travel (the project's manifest says)
     codecs: WireCodecs = field(default_factory=WireCodecs)
+    #: what the experts compute in (the manifest's ``[model] dtype``): inputs and output
+    #: gradients are sent in it, answers come back in it
+    dtype: torch.dtype = torch.float32
     #: the trainer's view of each server's backlog: a call goes to the server of its
     #: expert expected to finish it first (shared by every layer's caller)
     loads: ServerLoads | None = None
@@ -166,6 +169,7 @@ class ExpertCaller:
         """Outputs of ``uid`` for ``x`` from the first server that answers. With ``keep``
         the server keeps the autograd graph for the backward pass (see ``backward``)."""
         self.stats.forward_calls += 1
+        x = x.to(self.dtype)
         codec = self.codecs.activations
         request = ExpertRequest(uid, None if codec == RAW else (codec,), codec, keep=keep)
         parts = activations.encode(x, codec)
@@ -201,6 +205,7 @@ class ExpertCaller:
         there (only grad_outputs travel); otherwise recomputed by a server with the same
         weights as the one that did the forward pass."""
         self.stats.backward_calls += 1
+        x, grad_outputs = x.to(self.dtype), grad_outputs.to(self.dtype)
         act, grad_codec = self.codecs.activations, self.codecs.gradients
         # gradients are rounded at random: unbiased, whatever the codec drops
         grad_parts = activations.encode(grad_outputs, grad_codec, stochastic=True)

@@ -59,7 +59,7 @@ class PublishedWeights:
     ) -> None:
         self.peer = peer
         self.signed = signed
-        self.spec: ExpertSpec = signed.manifest.model.expert.spec()
+        self.spec: ExpertSpec = signed.manifest.model.expert_spec()
         keys = aggregator_keys
         if keys is None:
             keys = [bytes.fromhex(a.key) for a in signed.manifest.aggregators]

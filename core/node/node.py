@@ -23,6 +23,7 @@ from core.control.models import History as HistoryModel
 from core.control.models import Lifetime, PreferencesEvent, ProjectSummary, StateEvent, Status
 from core.control.preferences import Preferences
 from core.namespaces import moehome_validator
+from core.node.compute_device import ComputeDevice, Machine, decide, describe, this_machine
 from core.node.control_server import serve_control
 from core.node.device import DeviceFigures
 from core.node.events import EventLog
@@ -69,6 +70,8 @@ class Node:
     identity: Identity
     options: NodeOptions
     probes: Probes = field(default_factory=probe_for_this_os)
+    #: What torch and the hardware offer to compute on (a test's own in tests).
+    machine: Machine = field(default_factory=this_machine)
     started: float = field(default_factory=time.time)
     #: Owned by the node: the governor and the control API read them from here.
     preferences: PreferenceStore = field(init=False)
@@ -102,6 +105,14 @@ class Node:
     def status(self) -> Status:
         return build_status(self.snapshot())
 
+    def compute_device(self) -> ComputeDevice:
+        """What the node computes on: the device of the project it serves, else the one
+        the volunteer's GPUs preference gives."""
+        plan = self.serving.device_plan if self.serving else None
+        if plan is not None:
+            return describe(self.machine, plan.device)
+        return decide(self.machine, self.preferences.current.gpus)
+
     def snapshot(self) -> NodeSnapshot:
         governor, serving = self.governor, self.serving
         monitor = self.peer.reachability if self.peer else None
@@ -122,6 +133,7 @@ class Node:
             outcomes=serving.outcomes.copy() if serving else Counter(),
             samples_done=serving.samples_done() if serving else 0,
             device_plan=serving.device_plan if serving else None,
+            compute=self.compute_device(),
             memory_used_bytes=memory_in_use(),
             benchmark=self.device.benchmark,
             rtt_ms=self.device.rtt_ms,
@@ -210,6 +222,7 @@ class Node:
             project = opts.project or self.serving.remembered()
             if project:
                 self.serving.join(project)
+            self._say_device()
             log.info("node %s up; control API at %s", self.identity.peer_id, self.control_url)
             task_status.started(self)
             await trio.sleep_forever()
@@ -322,6 +335,14 @@ class Node:
                 run=decision.run, reason=decision.describe(), reason_code=reason_code(decision)
             )
         )
+
+    def _say_device(self) -> None:
+        """The device in the log; a GPU left unused as a warning, not quietly."""
+        compute = self.compute_device()
+        if compute.warning:
+            log.warning("computing on the %s: %s", compute.line, compute.warning)
+        else:
+            log.info("computing on the %s", compute.line)
 
     def _use_threads(self, prefs: Preferences) -> None:
         """The volunteer's cap on processor threads (process-wide: torch's intra-op pool)."""

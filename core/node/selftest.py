@@ -1,7 +1,8 @@
 """`moehome node --selftest`: what a fresh install (or the built bundle) must be able to
-do, checked in seconds without a network: measure the device (quick), start two libp2p
-hosts on loopback that call each other and stop, run an expert forward on the CPU, and
-read the machine's probes. Each check reports ok or the error; nothing is kept."""
+do, checked in seconds without a network: say the device it computes on (and a GPU it
+cannot use), measure the device (quick), start two libp2p hosts on loopback that call
+each other and stop, run an expert forward on that device, and read the machine's
+probes. Each check reports ok or the error; nothing is kept."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ import time
 from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
+
+
+def _compute_device() -> str:
+    from core.node.compute_device import decide, this_machine
+
+    # a GPU left unused is said, not failed: a CPU install on a GPU machine still works
+    compute = decide(this_machine(), "all")
+    return f"{compute.line}; {compute.warning}" if compute.warning else compute.line
 
 
 def _benchmark() -> str:
@@ -46,15 +55,18 @@ def _expert() -> str:
     from core.experts.backend import ExpertBackend
     from core.experts.registry import ExpertSpec, build_expert
     from core.experts.uid import ExpertUID
+    from core.node.compute_device import decide, this_machine
 
+    # on the device the node would serve on: a GPU build's kernels are checked too
+    compute = decide(this_machine(), "all")
     spec = ExpertSpec("ffn", hidden=64, inner=256)
     backend = ExpertBackend(
-        ExpertUID.parse("ffn.0.0"), spec, build_expert(spec, seed=0), device="cpu"
+        ExpertUID.parse("ffn.0.0"), spec, build_expert(spec, seed=0), device=compute.device
     )
     out, _ = backend.forward(torch.randn(8, 64))
     if tuple(out.shape) != (8, 64) or not bool(torch.isfinite(out).all()):
         raise RuntimeError(f"bad expert output: shape {tuple(out.shape)}")
-    return "ffn expert forward [8, 64] on the CPU"
+    return f"ffn expert forward [8, 64] on the {compute.line}"
 
 
 def _probes() -> str:
@@ -72,6 +84,7 @@ async def run_selftest(report: Callable[[str, bool, str], None]) -> bool:
     import trio
 
     checks: list[tuple[str, Callable[[], Awaitable[str]]]] = [
+        ("compute device", lambda: trio.to_thread.run_sync(_compute_device)),
         ("device benchmark", lambda: trio.to_thread.run_sync(_benchmark)),
         ("libp2p hosts", _hosts),
         ("expert forward", lambda: trio.to_thread.run_sync(_expert)),

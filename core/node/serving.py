@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
 import trio
 
 from core.contributing.sender import ContributionSender
@@ -27,6 +28,7 @@ from core.control.models import (
 )
 from core.control.preferences import Preferences
 from core.errors import UserFacingError, one_line
+from core.experts.backend import compute_dtype
 from core.experts.records import SERVING, ExpertAnnouncement, expert_key
 from core.experts.server import ExpertServer, ServerConfig
 from core.files import replace_file
@@ -74,7 +76,7 @@ def project_summary(signed: SignedManifest) -> ProjectSummary:
         experts=manifest.model.expert_count,
         mixture_layers=manifest.model.mixture_layers,
         expert_kind=manifest.model.expert.kind,
-        expert_parameters=parameter_count(manifest.model.expert.spec()),
+        expert_parameters=parameter_count(manifest.model.expert_spec()),
     )
 
 
@@ -337,12 +339,14 @@ class ProjectService:
     def _capacity(self, manifest: Manifest) -> int:
         prefs = self.preferences()
         self.device_plan = plan_device(prefs.gpus, prefs.memory_cap_gb)
-        spec = manifest.model.expert.spec()
+        spec = manifest.model.expert_spec()
         return experts_that_fit(
             parameter_count(spec),
-            spec.torch_dtype.itemsize,
+            # the weights as held here: a CPU computes 16-bit experts in float32
+            compute_dtype(spec.torch_dtype, torch.device(self.device_plan.device)).itemsize,
             self.device_plan.budget_bytes,
             self.options.experts,
+            on_gpu=self.device_plan.device != "cpu",
         )
 
     def _contribution_ended(self, uid: str, outcome: str) -> None:

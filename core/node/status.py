@@ -18,6 +18,7 @@ from core.control.models import (
     Status,
 )
 from core.node.capacity import DevicePlan
+from core.node.compute_device import ComputeDevice
 from core.node.probes import Reading
 from core.node.throttle import Decision
 
@@ -43,6 +44,8 @@ class NodeSnapshot:
     outcomes: Counter[str] = field(default_factory=Counter)
     samples_done: int = 0
     device_plan: DevicePlan | None = None
+    #: What the node computes on, in words (and a GPU it cannot use).
+    compute: ComputeDevice | None = None
     benchmark: dict[str, Any] = field(default_factory=dict)
     rtt_ms: float | None = None
     peers: int = 0
@@ -182,7 +185,7 @@ def reason_code(decision: Decision | None) -> str:
 def build_status(snap: NodeSnapshot) -> Status:
     state = node_state(snap)
     reading = snap.reading
-    plan = snap.device_plan
+    plan, compute = snap.device_plan, snap.compute
     return Status(
         state=state,
         reason=state_reason(state, snap),
@@ -200,7 +203,9 @@ def build_status(snap: NodeSnapshot) -> Status:
         ),
         samples_done=snap.samples_done,
         device=DeviceStatus(
-            device=plan.device if plan else "",
+            device=plan.device if plan else compute.device if compute else "",
+            computes_on=compute.line if compute else "",
+            warning=compute.warning if compute else "",
             memory=plan.why if plan else "",
             memory_budget_gb=round(plan.budget_bytes / 1e9, 2) if plan else None,
             memory_used_gb=round(snap.memory_used_bytes / 1e9, 2)

@@ -68,7 +68,7 @@ def backends_from_files(
 ) -> dict[str, ExpertBackend]:
     """Experts built from their weights files, on ``device`` (None: CUDA when present),
     each keeping forward graphs up to ``graph_cache_bytes``."""
-    spec = manifest.model.expert.spec()
+    spec = manifest.model.expert_spec()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for uid, blob in files.items():

@@ -7,6 +7,7 @@ all at once, before anything is signed or published.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from collections.abc import Iterator
@@ -61,10 +62,14 @@ class ExpertSection(_Strict):
     inner: Annotated[int, Field(ge=0, le=524288)] = 0
     #: the default is each kind's own: gelu for ffn, silu (SwiGLU) for swiglu
     activation: Literal["gelu", "relu", "silu"] | None = None
+    #: blocks stacked in each expert (a thick expert: compute per byte on the wire grows
+    #: with it); ffn: residual blocks in sequence; swiglu: the first as above, each next
+    #: one pre-normed (RMS) and residual; Mixtral export takes only 1
+    blocks: Annotated[int, Field(ge=1, le=64)] = 1
 
     def spec(self) -> ExpertSpec:
         activation = self.activation or ("silu" if self.kind == "swiglu" else "gelu")
-        return ExpertSpec(self.kind, self.hidden, self.inner, 0, activation)
+        return ExpertSpec(self.kind, self.hidden, self.inner, 0, activation, blocks=self.blocks)
 
 
 class WireSection(_Strict):
@@ -83,10 +88,16 @@ class WireSection(_Strict):
 #: norms and rotary embeddings from ``transformers`` (core/families/mixtral.py), every
 #: layer's sparse block a mixture of the volunteers' SwiGLU experts.
 Architecture = Literal["byte", "mixtral"]
+#: The dtype volunteers hold the experts' weights in and compute in (gradients are
+#: summed in float32 whatever it is; aggregators keep float32 master weights).
+#: bfloat16 for new projects (core/project/template.py); float32 where a manifest says
+#: nothing, as every project published before the field existed.
+ExpertDtype = Literal["bfloat16", "float16", "float32"]
 
 
 class ModelSection(_Strict):
     architecture: Architecture = "byte"
+    dtype: ExpertDtype = "float32"
     vocab_size: Annotated[int, Field(ge=2, le=1_000_000)] = 256
     hidden: Annotated[int, Field(ge=1, le=65536)]
     context: Annotated[int, Field(ge=1, le=65536)] = 128
@@ -108,6 +119,11 @@ class ModelSection(_Strict):
     rms_norm_eps: Annotated[float, Field(gt=0, lt=1)] = 1e-5
     router_aux_loss: Annotated[float, Field(ge=0, le=10)] = 0.01
     tie_embeddings: bool = False
+
+    def expert_spec(self) -> ExpertSpec:
+        """What every expert of the project is: the expert table's fields, computing in
+        the project's ``dtype``."""
+        return dataclasses.replace(self.expert.spec(), dtype=self.dtype)
 
     @property
     def attention_heads(self) -> int:

@@ -73,7 +73,7 @@ def prepare(
     manifest = load_manifest(manifest_path)
     store = ChunkStore(workdir / "chunks", max_bytes=1 << 62)  # the owner keeps everything
     uids = list(manifest.model.expert_uids())
-    spec = manifest.model.expert.spec()
+    spec = manifest.model.expert_spec()
     files = {}
     folder = manifest.weights.folder
     if folder is not None:
@@ -86,7 +86,8 @@ def prepare(
         if folder is not None:
             source = folder_path / f"{uid}.safetensors"
             try:
-                load_weights(module, source)  # right names and shapes for this expert?
+                # right names and shapes for this expert? (rounded to the project's dtype)
+                load_weights(module, source, cast=True)
             except WeightsError as exc:
                 raise ManifestError([f"weights.folder: {exc}"]) from exc
         save_weights(module, path, version=0)

@@ -108,6 +108,9 @@ DEFAULT_MODEL = """\
 architecture = "mixtral"           # transformers' Mixtral layers (attention with rotary
                                    #   embeddings, RMS norms); the experts are SwiGLU blocks
                                    #   (or "byte": moehome's small byte model)
+dtype = "float32"                  # what volunteers hold and compute the experts in
+                                   #   (bfloat16 halves their memory and wire bytes and
+                                   #   runs on tensor cores; gradients sum in float32)
 vocab_size = 257                   # the tokenizer's ids: bytes are 256 and the end of text
 hidden = 64                        # width of the trainer-side layers and of every expert
 context = 64                       # tokens per training sample
@@ -126,6 +129,8 @@ kind = "swiglu"                    # swiglu (mixtral's) or ffn (the byte model's
 hidden = 64                        # must equal model.hidden
 inner = 128                        # the SwiGLU block's width
 activation = "silu"
+blocks = 1                         # SwiGLU blocks per expert: compute per byte on the wire
+                                   #   grows with it (Mixtral export needs 1)
 
 """
 
@@ -141,6 +146,7 @@ DEFAULT_DESCRIPTION = "A small Mixtral-style language model trained by volunteer
 #: What ``model_block`` says beside each field of ``[model]`` and ``[model.expert]``.
 MODEL_COMMENTS: dict[str, str] = {
     "architecture": "mixtral: transformers' Mixtral layers, SwiGLU experts",
+    "dtype": "what volunteers hold and compute the experts in",
     "vocab_size": "token ids (bytes: 256 and the end of text)",
     "hidden": "width of the trainer-side layers and of every expert",
     "context": "tokens per training sample",
@@ -159,6 +165,7 @@ MODEL_COMMENTS: dict[str, str] = {
     "expert.hidden": "must equal model.hidden",
     "expert.inner": "feed-forward width",
     "expert.activation": "",
+    "expert.blocks": "blocks per expert (Mixtral export needs 1)",
 }
 
 

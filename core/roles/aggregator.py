@@ -50,7 +50,7 @@ def settings_from(signed: SignedManifest, uids: Sequence[str]) -> AggregatorSett
     trunk = m.training.trunk
     return AggregatorSettings(
         project=signed.project_id,
-        spec=m.model.expert.spec(),
+        spec=m.model.expert_spec(),
         uids=tuple(uids),
         trainers=frozenset(bytes.fromhex(t.key) for t in m.trainers),
         optimizer=m.training.optimizer,

@@ -25,6 +25,7 @@ from core.families.mixtral import trunk_shapes
 from core.moe.published import PublishedWeights
 from core.project.chunks import ChunkStore
 from core.project.distribution import WeightsFetcher
+from core.project.manifest import ModelSection
 from core.project.signed import SignedManifest
 from core.trainer.batches import project_tokenizer
 from core.trainer.family import family_trunk
@@ -65,17 +66,28 @@ def trainer_layers(
     return {k: v.detach() for k, v in trunk.state_dict().items()}, None
 
 
-def _plan(
-    signed: SignedManifest, out: Path, workdir: Path, tokenizer: Path | None
-) -> tuple[TextTokenizer, dict[str, torch.Tensor], int | None]:
-    m = signed.manifest.model
-    if m.architecture == "byte":
+def check_exportable(model: ModelSection, out: Path) -> None:
+    """Refuse, before any work, a project that has no Hugging Face Mixtral form, or an
+    ``out`` that is not empty."""
+    if model.architecture == "byte":
         raise UserFacingError(
             "the byte model has no Hugging Face form: export takes a project whose "
             "[model] architecture is mixtral"
         )
+    if model.expert.blocks != 1:
+        raise UserFacingError(
+            f"this project's experts are of {model.expert.blocks} blocks ([model.expert] "
+            "blocks): a Hugging Face Mixtral expert is one SwiGLU block, so it cannot be "
+            "written as a Mixtral checkpoint; export takes a project whose blocks is 1"
+        )
     if out.exists() and any(out.iterdir()):
         raise UserFacingError(f"{out} is not empty; choose a new folder")
+
+
+def _plan(
+    signed: SignedManifest, out: Path, workdir: Path, tokenizer: Path | None
+) -> tuple[TextTokenizer, dict[str, torch.Tensor], int | None]:
+    check_exportable(signed.manifest.model, out)
     # the file tokenizer_for chose (given, or the work folder's, fetched when missing)
     text = project_tokenizer(signed.manifest.data.tokenizer, tokenizer, [])
     weights, step = trainer_layers(signed, workdir)
@@ -95,6 +107,7 @@ async def export_project(
     trainer's (its checkpoints, its copy of the tokenizer: fetched from the swarm into it
     when it has none and ``tokenizer`` is not given)."""
     m = signed.manifest.model
+    check_exportable(m, out)  # before the tokenizer is fetched
     store = workdir / "export-chunks"
     tokenizer = await tokenizer_for(peer, signed, workdir, given=tokenizer, store=store)
     text, weights, step = await trio.to_thread.run_sync(_plan, signed, out, workdir, tokenizer)

@@ -155,9 +155,12 @@ class LocalMixtureOfExperts(nn.Module):
         self.k_best = k_best
         self.proj = nn.Linear(in_features, sum(grid.shape))
         self.uids = [str(uid) for uid in grid]
-        # the published initial weights: the same seed per uid as `moehome owner publish`
+        # the published initial weights: the same seed per uid as `moehome owner publish`,
+        # held in float32 as an aggregator holds them (rounded to the project's dtype
+        # first, as published) and computing in the project's dtype, as volunteers do
+        self.compute_dtype = spec.torch_dtype
         self.experts = nn.ModuleList(
-            build_expert(spec, seed=seed_for(weights_seed, uid)) for uid in self.uids
+            build_expert(spec, seed=seed_for(weights_seed, uid)).float() for uid in self.uids
         )
         self._index = {uid: i for i, uid in enumerate(self.uids)}
         # a buffer, so that it moves with the module to the trainer's device
@@ -191,12 +194,22 @@ class LocalMixtureOfExperts(nn.Module):
                 out = out.index_add(0, rows, weights[rows, slots].unsqueeze(1) * y)
         return out
 
-    def _through_wire(self, expert: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if self.codecs is None or self.codecs == WireCodecs():
+    def _expert(self, expert: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``expert`` as a volunteer computes it: weights and inputs in the project's
+        dtype (gradients flow back to the float32 weights)."""
+        if self.compute_dtype == x.dtype:
             out: torch.Tensor = expert(x)
             return out
+        params = {n: p.to(self.compute_dtype) for n, p in expert.named_parameters()}
+        y = torch.func.functional_call(expert, params, (x.to(self.compute_dtype),))
+        assert isinstance(y, torch.Tensor)
+        return y.to(x.dtype)
+
+    def _through_wire(self, expert: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.codecs is None or self.codecs == WireCodecs():
+            return self._expert(expert, x)
         sent = _WireBoundary.apply(x, self.codecs)  # type: ignore[no-untyped-call]
-        y = _WireBoundary.apply(expert(sent), self.codecs)  # type: ignore[no-untyped-call]
+        y = _WireBoundary.apply(self._expert(expert, sent), self.codecs)  # type: ignore[no-untyped-call]
         assert isinstance(y, torch.Tensor)
         return y
 

@@ -161,6 +161,7 @@ def remote_model(
         k_min=m.k_min,
         forward_timeout=options.forward_timeout,
         timeout_after_k_min=options.timeout_after_k_min,
+        expert_dtype=m.expert_spec().torch_dtype,
     )
     portal = Portal.current()
     signer = ReceiptSigner(identity, signed.project_id)
@@ -176,6 +177,7 @@ def remote_model(
             backward_timeout=2 * options.forward_timeout,
             receipts=signer,
             codecs=m.wire.codecs(),
+            dtype=m.expert_spec().torch_dtype,
             loads=loads,
             auditor=auditor,
             voices=voices,
@@ -322,7 +324,7 @@ async def train_on(
         )
         auditor = AnswerAuditor(
             weights,
-            m.expert.spec().torch_dtype,
+            m.expert_spec().torch_dtype,
             rate=audits.answer_rate,
             row_share=audits.answer_rows,
         )

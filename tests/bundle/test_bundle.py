@@ -1,9 +1,12 @@
 """The desktop bundle, built for real with PyInstaller (installer/build.py) and run from
-its folder: `moehome --version`, `moehome node --selftest` (device benchmark, libp2p
-hosts, an expert forward on the CPU, probes) and `moehome-tray --selftest` offscreen
-(which also checks that the tray loaded neither torch, trio nor libp2p). Slow: the build
-takes ~3 minutes of one core; in a whole-suite run it starts with the session, beside
-the other tests at the lowest priority, and this test runs last (tests/bundle/building.py)."""
+its folder: `moehome --version`, `moehome node --selftest` (the device it computes on,
+device benchmark, libp2p hosts, an expert forward on that device, probes) and
+`moehome-tray --selftest` offscreen (which also checks that the tray loaded neither
+torch, trio nor libp2p). Slow: the build takes ~3 minutes of one core; in a whole-suite
+run it starts with the session, beside the other tests at the lowest priority, and this
+test runs last (tests/bundle/building.py).
+MOEHOME_BUNDLE=dist/moehome-gpu-cu128 runs it on a bundle built before (the GPU variant,
+installer/README.md), which must compute on the GPU where there is one."""
 
 from __future__ import annotations
 
@@ -16,14 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.bundle.building import BUNDLE_BUILD, BundleBuild
+from core.node.probes.gpus import SystemGpus
+from tests.bundle.building import BUNDLE_BUILD, BundleBuild, bundle_report, prebuilt_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def bundle_build(request: pytest.FixtureRequest) -> Iterator[BundleBuild]:
-    """The build started with the session (tests/conftest.py), or one started now."""
+def bundle_build(request: pytest.FixtureRequest) -> Iterator[BundleBuild | None]:
+    """The build started with the session (tests/conftest.py), or one started now; None
+    for a bundle built before (MOEHOME_BUNDLE)."""
+    if prebuilt_bundle() is not None:
+        yield None
+        return
     started = request.config.stash.get(BUNDLE_BUILD, None)
     build = started or BundleBuild.start(background=False)
     yield build
@@ -34,9 +42,15 @@ def bundle_build(request: pytest.FixtureRequest) -> Iterator[BundleBuild]:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_the_bundle_builds_and_runs(tmp_path, bundle_build):
-    code, stdout, stderr = bundle_build.wait(timeout=1100)
-    assert code == 0, stderr[-4000:]
-    report = json.loads(stdout.strip().splitlines()[-1])
+    prebuilt = prebuilt_bundle()
+    if bundle_build is None:
+        assert prebuilt is not None
+        assert prebuilt.is_dir(), f"MOEHOME_BUNDLE={prebuilt}: no such folder"
+        report = bundle_report(prebuilt)
+    else:
+        code, stdout, stderr = bundle_build.wait(timeout=1100)
+        assert code == 0, stderr[-4000:]
+        report = json.loads(stdout.strip().splitlines()[-1])
     bundle = Path(report["bundle"])
     assert report["bundle_mb"] > 100  # torch is in
     assert {"moehome", "moehome-tray"} <= set(report["executables"])
@@ -63,9 +77,20 @@ def test_the_bundle_builds_and_runs(tmp_path, bundle_build):
 
     assert run("moehome", "--version").startswith("moehome ")
     out = run("moehome", "node", "--selftest")
-    checks = ("device benchmark", "libp2p hosts", "expert forward", "probes", "training text")
+    checks = (
+        "compute device",
+        "device benchmark",
+        "libp2p hosts",
+        "expert forward",
+        "probes",
+        "training text",
+    )
     for check in checks:
         assert f"ok   {check}:" in out
+    if "-gpu-" in bundle.name and SystemGpus().nvidia().driver:
+        # the GPU variant, on a computer with an NVIDIA GPU, computes on it
+        device = next(line for line in out.splitlines() if line.startswith("ok   compute device:"))
+        assert device.endswith("(CUDA)"), device
     assert "tray selftest: ok" in run("moehome-tray", "--selftest")
     if sys.platform.startswith("linux"):
         desktop = (bundle / "moehome.desktop").read_text()

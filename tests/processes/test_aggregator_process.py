@@ -81,7 +81,7 @@ async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path)
     )
     prepared = prepare(manifest, OwnerKey.generate(), (), tmp_path / "owner")
     pid = prepared.signed.project_id
-    spec = prepared.signed.manifest.model.expert.spec()
+    spec = prepared.signed.manifest.model.expert_spec()
     uid = "ffn0.0.0"
     params = {n: p.numel() for n, p in build_expert(spec).named_parameters()}
 

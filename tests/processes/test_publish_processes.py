@@ -62,7 +62,7 @@ async def test_a_volunteer_process_joins_a_published_project(tmp_path):
             volunteer = parse_peer_addr(line.strip()).peer_id
             await owner_peer.host.connect_addr(line.strip())
             info = await owner_peer.rpc.call(volunteer, INFO, {"uid": "ffn0.1.1"})
-            spec = prepared.signed.manifest.model.expert.spec()
+            spec = prepared.signed.manifest.model.expert_spec()
             assert info.meta["sha256"] == weights_hash(
                 build_expert(spec, seed=seed_for(0, "ffn0.1.1"))
             )

@@ -107,7 +107,11 @@ def auditing_by_opinions(
         max_bytes=1024,
     )
     assert weights.expert_bytes > 1024
-    caller = ExpertCaller(trainer.rpc, codecs=signed.manifest.model.wire.codecs())
+    caller = ExpertCaller(
+        trainer.rpc,
+        codecs=signed.manifest.model.wire.codecs(),
+        dtype=signed.manifest.model.expert_spec().torch_dtype,
+    )
     refs = [ExpertServerRef(p.peer_id) for p in servers]
     opinions: list[str] = []
 
@@ -151,7 +155,11 @@ async def test_a_trainer_audits_answers_on_every_version_and_excludes_a_cheater(
         auditor = AnswerAuditor(weights, spec.torch_dtype, rate=1.0)
         await nursery.start(weights.watch)
         await nursery.start(auditor.run)
-        caller = ExpertCaller(trainer.rpc, codecs=signed.manifest.model.wire.codecs())
+        caller = ExpertCaller(
+            trainer.rpc,
+            codecs=signed.manifest.model.wire.codecs(),
+            dtype=signed.manifest.model.expert_spec().torch_dtype,
+        )
         caller.auditor = auditor
 
         async def answers(peer, n: int = 4) -> None:

@@ -58,7 +58,7 @@ def local_model(manifest_path: Path) -> MixtralTrainerModel:
     routed by the top k of the full router (what transformers computes)."""
     manifest = load_manifest(manifest_path)
     m = manifest.model
-    spec = m.expert.spec()
+    spec = m.expert_spec()
 
     def block(_layer: int, grid) -> LocalGridMixture:
         experts = [build_expert(spec, seed=seed_for(manifest.weights.seed, str(u))) for u in grid]

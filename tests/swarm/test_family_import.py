@@ -77,7 +77,7 @@ def local_model(manifest_path: Path, experts: dict[str, bytes]) -> MixtralTraine
     seed), each layer's experts here, loaded from the published files."""
     manifest = load_manifest(manifest_path)
     m = manifest.model
-    spec = m.expert.spec()
+    spec = m.expert_spec()
 
     def block(_layer: int, grid) -> LocalGridMixture:
         modules = []

@@ -154,7 +154,7 @@ async def test_publish_then_a_volunteer_fetches_verifies_and_loads(tmp_path):
             from core.experts.registry import build_expert
 
             expected = build_expert(
-                prepared.signed.manifest.model.expert.spec(), seed=seed_for(0, uid)
+                prepared.signed.manifest.model.expert_spec(), seed=seed_for(0, uid)
             )
             assert backends[uid].sha256 == weights_hash(expected)
         assert service.served > 0

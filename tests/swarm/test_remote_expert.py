@@ -95,9 +95,12 @@ async def test_bad_inputs_get_clear_errors_and_the_server_goes_on():
     ):
         ref = ExpertServerRef(swarm.node(0).peer_id, server.backends["ffn.0.0"].sha256)
         caller = ExpertCaller(swarm.node(1).rpc)
+        # a caller that sends another dtype than the expert's (the manifest's) is told
+        wrong_dtype = ExpertCaller(swarm.node(1).rpc, dtype=torch.float64)
+        with pytest.raises(ExpertCallError, match="float32"):
+            await wrong_dtype.forward("ffn.0.0", [ref], torch.randn(2, 16))
         bad = [
             (torch.randn(2, 15), "hidden=16"),
-            (torch.randn(2, 16, dtype=torch.float64), "float32"),
             (torch.randn(2, 3, 16), r"\[batch, hidden\]"),
             (torch.full((2, 16), float("nan")), "NaN"),
             (torch.randn(5000, 16), "outside"),

@@ -4,11 +4,14 @@ import pytest
 
 from core.experts.registry import ExpertSpec
 from core.node.capacity import (
+    FORMER_BYTES_PER_PARAM,
+    GRAPH_SHARE,
     choose_device,
     experts_that_fit,
     graph_cache_bytes,
     memory_budget,
     parameter_count,
+    params_per_gb,
 )
 from core.node.choice import choose_experts, rebalance
 
@@ -79,16 +82,30 @@ def test_memory_budget(free, cap_gb, expected):
 
 
 @pytest.mark.parametrize(
-    ("params", "budget", "wanted", "expected"),
+    ("params", "weight_bytes", "on_gpu", "budget", "wanted", "expected"),
     [
-        (1_000_000, 200_000_000, None, 7),  # 20 MB each (4 B x 5), a quarter for graphs
-        (1_000_000, 200_000_000, 3, 3),  # the volunteer asked for fewer
-        (1_000_000, 20_000_000, 3, 0),  # not even one fits beside the graphs' share
-        (10, 10**12, None, 64),  # tiny experts: at most MOST_EXPERTS
+        # float32 on the CPU: weights, sums, previous weights, residual (16 B), a quarter
+        # of the budget for graphs, one gradient and one swap copy (8 B) once
+        (1_000_000, 4, False, 200_000_000, None, 8),
+        # the same on a GPU (the residual in RAM): 12 B each
+        (1_000_000, 4, True, 200_000_000, None, 11),
+        # bfloat16 on a GPU: 2 + 4 + 2 = 8 B each, 4 B once
+        (1_000_000, 2, True, 200_000_000, None, 18),
+        (1_000_000, 2, True, 200_000_000, 3, 3),  # the volunteer asked for fewer
+        (1_000_000, 4, False, 20_000_000, 3, 0),  # not even one fits beside the graphs' share
+        (1_000_000, 4, False, 32_000_000, None, 1),  # 24 - 8 MB of room: one of 16 MB
+        (10, 4, False, 10**12, None, 64),  # tiny experts: at most MOST_EXPERTS
     ],
 )
-def test_experts_that_fit(params, budget, wanted, expected):
-    assert experts_that_fit(params, 4, budget, wanted) == expected
+def test_experts_that_fit(params, weight_bytes, on_gpu, budget, wanted, expected):
+    assert experts_that_fit(params, weight_bytes, budget, wanted, on_gpu=on_gpu) == expected
+
+
+def test_a_bfloat16_gpu_node_serves_at_least_two_and_a_half_times_the_former_plan():
+    """Issue 39's goal: 20 B per parameter before, 8 B now (bfloat16 on a GPU)."""
+    former = 1e9 * (1 - GRAPH_SHARE) / FORMER_BYTES_PER_PARAM
+    assert params_per_gb(2, on_gpu=True) >= 2.5 * former
+    assert params_per_gb(4, on_gpu=True) == pytest.approx(1e9 * 0.75 / 12)
 
 
 @pytest.mark.parametrize(

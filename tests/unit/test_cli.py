@@ -86,7 +86,14 @@ def test_node_selftest_checks_device_libp2p_and_an_expert(tmp_path, monkeypatch)
     monkeypatch.setenv("MOEHOME_DATA_DIR", str(tmp_path))
     result = runner.invoke(app, ["node", "--selftest"])
     assert result.exit_code == 0, result.output
-    checks = ("device benchmark", "libp2p hosts", "expert forward", "probes", "training text")
+    checks = (
+        "compute device",
+        "device benchmark",
+        "libp2p hosts",
+        "expert forward",
+        "probes",
+        "training text",
+    )
     for check in checks:
         assert f"ok   {check}:" in result.output
     assert result.output.rstrip().endswith("node selftest: ok")

@@ -70,7 +70,7 @@ def test_a_family_manifest_s_mistakes_are_named(change, data, says):
 
 
 def local_model(m: Manifest) -> MixtralTrainerModel:
-    spec = m.model.expert.spec()
+    spec = m.model.expert_spec()
 
     def block(_layer: int, grid) -> LocalGridMixture:
         experts = [build_expert(spec, seed=seed_for(3, str(uid))) for uid in grid]

@@ -48,7 +48,7 @@ def manifest(**model: object) -> Manifest:
 
 def local_model(m: Manifest, seed: int = 0) -> CharLanguageModel:
     section = m.model
-    spec = section.expert.spec()
+    spec = section.expert_spec()
     return build_model(
         section,
         lambda _i, grid: LocalMixtureOfExperts(
@@ -89,7 +89,7 @@ def test_the_local_reference_starts_from_the_published_expert_weights():
     model = local_model(m)
     mixture = model.mixtures[0]
     assert isinstance(mixture, LocalMixtureOfExperts)
-    spec = m.model.expert.spec()
+    spec = m.model.expert_spec()
     for uid, expert in zip(mixture.uids, mixture.experts, strict=True):
         published = build_expert(spec, seed=seed_for(3, uid))
         for p, q in zip(expert.parameters(), published.parameters(), strict=True):

@@ -48,7 +48,7 @@ class Nvml:
     def __init__(self) -> None:
         self._nvml: Any = None
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
 
             pynvml.nvmlInit()
             self._nvml = pynvml
