@@ -108,9 +108,9 @@ DEFAULT_MODEL = """\
 architecture = "mixtral"           # transformers' Mixtral layers (attention with rotary
                                    #   embeddings, RMS norms); the experts are SwiGLU blocks
                                    #   (or "byte": moehome's small byte model)
-dtype = "float32"                  # what volunteers hold and compute the experts in
-                                   #   (bfloat16 halves their memory and wire bytes and
-                                   #   runs on tensor cores; gradients sum in float32)
+dtype = "bfloat16"                 # what volunteers hold and compute the experts in
+                                   #   (half the memory and wire bytes of float32, and
+                                   #   tensor cores; gradients are summed in float32)
 vocab_size = 257                   # the tokenizer's ids: bytes are 256 and the end of text
 hidden = 64                        # width of the trainer-side layers and of every expert
 context = 64                       # tokens per training sample
