@@ -14,11 +14,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid.startswith("tests/gpu/"):
             item.add_marker(skip)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # torch's autograd thread warns when it is the first to use cuBLAS in a process
-    # (it sets the context itself): harmless, and the suite turns warnings into errors
-    config.addinivalue_line(
-        "filterwarnings", "ignore:Attempting to run cuBLAS, but there was no current CUDA context"
-    )

@@ -48,7 +48,7 @@ async def test_remote_expert_matches_the_local_module(spec, shape):
         served({"ffn.0.1": spec}, swarm.node(0)) as server,
     ):
         backend = server.backends["ffn.0.1"]
-        local = copy.deepcopy(backend.module)
+        local = copy.deepcopy(backend.module).cpu()  # the server's may be on a GPU
         remote = RemoteExpert(
             "ffn.0.1",
             [ExpertServerRef(swarm.node(0).peer_id, backend.sha256)],
@@ -70,7 +70,7 @@ async def test_remote_expert_matches_the_local_module(spec, shape):
         sums, samples = backend.accumulator.take()
         assert samples == shape[0]
         for name, p in local.named_parameters():
-            torch.testing.assert_close(sums[name], p.grad, msg=name)
+            torch.testing.assert_close(sums[name].cpu(), p.grad, msg=name)
 
 
 async def test_failover_to_another_server_of_the_same_expert():
