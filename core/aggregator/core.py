@@ -367,8 +367,9 @@ class AggregatorCore:
         module = self.modules[uid]
         if uid == TRUNK_UID or self.settings.spec.torch_dtype == torch.float32:
             return module
-        served = build_expert(self.settings.spec)
-        served.load_state_dict(self.published_state(uid))
+        with torch.device("meta"):  # no weights drawn only to be replaced
+            served = build_expert(self.settings.spec)
+        served.load_state_dict(self.published_state(uid), assign=True)
         return served
 
     def _strike(self, who: str, now: float) -> None:

@@ -381,3 +381,42 @@ def test_an_expert_s_aggregated_gradient_is_clipped_to_clip_norm(tmp_path):
     core.run_round(UID)
     # sgd: the step is the learning rate x the clipped gradient
     assert float((flat_weights(core) - before).norm()) == pytest.approx(0.1 * 0.01, rel=1e-4)
+
+
+def test_a_bfloat16_project_keeps_float32_masters_and_publishes_them_rounded(tmp_path):
+    """Updates smaller than a bfloat16 step add up in the masters; what volunteers get
+    (the file, its hash, the audit history) is the masters rounded."""
+    from core.experts.registry import build_expert
+    from core.experts.weights import weights_hash
+
+    spec = ExpertSpec("swiglu", 4, 8, 0, "silu", "bfloat16")
+    changes = {
+        "spec": spec,
+        "round_samples": 4,
+        "learning_rate": 1e-4,
+        "contribution_audit_rate": 0.5,
+    }
+    core = make_core(settings(**changes), tmp_path)
+    assert all(p.dtype == torch.float32 for p in core.modules[UID].parameters())
+    published = core.published_module(UID)
+    assert all(p.dtype == torch.bfloat16 for p in published.parameters())
+    assert core.weights_sha256(UID) == weights_hash(build_expert(spec, seed=0))
+    for i in range(3):
+        for v in range(3):
+            core.submit(*contribution(core, Identity.from_seed(bytes([v + 1]) * 32), version=i))
+        assert core.run_round(UID) == i + 1
+    assert core.versions[UID] == 3
+    masters = core.modules[UID].state_dict()
+    start = build_expert(spec, seed=0).float().state_dict()
+    # three small SGD steps: every master moved, though most moves are below half a
+    # bfloat16 step (the rounded weights are those of the start)
+    assert all(bool((masters[k] != start[k]).all()) for k in start)
+    same = sum(
+        int((masters[k].to(torch.bfloat16) == start[k].to(torch.bfloat16)).sum()) for k in start
+    )
+    assert same > 0.5 * sum(t.numel() for t in start.values())
+    rounded = {k: v.to(torch.bfloat16) for k, v in masters.items()}
+    assert all(torch.equal(core.published_state(UID)[k], rounded[k]) for k in rounded)
+    old = core.weights_of(UID, 2)
+    assert old is not None
+    assert all(t.dtype == torch.bfloat16 for t in old.values())
