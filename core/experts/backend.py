@@ -143,13 +143,12 @@ class GraphCache:
             del self._by_owner[graph.owner]
         return graph
 
-    def continue_numbering(self, older: GraphCache) -> None:
-        """Number handles on from ``older``'s (handles stay unique across the two)."""
-        self._next = older._next
-
-    def continued_from(self, older: GraphCache) -> GraphCache:
-        self.continue_numbering(older)
-        return self
+    def emptied(self) -> GraphCache:
+        """An empty cache with this one's limits, numbering handles on from it (a handle
+        names one graph, whatever weights it was kept on)."""
+        fresh = GraphCache(self.max_bytes, self.max_entries, self.ttl, self.max_owner_bytes)
+        fresh._next = self._next
+        return fresh
 
     def holds(self, owner: object, handle: int) -> bool:
         with self._lock:
@@ -230,6 +229,11 @@ class GradientAccumulator:
             self.samples += samples
             self.backward_batches += 1
 
+    def move_sums(self, device: torch.device | str) -> None:
+        """The sums to ``device`` (a pausing node's to host memory, and back)."""
+        with self._lock:
+            self.sums = {k: v.to(device) for k, v in self.sums.items()}
+
     def take(self) -> tuple[dict[str, torch.Tensor], int]:
         """The sums and sample count so far; the accumulator starts again from zero."""
         sums, samples, _ = self.take_with_receipts()
@@ -247,11 +251,6 @@ class GradientAccumulator:
             self.sums, self.samples, self.backward_batches, self.receipts = {}, 0, 0, []
             self.kept = KeptTensors()
             return out
-
-
-def _sums_to(accumulator: GradientAccumulator, device: torch.device) -> None:
-    with accumulator._lock:
-        accumulator.sums = {k: v.to(device) for k, v in accumulator.sums.items()}
 
 
 #: weights versions kept after a swap, at most: aggregators refuse contributions more
@@ -316,18 +315,13 @@ class ExpertBackend:
         holds the device (no batch runs)."""
         if self.device.type == "cpu":
             return
-        self.graphs = GraphCache(
-            self.graphs.max_bytes,
-            self.graphs.max_entries,
-            self.graphs.ttl,
-            self.graphs.max_owner_bytes,
-        ).continued_from(self.graphs)
+        self.graphs = self.graphs.emptied()
         for weights in self.previous:
             weights.module.to("cpu")
-            _sums_to(weights.accumulator, torch.device("cpu"))
+            weights.accumulator.move_sums("cpu")
         self.previous = [w for w in self.previous if w.accumulator.sums]
         self.module.to("cpu")
-        _sums_to(self.accumulator, torch.device("cpu"))
+        self.accumulator.move_sums("cpu")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # back to the driver, not only to torch's cache
 
@@ -336,7 +330,7 @@ class ExpertBackend:
         if self.device.type == "cpu":
             return
         self.module.to(self.device)
-        _sums_to(self.accumulator, self.device)
+        self.accumulator.move_sums(self.device)
 
     def sha256_of(self, module: nn.Module) -> str:
         return weights_hash(module)
@@ -367,8 +361,7 @@ class ExpertBackend:
         self.module.requires_grad_(True)
         self.version = version
         self.accumulator = GradientAccumulator()
-        self.graphs = GraphCache(old.max_bytes, old.max_entries, old.ttl, old.max_owner_bytes)
-        self.graphs.continue_numbering(old)  # a handle names one graph, whatever its weights
+        self.graphs = old.emptied()
 
     def accumulators(self) -> list[tuple[nn.Module, GradientAccumulator]]:
         """Every accumulator with gradients to send, with the module whose parameters they

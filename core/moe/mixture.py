@@ -59,10 +59,6 @@ class MoEConfig:
     #: When fewer than k_min experts answer for a sample, give it a zero output instead of
     #: raising MoEError.
     allow_zero_outputs: bool = False
-    #: What the experts compute in (the project's dtype): their inputs and the
-    #: gradients of their outputs are sent in it; outputs and input gradients come back
-    #: in it and are summed in the trainer's dtype.
-    expert_dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -302,7 +298,7 @@ class _RemoteCallMany(torch.autograd.Function):
         x: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         k = layer.config.k_best
-        x_cpu = x.detach().cpu().to(layer.config.expert_dtype)
+        x_cpu = x.detach().cpu()
         answers = layer.portal.run(layer._forward_calls, plan, x_cpu)
         outputs = torch.zeros(x.shape[0], k, *x.shape[1:], dtype=x.dtype)
         alive = torch.zeros(x.shape[0], k)
@@ -313,7 +309,6 @@ class _RemoteCallMany(torch.autograd.Function):
             alive[rows, slots] = 1.0
         ctx.layer = layer  # type: ignore[attr-defined]
         ctx.device = x.device  # type: ignore[attr-defined]
-        ctx.dtype = x.dtype  # type: ignore[attr-defined]
         ctx.plan = plan  # type: ignore[attr-defined]
         ctx.save_for_backward(x_cpu)
         ctx.mark_non_differentiable(alive)
@@ -331,12 +326,11 @@ class _RemoteCallMany(torch.autograd.Function):
         grads: dict[Call, torch.Tensor] = {}
         for key, (_, rows) in plan.answered.items():
             slots = [plan.uids[b].index(key[0]) for b in rows]
-            g = grad_outputs[rows, slots].to(layer.config.expert_dtype).contiguous()
+            g = grad_outputs[rows, slots].contiguous()
             if g.any():  # experts whose outputs did not matter need no call
                 grads[key] = g
         answers = layer.portal.run(layer._backward_calls, plan, x, grads)
-        # summed in the trainer's dtype: k experts' 16-bit gradients would round again
-        grad_x = torch.zeros(x.shape, dtype=ctx.dtype)
+        grad_x = torch.zeros_like(x)
         for key, gx in answers.items():
             rows = plan.answered[key][1]
             grad_x.index_add_(0, torch.tensor(rows), gx.to(grad_x.dtype))

@@ -161,7 +161,6 @@ def remote_model(
         k_min=m.k_min,
         forward_timeout=options.forward_timeout,
         timeout_after_k_min=options.timeout_after_k_min,
-        expert_dtype=m.expert_spec().torch_dtype,
     )
     portal = Portal.current()
     signer = ReceiptSigner(identity, signed.project_id)

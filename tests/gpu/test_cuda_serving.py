@@ -3,8 +3,6 @@ sums in float32, the memory plan that holds, NVML readings, pausing that frees m
 
 from __future__ import annotations
 
-from typing import Literal
-
 import pytest
 import torch
 
@@ -13,9 +11,9 @@ from core.experts.backend import ExpertBackend
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.tolerance import excess
 from core.experts.uid import ExpertUID
-from core.moe.answer_checks import recompute_rows
 from core.node.capacity import experts_that_fit, graph_cache_bytes, parameter_count
 from core.node.probes.base import Nvml
+from tests.unit.test_bf16_experts import answered
 
 SPEC = ExpertSpec("swiglu", 1024, 3584, 0, "silu", "bfloat16")
 UID = ExpertUID.parse("ffn.0.0")
@@ -33,17 +31,9 @@ def test_cuda_answers_pass_the_cpus_audits_and_a_scaled_one_does_not(codec, bloc
     gen = torch.Generator().manual_seed(1)
     worst = 0.0
     for i in range(100):
-        x = torch.randn(16, spec.hidden, generator=gen).to(torch.bfloat16)
-        kind: Literal["forward", "backward"] = "forward" if i % 2 else "backward"
-        grad = None
-        if kind == "forward":
-            answer, _ = served.forward(x)
-        else:
-            grad = (torch.randn(16, spec.hidden, generator=gen) * 1e-2).to(torch.bfloat16)
-            answer = served.input_gradients(x, grad)
+        answer, expected = answered(served, reference, "forward" if i % 2 else "backward", 16, gen)
         assert answer.dtype == torch.bfloat16
         assert answer.device.type == "cpu"
-        expected = recompute_rows(reference, kind, x, grad, torch.bfloat16)
         claimed = activations.roundtrip(answer, codec)
         worst = max(worst, excess(claimed, expected, codec, torch.bfloat16))
         # scaled by 1.25: past the bound wherever |value| > rms(row) / 3, so in every answer

@@ -53,13 +53,9 @@ def test_the_transformer_kind_is_refused_naming_kind():
         ExpertSpec(kind="transformer", hidden=16, inner=32)
 
 
-@pytest.mark.parametrize(
-    "spec", [ExpertSpec("ffn", 16, 32), ExpertSpec("swiglu", 16, 64, activation="silu")]
-)
-def test_a_kept_graph_estimate_covers_what_autograd_keeps(spec):
-    """The kept-graph cache is bounded by ``_graph_bytes``: it must not undercount the
-    activations autograd saves for a backward pass (nor wildly overcount them)."""
-    module = build_expert(spec, seed=1)
+def kept_bytes(module: torch.nn.Module, x: torch.Tensor) -> int:
+    """What a kept graph of ``module`` on ``x`` holds: the tensors autograd saves for the
+    backward pass (not the weights) and the output the cache keeps."""
     weights = {p.data_ptr() for p in module.parameters()}
     saved: dict[int, int] = {}
 
@@ -68,10 +64,20 @@ def test_a_kept_graph_estimate_covers_what_autograd_keeps(spec):
             saved[t.data_ptr()] = t.numel() * t.element_size()
         return t
 
-    x = torch.randn(8, spec.hidden).requires_grad_(True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = module(x)
-    kept = sum(saved.values()) + out.numel() * out.element_size()
+    return sum(saved.values()) + out.numel() * out.element_size()
+
+
+@pytest.mark.parametrize(
+    "spec", [ExpertSpec("ffn", 16, 32), ExpertSpec("swiglu", 16, 64, activation="silu")]
+)
+def test_a_kept_graph_estimate_covers_what_autograd_keeps(spec):
+    """The kept-graph cache is bounded by ``_graph_bytes``: it must not undercount the
+    activations autograd saves for a backward pass (nor wildly overcount them)."""
+    module = build_expert(spec, seed=1)
+    x = torch.randn(8, spec.hidden).requires_grad_(True)
+    kept = kept_bytes(module, x)
     estimate = ExpertBackend(ExpertUID.parse("ffn.0"), spec, module)._graph_bytes(x)
     assert kept <= estimate <= 2 * kept
 

@@ -37,6 +37,26 @@ def test_compute_dtype(dtype, device, expected):
     assert compute_dtype(dtype, torch.device(device)) == expected
 
 
+def answered(
+    served: ExpertBackend,
+    reference: torch.nn.Module,
+    kind: Literal["forward", "backward"],
+    rows: int,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bfloat16 answer of ``served`` to random rows (outputs, or input gradients of
+    small output gradients), and the auditor's recomputation of it with ``reference``."""
+    hidden = served.spec.hidden
+    x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
+    grad = None
+    if kind == "forward":
+        answer, _ = served.forward(x)
+    else:
+        grad = (torch.randn(rows, hidden, generator=gen) * 1e-2).to(torch.bfloat16)
+        answer = served.input_gradients(x, grad)
+    return answer, recompute_rows(reference, kind, x, grad, torch.bfloat16)
+
+
 @pytest.mark.parametrize("codec", ["raw", "q8"])
 def test_cpu_answers_of_a_bfloat16_expert_pass_audits_and_scaled_ones_fail(codec):
     served = ExpertBackend(UID, SPEC, build_expert(SPEC, seed=1), device="cpu")
@@ -44,16 +64,8 @@ def test_cpu_answers_of_a_bfloat16_expert_pass_audits_and_scaled_ones_fail(codec
     assert served.sha256 == ExpertBackend(UID, SPEC, build_expert(SPEC, seed=1)).sha256
     gen = torch.Generator().manual_seed(0)
     for i in range(20):
-        x = torch.randn(8, SPEC.hidden, generator=gen).to(torch.bfloat16)
-        kind: Literal["forward", "backward"] = "forward" if i % 2 else "backward"
-        grad = None
-        if kind == "forward":
-            answer, _ = served.forward(x)
-        else:
-            grad = (torch.randn(8, SPEC.hidden, generator=gen) * 1e-2).to(torch.bfloat16)
-            answer = served.input_gradients(x, grad)
+        answer, expected = answered(served, reference, "forward" if i % 2 else "backward", 8, gen)
         assert answer.dtype == torch.bfloat16
-        expected = recompute_rows(reference, kind, x, grad, torch.bfloat16)
         assert expected.dtype == torch.float32  # the exact value of the named computation
         claimed = activations.roundtrip(answer, codec)
         assert excess(claimed, expected, codec, torch.bfloat16) <= 1

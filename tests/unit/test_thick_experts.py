@@ -42,6 +42,8 @@ from core.project.signed import SignedManifest
 from core.project.template import DEFAULT_MODEL, model_block
 from core.trainer.export import check_exportable, export_project
 from net import Peer
+from tests.swarm.test_experts_units import kept_bytes
+from tests.unit.test_trainer_family import MODEL
 
 FFN = ExpertSpec("ffn", 16, 32)
 SWIGLU = ExpertSpec("swiglu", 16, 24, activation="silu")
@@ -232,18 +234,8 @@ def test_the_kept_graph_estimate_covers_what_autograd_keeps(spec, dtype):
     autograd saves for the backward (and the output the cache holds), at most twice it."""
     spec = thick(spec, spec.blocks, dtype=dtype)
     module = build_expert(spec, seed=1)
-    weights = {p.data_ptr() for p in module.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.data_ptr() not in weights:
-            saved[t.data_ptr()] = t.numel() * t.element_size()
-        return t
-
     x = torch.randn(8, spec.hidden, dtype=spec.torch_dtype).requires_grad_(True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = module(x)
-    kept = sum(saved.values()) + out.numel() * out.element_size()
+    kept = kept_bytes(module, x)
     estimate = ExpertBackend(ExpertUID.parse("ffn.0"), spec, module)._graph_bytes(x)
     assert kept <= estimate <= 2 * kept
 
@@ -263,19 +255,6 @@ def test_four_blocks_have_four_times_the_parameters_plus_norms(spec, norms):
 
 
 # ---------------------------------------------------------------- the manifest
-
-MODEL = {
-    "architecture": "mixtral",
-    "vocab_size": 257,
-    "hidden": 32,
-    "context": 16,
-    "mixture_layers": 2,
-    "grid": [2, 2],
-    "k_best": 2,
-    "heads": 4,
-    "kv_heads": 2,
-    "expert": {"kind": "swiglu", "hidden": 32, "inner": 48},
-}
 
 
 def manifest(**expert: object) -> Manifest:
