@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from core.experts.uid import ExpertUID, Grid
-from core.moe.finder import advance_beams
+from core.experts.uid import Grid
+from core.moe.beams import beam_search
 
 
 class GridGate(nn.Module):
@@ -90,28 +90,10 @@ def chosen_weights(router_logits: torch.Tensor, chosen: torch.Tensor) -> torch.T
 
 def beam_search_top_k(per_dim: Sequence[torch.Tensor], grid: Grid, k: int) -> torch.Tensor:
     """The experts moehome's beam search chooses with every expert alive, as indices in
-    the grid's order [tokens, k], best first (``advance_beams``, as the trainer runs it)."""
-    alive = {
-        prefix: frozenset(range(grid.shape[depth]))
-        for uid in grid
-        for depth, prefix in enumerate(uid.prefixes())
-    }
-    scores = [p.detach().double().tolist() for p in per_dim]
-    dims = len(grid.shape)
-    rows = []
-    for t in range(per_dim[0].shape[0]):
-        beams = [(grid.root_prefix, 0.0)]
-        for d in range(dims):
-            beams = advance_beams(beams, scores[d][t], alive, k, last=d == dims - 1)
-        rows.append([_flat_index(uid, grid.shape) for uid, _ in beams])
-    return torch.tensor(rows, dtype=torch.long, device=per_dim[0].device)
-
-
-def _flat_index(uid: str, shape: Sequence[int]) -> int:
-    index = 0
-    for c, n in zip(ExpertUID.parse(uid).coords, shape, strict=True):
-        index = index * n + c
-    return index
+    the grid's order [tokens, k], best first (as the trainer runs it: core/moe/beams.py)."""
+    if tuple(p.shape[-1] for p in per_dim) != grid.shape:
+        raise ValueError(f"scores of {[p.shape[-1] for p in per_dim]} for a grid {grid.shape}")
+    return beam_search([p.detach() for p in per_dim], k).experts
 
 
 def load_balancing_loss(

@@ -8,16 +8,20 @@ answers are cached for ``cache_ttl`` seconds.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import torch
 import trio
 
 from core.experts.records import SERVING, ExpertAnnouncement, PrefixAnnouncement, expert_key
 from core.experts.uid import Grid
+from core.moe import beams
+from core.moe.beams import Routing
 from core.moe.client import ExpertServerRef
 from net import DhtNode, PeerID, RecordRejected
 
@@ -47,6 +51,18 @@ def advance_beams(
                 candidates.append((name, score + scores[coord]))
     candidates.sort(key=lambda b: (-b[1], b[0]))
     return candidates[:k]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _name(grid: Grid, index: int, depth: int) -> str:
+    """The name of the prefix of ``depth`` coordinates at flat ``index`` (row-major over
+    the grid's first ``depth`` sizes): ``ffn.3.`` ; at the grid's depth, the uid."""
+    coords = []
+    for n in reversed(grid.shape[:depth]):
+        index, c = divmod(index, n)
+        coords.append(str(c))
+    name = ".".join([grid.layer, *reversed(coords)])
+    return name if depth == len(grid.shape) else name + "."
 
 
 # ---------------------------------------------------------------- pure failure policy
@@ -199,24 +215,46 @@ class ExpertFinder:
         relayed = {s.peer_id for s in out if host is not None and host.relayed_only(s.peer_id)}
         return rank_servers(out, self._latency, relayed)
 
+    async def route(self, per_dim: Sequence[torch.Tensor], k: int) -> Routing:
+        """The best ``k`` live experts of every sample, on the scores' device:
+        ``per_dim[d]`` [B, n_d] holds the samples' gating scores over grid dimension d.
+        Between dimensions, the prefixes in the beams are looked up (cached)."""
+        device = per_dim[0].device
+        prefix, score = beams.start(per_dim[0].shape[0], device)
+        for d, scores in enumerate(per_dim):
+            alive = await self._level_alive(prefix, score, d)
+            prefix, score = beams.step(prefix, score, scores, alive, k, self.grid.shape[:d])
+        return beams.finish(prefix, score)
+
     async def beam_search(
         self, scores: Sequence[Sequence[Sequence[float]]], k: int
     ) -> list[list[str]]:
-        """The best ``k`` live uids for every sample.
+        """``route`` with scores and results as lists: ``scores[d][b]`` holds sample b's
+        gating scores over grid dimension d; the best ``k`` live uids of each sample."""
+        routing = await self.route([torch.tensor(s, dtype=torch.float64) for s in scores], k)
+        experts, valid = routing.experts.tolist(), routing.valid.tolist()
+        return [
+            [self.uid_name(e) for e, ok in zip(row, ok_row, strict=True) if ok]
+            for row, ok_row in zip(experts, valid, strict=True)
+        ]
 
-        ``scores[d][b]`` holds sample b's gating scores over grid dimension d.
-        """
-        batch = len(scores[0])
-        beams: list[list[Beam]] = [[(self.grid.root_prefix, 0.0)] for _ in range(batch)]
-        dims = len(self.grid.shape)
-        for d in range(dims):
-            prefixes = sorted({prefix for sample in beams for prefix, _ in sample})
-            alive = await self._alive_many(prefixes)
-            beams = [
-                advance_beams(beams[b], scores[d][b], alive, k, last=d == dims - 1)
-                for b in range(batch)
-            ]
-        return [[uid for uid, _ in sample] for sample in beams]
+    def uid_name(self, expert: int) -> str:
+        """The uid of the expert at flat index ``expert`` (the grid's row-major order)."""
+        return _name(self.grid, expert, len(self.grid.shape))
+
+    async def _level_alive(
+        self, prefix: torch.Tensor, score: torch.Tensor, depth: int
+    ) -> beams.LevelAlive:
+        """The live next coordinates of every prefix in the beams (one lookup each)."""
+        keys = torch.unique(prefix[torch.isfinite(score)]).cpu()
+        names = [_name(self.grid, i, depth) for i in keys.tolist()]
+        alive = await self._alive_many(names)
+        n = self.grid.shape[depth]
+        table = torch.zeros(len(names), n, dtype=torch.bool)
+        for i, name in enumerate(names):
+            coords = [c for c in alive[name] if 0 <= c < n]
+            table[i, coords] = True
+        return beams.LevelAlive(keys.to(prefix.device), table.to(prefix.device))
 
     async def _alive_many(self, prefixes: Sequence[str]) -> dict[str, frozenset[int]]:
         out: dict[str, frozenset[int]] = {}

@@ -9,7 +9,6 @@ the forward pass, to the same server (or one with the same weights).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -21,7 +20,9 @@ import trio
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from core.experts.uid import ExpertUID, Grid
+from core.experts.uid import Grid
+from core.moe import beams
+from core.moe.beams import Routing
 from core.moe.client import (
     DUMMY,
     ExpertCaller,
@@ -31,15 +32,11 @@ from core.moe.client import (
     Portal,
     same_weights,
 )
+from core.moe.dispatch import Dispatch, Span
 from core.moe.finder import ExpertFinder
 from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS
 
 log = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _coords(uid: str) -> tuple[int, ...]:
-    return ExpertUID.parse(uid).coords
 
 
 class MoEError(RuntimeError):
@@ -81,20 +78,18 @@ class MoEStatistics:
     versions: dict[str, int] = field(default_factory=dict)
 
 
-#: one call of a forward pass: the expert's uid and which part of its rows
-Call = tuple[str, int]
-
-
 @dataclass
 class _Plan:
     """One forward pass's routing, kept for its backward pass."""
 
-    uids: list[list[str]]  # per sample, the chosen experts (at most k)
+    routing: Routing  # on the gate's device
+    dispatch: Dispatch  # its pairs grouped by expert (host tensors)
+    names: dict[int, str]  # uid of each chosen expert (flat index)
     servers: dict[str, list[ExpertServerRef]]
     keep: bool = False  # ask servers to keep forward graphs (a backward pass follows)
-    # filled by the forward calls: (uid, part) -> (the answer, sample rows); an expert's
-    # rows may go to several of its servers in parts (ServerLoads.parts)
-    answered: dict[Call, tuple[ForwardResult, list[int]]] = field(default_factory=dict)
+    # filled by the forward calls: each answered call's result; an expert's rows may go
+    # to several of its servers in parts (ServerLoads.parts)
+    answered: dict[Span, ForwardResult] = field(default_factory=dict)
 
 
 class RemoteMixtureOfExperts(nn.Module):
@@ -134,61 +129,53 @@ class RemoteMixtureOfExperts(nn.Module):
     def mix(self, x: torch.Tensor, per_dim: Sequence[torch.Tensor]) -> torch.Tensor:
         """The chosen experts' outputs for ``x``, mixed by the softmax of their scores:
         ``per_dim`` holds each grid dimension's scores [batch, n_d]."""
-        batch, k = x.shape[0], self.config.k_best
-        scores = [p.detach().float().tolist() for p in per_dim]
-        plan = self.portal.run(self._plan, scores)
+        plan = self.portal.run(self._plan, [p.detach() for p in per_dim])
         plan.keep = torch.is_grad_enabled()
         outputs, alive = _RemoteCallMany.apply(DUMMY, self, plan, x)  # type: ignore[no-untyped-call]
 
         # gating scores of the chosen experts: the sum of their per-dimension scores
-        # (one tensor built from lists: a per-token loop of small tensors costs ~50 ms
-        # for 1024 tokens)
-        pad = (0,) * len(self.grid.shape)
-        coords = torch.tensor(
-            [[_coords(u) for u in uids] + [pad] * (k - len(uids)) for uids in plan.uids],
-            dtype=torch.long,
-            device=x.device,
-        ).view(batch, k, len(self.grid.shape))
+        # (slots without an expert hold expert 0, and are masked out below)
+        coords = beams.coordinates(plan.routing.experts, self.grid.shape)
         chosen = sum(p.gather(1, coords[:, :, d]) for d, p in enumerate(per_dim))
         assert isinstance(chosen, torch.Tensor)
         chosen = chosen.masked_fill(alive == 0, float("-inf"))
         # in float32 whatever the model's dtype, as Mixtral's router; rows with no expert: zeros
         weights = torch.softmax(chosen.float(), dim=1).nan_to_num(0.0)
-        weights = weights.view(batch, k, *([1] * (x.dim() - 1))).to(outputs.dtype)
+        weights = weights.view(*weights.shape, *([1] * (x.dim() - 1))).to(outputs.dtype)
         mixed: torch.Tensor = (weights * outputs).sum(dim=1)
         return mixed
 
-    async def _plan(self, scores: Sequence[Sequence[Sequence[float]]]) -> _Plan:
-        uids = await self.finder.beam_search(scores, self.config.k_best)
-        servers = await self.finder.servers_many([u for sample in uids for u in sample])
-        return _Plan(uids, servers)
+    async def _plan(self, per_dim: Sequence[torch.Tensor]) -> _Plan:
+        routing = await self.finder.route(per_dim, self.config.k_best)
+        dispatch = Dispatch.of(routing)
+        names = {e: self.finder.uid_name(e) for e in dispatch.experts}
+        servers = await self.finder.servers_many(list(names.values()))
+        return _Plan(routing, dispatch, names, servers)
 
     # ---- the calls (trio side)
 
-    def _calls(self, plan: _Plan) -> dict[Call, list[int]]:
+    def _calls(self, plan: _Plan) -> list[Span]:
         """Each chosen expert's sample rows, split over its servers when its work is long
-        enough (core/moe/load.py ``split_parts``)."""
-        rows_of: dict[str, list[int]] = defaultdict(list)
-        for b, uids in enumerate(plan.uids):
-            for uid in uids:
-                if plan.servers.get(uid):
-                    rows_of[uid].append(b)
+        enough (core/moe/load.py ``split_parts``); experts nobody serves get no call."""
         loads = self.caller.loads
         units = FORWARD_UNITS + (BACKWARD_UNITS if plan.keep else 0.0)
-        calls: dict[Call, list[int]] = {}
-        for uid, rows in rows_of.items():
-            n = 1
-            if loads is not None:
-                n = loads.parts([s.peer_id for s in plan.servers[uid]], len(rows), units)
-            for part in range(n):
-                calls[(uid, part)] = rows[part * len(rows) // n : (part + 1) * len(rows) // n]
-        return calls
 
-    async def _forward_calls(self, plan: _Plan, x: torch.Tensor) -> dict[Call, torch.Tensor]:
+        def parts(expert: int, rows: int) -> int:
+            servers = plan.servers.get(plan.names[expert])
+            if not servers:
+                return 0
+            if loads is None:
+                return 1
+            return loads.parts([s.peer_id for s in servers], rows, units)
+
+        return plan.dispatch.spans(parts)
+
+    async def _forward_calls(self, plan: _Plan, x: torch.Tensor) -> dict[Span, torch.Tensor]:
         cfg = self.config
         calls = self._calls(plan)
-        answers: dict[Call, torch.Tensor] = {}
-        counts = [0] * x.shape[0]
+        inputs = plan.dispatch.gather(x, calls)
+        answers: dict[Span, torch.Tensor] = {}
+        counts = torch.zeros(x.shape[0], dtype=torch.int32)
         unanswered = set(calls)
         late_rows = 0
         enough = trio.Event()
@@ -198,94 +185,107 @@ class RemoteMixtureOfExperts(nn.Module):
             if not unanswered:
                 finished.set()
                 enough.set()
-            elif min(counts) >= cfg.k_min:
+            elif int(counts.min()) >= cfg.k_min:
                 enough.set()
 
-        async def call(key: Call, rows: list[int]) -> None:
-            uid = key[0]
+        async def call(span: Span, rows: torch.Tensor) -> None:
+            uid = plan.names[span.expert]
             try:
-                result = await self.caller.forward(uid, plan.servers[uid], x[rows], keep=plan.keep)
+                result = await self.caller.forward(uid, plan.servers[uid], rows, keep=plan.keep)
                 y = result.outputs
                 if cfg.detect_anomalies and not torch.isfinite(y).all():
                     self.stats.anomalies += 1
                     self.finder.report_failure(result.server)
                     log.warning("%s answered NaN or infinity; masked out", uid)
                 else:
-                    answers[key] = y
-                    plan.answered[key] = (result, rows)
+                    answers[span] = y
+                    plan.answered[span] = result
                     self.stats.answered_by[str(result.server.peer_id)] += 1
                     old = self.stats.versions.get(uid, 0)
                     self.stats.versions[uid] = max(old, result.server.version)
-                    for b in rows:
-                        counts[b] += 1
+                    counts.index_add_(0, plan.dispatch.rows_of(span), _ones(len(span)))
             except ExpertCallError as exc:
                 self.stats.failed_calls += 1
                 log.info("expert %s failed: %s", uid, exc)
             finally:
-                unanswered.discard(key)
+                unanswered.discard(span)
                 check()
 
         self.stats.batches += 1
         self.stats.expert_calls += len(calls)
-        for uid, part in calls:
-            if part == 0:
-                self.stats.called[uid] += 1
-        check()
+        for span in calls:
+            if span.part == 0:
+                self.stats.called[plan.names[span.expert]] += 1
+        if x.shape[0]:
+            check()
+        else:
+            enough.set()
+            finished.set()
         with trio.move_on_after(cfg.forward_timeout):
             async with trio.open_nursery() as nursery:
-                for key, rows in calls.items():
-                    nursery.start_soon(call, key, rows)
+                for span, rows in zip(calls, inputs, strict=True):
+                    nursery.start_soon(call, span, rows)
                 await enough.wait()
                 with trio.move_on_after(cfg.timeout_after_k_min):
                     await finished.wait()
                 self.stats.late_calls += len(unanswered)
-                late_rows = sum(len(calls[key]) for key in unanswered)  # cancelling empties it
+                late_rows = sum(len(span) for span in unanswered)  # cancelling empties it
                 nursery.cancel_scope.cancel()
         if plan.keep:
-            self.stats.forward_rows += sum(len(calls[key]) for key in answers)
+            self.stats.forward_rows += sum(len(span) for span in answers)
             self.stats.late_rows += late_rows
-        if min(counts, default=cfg.k_min) < cfg.k_min and not cfg.allow_zero_outputs:
-            short = sum(c < cfg.k_min for c in counts)
+        if x.shape[0] and int(counts.min()) < cfg.k_min and not cfg.allow_zero_outputs:
+            short = int((counts < cfg.k_min).sum())
             raise MoEError(
-                f"{short} of {len(counts)} samples got fewer than k_min={cfg.k_min} answers"
+                f"{short} of {x.shape[0]} samples got fewer than k_min={cfg.k_min} answers"
             )
         return answers
 
     async def _backward_calls(
-        self, plan: _Plan, x: torch.Tensor, grads: dict[Call, torch.Tensor]
-    ) -> dict[Call, torch.Tensor]:
+        self, plan: _Plan, x: torch.Tensor, grads: dict[Span, torch.Tensor]
+    ) -> dict[Span, torch.Tensor]:
         cfg = self.config
-        out: dict[Call, torch.Tensor] = {}
+        out: dict[Span, torch.Tensor] = {}
+        spans = list(grads)
+        inputs = dict(zip(spans, plan.dispatch.gather(x, spans), strict=True))
 
-        async def call(key: Call) -> None:
-            uid = key[0]
-            result, rows = plan.answered[key]
+        async def call(span: Span) -> None:
+            uid = plan.names[span.expert]
+            result = plan.answered[span]
             same = same_weights(result.server, plan.servers[uid])
             try:
-                out[key] = await self.caller.backward(uid, same, x[rows], grads[key], kept=result)
+                out[span] = await self.caller.backward(
+                    uid, same, inputs[span], grads[span], kept=result
+                )
             except ExpertCallError as exc:
                 self.stats.failed_calls += 1
                 log.info("backward of %s failed: %s", uid, exc)
 
         with trio.move_on_after(cfg.backward_timeout):
             async with trio.open_nursery() as nursery:
-                for key in grads:
-                    nursery.start_soon(call, key)
-        counts = [0] * x.shape[0]
-        for key in out:
-            for b in plan.answered[key][1]:
-                counts[b] += 1
-        self.stats.backward_rows += sum(len(plan.answered[key][1]) for key in out)
-        needed = [b for key in grads for b in plan.answered[key][1]]
+                for span in spans:
+                    nursery.start_soon(call, span)
+        counts = torch.zeros(x.shape[0], dtype=torch.int32)
+        needed = torch.zeros(x.shape[0], dtype=torch.bool)
+        for span in spans:
+            rows = plan.dispatch.rows_of(span)
+            needed[rows] = True
+            if span in out:
+                counts.index_add_(0, rows, _ones(len(span)))
+        self.stats.backward_rows += sum(len(span) for span in out)
         if (
-            needed
-            and min(counts[b] for b in needed) < cfg.backward_k_min
+            bool(needed.any())
+            and int(counts[needed].min()) < cfg.backward_k_min
             and not cfg.allow_zero_outputs
         ):
             raise MoEError(
                 f"fewer than backward_k_min={cfg.backward_k_min} experts answered the backward pass"
             )
         return out
+
+
+def _ones(n: int) -> torch.Tensor:
+    return torch.ones(n, dtype=torch.int32)
 
 
 class _RemoteCallMany(torch.autograd.Function):
@@ -297,16 +297,9 @@ class _RemoteCallMany(torch.autograd.Function):
         plan: _Plan,
         x: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        k = layer.config.k_best
         x_cpu = x.detach().cpu()
         answers = layer.portal.run(layer._forward_calls, plan, x_cpu)
-        outputs = torch.zeros(x.shape[0], k, *x.shape[1:], dtype=x.dtype)
-        alive = torch.zeros(x.shape[0], k)
-        for key, y in answers.items():
-            rows = plan.answered[key][1]
-            slots = [plan.uids[b].index(key[0]) for b in rows]
-            outputs[rows, slots] = y.to(x.dtype)
-            alive[rows, slots] = 1.0
+        outputs, alive = plan.dispatch.combine(answers, x.shape[1:], x.dtype)
         ctx.layer = layer  # type: ignore[attr-defined]
         ctx.device = x.device  # type: ignore[attr-defined]
         ctx.plan = plan  # type: ignore[attr-defined]
@@ -322,16 +315,16 @@ class _RemoteCallMany(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         layer: RemoteMixtureOfExperts = ctx.layer
         plan: _Plan = ctx.plan
-        grad_outputs = grad_outputs.cpu()
-        grads: dict[Call, torch.Tensor] = {}
-        for key, (_, rows) in plan.answered.items():
-            slots = [plan.uids[b].index(key[0]) for b in rows]
-            g = grad_outputs[rows, slots].contiguous()
-            if g.any():  # experts whose outputs did not matter need no call
-                grads[key] = g
+        dispatch = plan.dispatch
+        spans = sorted(plan.answered, key=lambda s: s.start)
+        grouped = dispatch.per_pair(grad_outputs.cpu())  # [N, ...] in dispatch order
+        # experts whose outputs did not matter need no call
+        mattered = dispatch.any_nonzero(grouped, spans)
+        grads = {
+            span: g
+            for span, g, m in zip(spans, dispatch.take(grouped, spans), mattered, strict=True)
+            if m
+        }
         answers = layer.portal.run(layer._backward_calls, plan, x, grads)
-        grad_x = torch.zeros_like(x)
-        for key, gx in answers.items():
-            rows = plan.answered[key][1]
-            grad_x.index_add_(0, torch.tensor(rows), gx.to(grad_x.dtype))
+        grad_x = dispatch.scatter_add(answers, torch.zeros_like(x))
         return None, None, None, grad_x.to(ctx.device)

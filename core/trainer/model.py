@@ -28,7 +28,8 @@ from core.experts import activations
 from core.experts.activations import WireCodecs
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.uid import Grid
-from core.moe.finder import advance_beams
+from core.moe.beams import beam_search
+from core.moe.dispatch import Dispatch
 from core.moe.mixture import RemoteMixtureOfExperts
 from core.project.manifest import ModelSection
 from core.project.publish import seed_for
@@ -168,30 +169,24 @@ class LocalMixtureOfExperts(nn.Module):
         self.register_buffer(
             "_coords", torch.tensor([uid.coords for uid in grid]), persistent=False
         )
-        self._alive = _full_grid(grid)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.proj(x)
         per_dim = logits.split(list(self.grid.shape), dim=-1)
-        scores = [p.detach().float().tolist() for p in per_dim]
-        dims = len(self.grid.shape)
-        beams = [[(self.grid.root_prefix, 0.0)] for _ in range(x.shape[0])]
-        for d in range(dims):
-            beams = [
-                advance_beams(b, scores[d][i], self._alive, self.k_best, last=d == dims - 1)
-                for i, b in enumerate(beams)
-            ]
-        chosen = torch.tensor([[self._index[uid] for uid, _ in b] for b in beams], device=x.device)
+        # every expert alive: the beam search as tensor operations on x's device
+        routing = beam_search([p.detach() for p in per_dim], self.k_best)
+        chosen = routing.experts
         coords = self._coords[chosen]
         gate = sum(p.gather(1, coords[:, :, d]) for d, p in enumerate(per_dim))
         assert isinstance(gate, torch.Tensor)
         weights = torch.softmax(gate, dim=1)
         out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            rows, slots = (chosen == e).nonzero(as_tuple=True)
-            if rows.numel():
-                y = self._through_wire(expert, x[rows])
-                out = out.index_add(0, rows, weights[rows, slots].unsqueeze(1) * y)
+        dispatch = Dispatch.of(routing)
+        for span in dispatch.spans():
+            rows = dispatch.rows_of(span).to(x.device)
+            slots = dispatch.slots[span.start : span.stop].to(x.device)
+            y = self._through_wire(self.experts[span.expert], x[rows])
+            out = out.index_add(0, rows, weights[rows, slots].unsqueeze(1) * y)
         return out
 
     def _expert(self, expert: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -227,12 +222,3 @@ class _WireBoundary(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = activations.roundtrip(grad.contiguous(), ctx.codecs.gradients, stochastic=True)
         return grad, None
-
-
-def _full_grid(grid: Grid) -> dict[str, frozenset[int]]:
-    """Every prefix of the grid -> all its next coordinates (all experts alive)."""
-    alive: dict[str, frozenset[int]] = {}
-    for uid in grid:
-        for depth, prefix in enumerate(uid.prefixes()):
-            alive[prefix] = frozenset(range(grid.shape[depth]))
-    return alive
