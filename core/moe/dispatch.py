@@ -1,28 +1,32 @@
 """Dispatch and combine as tensor operations: a routing's (sample, slot) pairs grouped
-by expert, each expert's rows cut into calls, the calls' inputs gathered at once and
-their answers put back at once. No step loops over samples; the loops that remain go
-over calls, which are network requests anyway."""
+by expert, each expert's rows cut into calls, the calls' inputs gathered at once, their
+answers written into one buffer in the same order and put back at once. No step loops
+over samples; what loops over calls is the calls' own bookkeeping (they are network
+requests: a task each)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from core.moe.beams import Routing
 
 
-@dataclass(frozen=True)
-class Span:
-    """One call's pairs: ``start:stop`` of the dispatch's arrays (one expert's)."""
+class Span(NamedTuple):
+    """One call's pairs: ``start:stop`` of the dispatch's arrays (one expert's). A
+    tuple: thousands are made per batch."""
 
     expert: int
     part: int
     start: int
     stop: int
 
-    def __len__(self) -> int:
+    @property
+    def rows(self) -> int:
         return self.stop - self.start
 
 
@@ -54,20 +58,18 @@ class Dispatch:
         return int(self.rows.numel())
 
     def spans(self, parts: Callable[[int, int], int] | None = None) -> list[Span]:
-        """Each expert's pairs as calls: ``parts(expert, rows)`` of about equal size
-        (default one)."""
+        """Each expert's pairs as calls, in order: ``parts(expert, rows)`` of about
+        equal size (default one; 0: no call)."""
+        bounds = zip(self.experts, self.starts, self.starts[1:], strict=False)
+        if parts is None:
+            return [Span(e, 0, start, stop) for e, start, stop in bounds]
         out = []
-        for i, expert in enumerate(self.experts):
-            start, stop = self.starts[i], self.starts[i + 1]
-            n = parts(expert, stop - start) if parts is not None else 1
+        for expert, start, stop in bounds:
+            n = parts(expert, stop - start)
             for part in range(n):
+                size = stop - start
                 out.append(
-                    Span(
-                        expert,
-                        part,
-                        start + part * (stop - start) // n,
-                        start + (part + 1) * (stop - start) // n,
-                    )
+                    Span(expert, part, start + part * size // n, start + (part + 1) * size // n)
                 )
         return out
 
@@ -78,54 +80,48 @@ class Dispatch:
         """Each span's input rows of ``x`` [samples, ...]: one gather, then views."""
         if not spans:
             return []
-        grouped = x[self.rows]
-        return [grouped[s.start : s.stop] for s in spans]
-
-    def _pairs(self, spans: Sequence[Span]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows, slots) of the pairs of ``spans`` (sorted by start, not overlapping),
-        in that order: a difference array marks them, no loop over spans in torch."""
-        if sum(len(s) for s in spans) == len(self):
-            return self.rows, self.slots
-        marks = torch.zeros(len(self) + 1, dtype=torch.int32)
-        ones = torch.ones(len(spans), dtype=torch.int32)
-        marks.index_add_(0, torch.tensor([s.start for s in spans], dtype=torch.long), ones)
-        marks.index_add_(0, torch.tensor([s.stop for s in spans], dtype=torch.long), -ones)
-        index = (marks.cumsum(0)[:-1] > 0).nonzero().squeeze(1)
-        return self.rows[index], self.slots[index]
-
-    def combine(
-        self,
-        answers: Mapping[Span, torch.Tensor],
-        shape: Sequence[int],
-        dtype: torch.dtype,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(outputs [samples, k, *shape] with each answered pair's rows, alive
-        [samples, k] 1.0 where an answer is): one scatter for all answers."""
-        outputs = torch.zeros(self.samples, self.k, *shape, dtype=dtype)
-        alive = torch.zeros(self.samples, self.k)
-        if answers:
-            spans = sorted(answers, key=lambda s: s.start)
-            rows, slots = self._pairs(spans)
-            outputs[rows, slots] = torch.cat([answers[s].to(dtype) for s in spans])
-            alive[rows, slots] = 1.0
-        return outputs, alive
-
-    def scatter_add(
-        self,
-        answers: Mapping[Span, torch.Tensor],
-        out: torch.Tensor,
-    ) -> torch.Tensor:
-        """``out`` [samples, ...] plus every answer's rows added at their samples."""
-        if answers:
-            spans = sorted(answers, key=lambda s: s.start)
-            rows, _ = self._pairs(spans)
-            values = torch.cat([answers[s].to(out.dtype) for s in spans])
-            out.index_add_(0, rows, values)
-        return out
+        return self.take(x[self.rows], spans)
 
     def take(self, grouped: torch.Tensor, spans: Sequence[Span]) -> list[torch.Tensor]:
-        """Views of ``grouped`` [N, ...] (a value per pair, in dispatch order) per span."""
+        """Views of ``grouped`` [N, ...] (a value per pair, in dispatch order) per span
+        (spans in order, without gaps: one split)."""
+        if spans and spans[0].start == 0 and spans[-1].stop == len(self):
+            sizes = [s.rows for s in spans]
+            if all(a.stop == b.start for a, b in itertools.pairwise(spans)):
+                return list(torch.split(grouped, sizes))
         return [grouped[s.start : s.stop] for s in spans]
+
+    def buffer(self, shape: Sequence[int], dtype: torch.dtype) -> Answers:
+        """Where the calls' answers are written, in dispatch order."""
+        return Answers(torch.zeros(len(self), *shape, dtype=dtype))
+
+    def _answered(self, answers: Answers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rows, slots, values) of the answered pairs: a difference array marks the
+        answered spans, no loop over them in torch (all of them: no indexing at all)."""
+        if sum(s.rows for s in answers.spans) == len(self):
+            return self.rows, self.slots, answers.values
+        marks = torch.zeros(len(self) + 1, dtype=torch.int32)
+        ones = torch.ones(len(answers.spans), dtype=torch.int32)
+        starts = torch.tensor([s.start for s in answers.spans], dtype=torch.long)
+        stops = torch.tensor([s.stop for s in answers.spans], dtype=torch.long)
+        marks.index_add_(0, starts, ones).index_add_(0, stops, -ones)
+        got = marks.cumsum(0)[:-1] > 0
+        return self.rows[got], self.slots[got], answers.values[got]
+
+    def combine(self, answers: Answers) -> tuple[torch.Tensor, torch.Tensor]:
+        """(outputs [samples, k, ...] holding each answered pair's row, alive
+        [samples, k] 1.0 where an answer is): one scatter for all answers."""
+        rows, slots, values = self._answered(answers)
+        outputs = values.new_zeros(self.samples, self.k, *values.shape[1:])
+        alive = torch.zeros(self.samples, self.k)
+        outputs[rows, slots] = values
+        alive[rows, slots] = 1.0
+        return outputs, alive
+
+    def scatter_add(self, answers: Answers, out: torch.Tensor) -> torch.Tensor:
+        """``out`` [samples, ...] plus every answered pair's row added at its sample."""
+        rows, _, values = self._answered(answers)
+        return out.index_add_(0, rows, values.to(out.dtype))
 
     def any_nonzero(self, grouped: torch.Tensor, spans: Sequence[Span]) -> list[bool]:
         """Per span, whether any of its values in ``grouped`` [N, ...] is not zero."""
@@ -140,3 +136,16 @@ class Dispatch:
     def per_pair(self, per_sample_slot: torch.Tensor) -> torch.Tensor:
         """[samples, k, ...] -> [N, ...] in dispatch order (one gather)."""
         return per_sample_slot[self.rows, self.slots]
+
+
+@dataclass(frozen=True)
+class Answers:
+    """The calls' answers, a row per pair in dispatch order, and the spans answered
+    (each once)."""
+
+    values: torch.Tensor
+    spans: list[Span] = field(default_factory=list)
+
+    def put(self, span: Span, value: torch.Tensor) -> None:
+        self.values[span.start : span.stop] = value
+        self.spans.append(span)

@@ -246,7 +246,7 @@ class ExpertFinder:
         self, prefix: torch.Tensor, score: torch.Tensor, depth: int
     ) -> beams.LevelAlive:
         """The live next coordinates of every prefix in the beams (one lookup each)."""
-        keys = torch.unique(prefix[torch.isfinite(score)]).cpu()
+        keys = torch.unique_consecutive(prefix[torch.isfinite(score)].sort().values).cpu()
         names = [_name(self.grid, i, depth) for i in keys.tolist()]
         alive = await self._alive_many(names)
         n = self.grid.shape[depth]

@@ -32,7 +32,7 @@ from core.moe.client import (
     Portal,
     same_weights,
 )
-from core.moe.dispatch import Dispatch, Span
+from core.moe.dispatch import Answers, Dispatch, Span
 from core.moe.finder import ExpertFinder
 from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS
 
@@ -170,11 +170,11 @@ class RemoteMixtureOfExperts(nn.Module):
 
         return plan.dispatch.spans(parts)
 
-    async def _forward_calls(self, plan: _Plan, x: torch.Tensor) -> dict[Span, torch.Tensor]:
+    async def _forward_calls(self, plan: _Plan, x: torch.Tensor) -> Answers:
         cfg = self.config
         calls = self._calls(plan)
         inputs = plan.dispatch.gather(x, calls)
-        answers: dict[Span, torch.Tensor] = {}
+        answers = plan.dispatch.buffer(x.shape[1:], x.dtype)
         counts = torch.zeros(x.shape[0], dtype=torch.int32)
         unanswered = set(calls)
         late_rows = 0
@@ -198,12 +198,12 @@ class RemoteMixtureOfExperts(nn.Module):
                     self.finder.report_failure(result.server)
                     log.warning("%s answered NaN or infinity; masked out", uid)
                 else:
-                    answers[span] = y
+                    answers.put(span, y)
                     plan.answered[span] = result
                     self.stats.answered_by[str(result.server.peer_id)] += 1
                     old = self.stats.versions.get(uid, 0)
                     self.stats.versions[uid] = max(old, result.server.version)
-                    counts.index_add_(0, plan.dispatch.rows_of(span), _ones(len(span)))
+                    counts.index_add_(0, plan.dispatch.rows_of(span), _ones(span.rows))
             except ExpertCallError as exc:
                 self.stats.failed_calls += 1
                 log.info("expert %s failed: %s", uid, exc)
@@ -229,10 +229,10 @@ class RemoteMixtureOfExperts(nn.Module):
                 with trio.move_on_after(cfg.timeout_after_k_min):
                     await finished.wait()
                 self.stats.late_calls += len(unanswered)
-                late_rows = sum(len(span) for span in unanswered)  # cancelling empties it
+                late_rows = sum(span.rows for span in unanswered)  # cancelling empties it
                 nursery.cancel_scope.cancel()
         if plan.keep:
-            self.stats.forward_rows += sum(len(span) for span in answers)
+            self.stats.forward_rows += sum(span.rows for span in plan.answered)
             self.stats.late_rows += late_rows
         if x.shape[0] and int(counts.min()) < cfg.k_min and not cfg.allow_zero_outputs:
             short = int((counts < cfg.k_min).sum())
@@ -243,9 +243,10 @@ class RemoteMixtureOfExperts(nn.Module):
 
     async def _backward_calls(
         self, plan: _Plan, x: torch.Tensor, grads: dict[Span, torch.Tensor]
-    ) -> dict[Span, torch.Tensor]:
+    ) -> Answers:
         cfg = self.config
-        out: dict[Span, torch.Tensor] = {}
+        out = plan.dispatch.buffer(x.shape[1:], x.dtype)
+        done: set[Span] = set()
         spans = list(grads)
         inputs = dict(zip(spans, plan.dispatch.gather(x, spans), strict=True))
 
@@ -254,9 +255,9 @@ class RemoteMixtureOfExperts(nn.Module):
             result = plan.answered[span]
             same = same_weights(result.server, plan.servers[uid])
             try:
-                out[span] = await self.caller.backward(
-                    uid, same, inputs[span], grads[span], kept=result
-                )
+                grad = await self.caller.backward(uid, same, inputs[span], grads[span], kept=result)
+                out.put(span, grad)
+                done.add(span)
             except ExpertCallError as exc:
                 self.stats.failed_calls += 1
                 log.info("backward of %s failed: %s", uid, exc)
@@ -270,9 +271,9 @@ class RemoteMixtureOfExperts(nn.Module):
         for span in spans:
             rows = plan.dispatch.rows_of(span)
             needed[rows] = True
-            if span in out:
-                counts.index_add_(0, rows, _ones(len(span)))
-        self.stats.backward_rows += sum(len(span) for span in out)
+            if span in done:
+                counts.index_add_(0, rows, _ones(span.rows))
+        self.stats.backward_rows += sum(span.rows for span in done)
         if (
             bool(needed.any())
             and int(counts[needed].min()) < cfg.backward_k_min
@@ -299,7 +300,7 @@ class _RemoteCallMany(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x_cpu = x.detach().cpu()
         answers = layer.portal.run(layer._forward_calls, plan, x_cpu)
-        outputs, alive = plan.dispatch.combine(answers, x.shape[1:], x.dtype)
+        outputs, alive = plan.dispatch.combine(answers)
         ctx.layer = layer  # type: ignore[attr-defined]
         ctx.device = x.device  # type: ignore[attr-defined]
         ctx.plan = plan  # type: ignore[attr-defined]

@@ -160,8 +160,11 @@ def test_dispatch_groups_by_expert_and_combines_back():
         assert torch.equal(rows_x, x[rows])
     # an answer per span: the expert's index plus the sample's own row; one span is lost
     lost = spans[3]
-    answers = {s: inp + s.expert for s, inp in zip(spans, inputs, strict=True) if s != lost}
-    outputs, alive = dispatch.combine(answers, (5,), torch.float32)
+    answers = dispatch.buffer((5,), torch.float32)
+    for s, inp in zip(spans, inputs, strict=True):
+        if s != lost:
+            answers.put(s, inp + s.expert)
+    outputs, alive = dispatch.combine(answers)
     for b in range(10):
         for slot in range(3):
             e = experts[b][slot]
@@ -171,8 +174,9 @@ def test_dispatch_groups_by_expert_and_combines_back():
             assert torch.equal(outputs[b, slot], expected)
     summed = dispatch.scatter_add(answers, torch.zeros(10, 5))
     expected = torch.zeros(10, 5)
-    for s, y in answers.items():
-        expected.index_add_(0, dispatch.rows_of(s), y)
+    for s, inp in zip(spans, inputs, strict=True):
+        if s != lost:
+            expected.index_add_(0, dispatch.rows_of(s), inp + s.expert)
     assert torch.allclose(summed, expected)
     grouped = dispatch.per_pair(outputs)
     assert dispatch.any_nonzero(grouped, spans) == [s != lost for s in spans]
