@@ -10,7 +10,7 @@ each contribution exactly once.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.aggregator.journal import Journal, tensor_from_record, tensor_record
+from core.aggregator.compact import state_dtype as compact_state_dtype
+from core.aggregator.journal import Journal, Location, tensor_from_record, tensor_record
+from core.aggregator.optimizer import CompactAdam
 from core.aggregator.robust import (
     ExpertRoundState,
     RobustSettings,
@@ -28,7 +30,13 @@ from core.aggregator.robust import (
     save_round_state,
 )
 from core.aggregator.rounds import ExpertRounds, RoundRule
-from core.aggregator.stats import AggregatorStatistics, ContributorStatistics
+from core.aggregator.stats import (
+    AggregatorStatistics,
+    ContributorStatistics,
+    load_statistics,
+    save_statistics,
+)
+from core.aggregator.store import ExpertFiles, StateFile, remove_tree
 from core.aggregator.strikes import Strikes
 from core.aggregator.trunk import TrunkRounds, TrunkSettings
 from core.aggregator.verify import Rejected, VerifyContext, check_claims, check_payload
@@ -85,10 +93,13 @@ class AggregatorSettings:
 
 @dataclass
 class _Pending:
+    """An accepted contribution waiting for its round. Its gradient stays in the
+    journal (read back at the round): in memory, an aggregator holds no gradient."""
+
     contributor: str
     samples: int
     nonce: bytes
-    grads: dict[str, torch.Tensor]
+    where: Location
     #: drawn for an audit and not yet cleared: kept out of rounds (with its contribution
     #: and encoded parts, which the audit needs)
     held: bool = False
@@ -130,12 +141,17 @@ class AggregatorCore:
             window=settings.ban_window,
             ban_seconds=settings.ban_seconds,
         )
-        self._checkpoints = CheckpointStore(folder / "checkpoints")
-        self._checkpoint_number = 0
-        #: per expert, the weights of recent versions (audits recompute with them)
-        self.history: dict[str, OrderedDict[int, dict[str, torch.Tensor]]] = defaultdict(
-            OrderedDict
-        )
+        #: each uid's whole state, a file each, and the weights of recent versions
+        #: (audits recompute with them) on disk
+        self.files = ExpertFiles(folder)
+        self._state_file = StateFile(folder / "state.msgpack")
+        #: bytes written by rounds (expert files, kept versions, the state file, round
+        #: records): what a round's durability costs
+        self.round_bytes_written = 0
+        #: per journal segment, the contributions there not yet applied or discarded
+        self._unsettled: Counter[int] = Counter()
+        self._state_saved_at: Location | None = None
+        state_dtype = compact_state_dtype(settings.spec.torch_dtype)
         self.rules: dict[str, RoundRule] = {}
         for uid in settings.uids:
             if uid == TRUNK_UID:  # the one place the trunk is told apart: its rules
@@ -152,6 +168,7 @@ class AggregatorCore:
                     settings.learning_rate,
                     settings.robust,
                     schedule=settings.expert_schedule,
+                    state_dtype=state_dtype,
                 )
                 module = (initial or {}).get(uid) or build_expert(settings.spec, seed=settings.seed)
                 # float32 master weights whatever the project's dtype: an update smaller
@@ -165,8 +182,8 @@ class AggregatorCore:
             uid: {name: p.numel() for name, p in m.named_parameters()}
             for uid, m in self.modules.items()
         }
+        self._journal = Journal(folder)
         self._recover()
-        self._journal = Journal(folder / "journal.log")
 
     # ------------------------------------------------------------ accepting
 
@@ -258,8 +275,8 @@ class AggregatorCore:
         ``release``d (or ``discard``ed)."""
         self.screen(contribution, now, authenticated=True)
         record = ["c", contribution.encode(), [tensor_record(p) for p in parts]]
-        self._journal.append([*record, True] if held else record)
-        self._remember(contribution, grads, list(parts) if held else None)
+        where = self._journal.append([*record, True] if held else record)
+        self._remember(contribution, where, list(parts) if held else None)
         self.stats.accepted += 1
         entry = self._contributor(contribution.contributor.hex(), create=True)
         assert entry is not None
@@ -290,7 +307,7 @@ class AggregatorCore:
         return entry
 
     def _remember(
-        self, c: Contribution, grads: dict[str, torch.Tensor], held_parts: list[torch.Tensor] | None
+        self, c: Contribution, where: Location, held_parts: list[torch.Tensor] | None
     ) -> None:
         self.seen_nonces.add(c.nonce)
         self.seen_batches.update(r.batch_id for r in c.receipts)
@@ -302,13 +319,14 @@ class AggregatorCore:
                 c.contributor.hex(),
                 c.samples,
                 c.nonce,
-                grads,
+                where,
                 held,
                 c if held else None,
                 held_parts,
                 c.uid,
             )
         )
+        self._unsettled[where.segment] += 1
 
     def _ready(self, uid: str) -> list[_Pending]:
         """The pending contributions of ``uid`` that may join its round (not held)."""
@@ -342,15 +360,20 @@ class AggregatorCore:
         else:
             self.pending[entry.uid] = [p for p in self.pending[entry.uid] if p is not entry]
             self.applied.add(nonce)  # settled: a replay of the journal skips it
+            self._settled(entry)
         return True
+
+    def _settled(self, entry: _Pending) -> None:
+        self._unsettled[entry.where.segment] -= 1
+        if self._unsettled[entry.where.segment] <= 0:
+            del self._unsettled[entry.where.segment]
 
     def weights_of(self, uid: str, version: int) -> dict[str, torch.Tensor] | None:
         """A copy of the weights of ``uid`` at ``version`` as published (in the
         project's dtype), if current or kept."""
         if version == self.versions.get(uid):
             return self.published_state(uid)
-        kept = self.history[uid].get(version)
-        return None if kept is None else dict(kept)
+        return self.files.version(uid, version)
 
     def published_state(self, uid: str) -> dict[str, torch.Tensor]:
         """A copy of the current weights of ``uid`` as volunteers get them: an expert's
@@ -393,6 +416,10 @@ class AggregatorCore:
             kept = [p for p in pending if p.contributor != who]
             dropped += len(pending) - len(kept)
             self.pending[uid] = kept
+            for p in pending:
+                if p.contributor == who:
+                    self.applied.add(p.nonce)  # settled: a replay skips it
+                    self._settled(p)
         if dropped:
             log.warning("dropped %d pending contributions of banned %s", dropped, who[:16])
         return dropped
@@ -443,7 +470,8 @@ class AggregatorCore:
         names = [n for n, _ in module.named_parameters()]
         per_contributor: dict[str, tuple[torch.Tensor, int]] = {}
         for p in pending:
-            flat = torch.cat([p.grads[n] for n in names])
+            grads = self._gradient_of(p)
+            flat = torch.cat([grads[n] for n in names])
             total, samples = per_contributor.get(p.contributor, (torch.zeros_like(flat), 0))
             per_contributor[p.contributor] = (total + flat, samples + p.samples)
         means = {who: total / samples for who, (total, samples) in per_contributor.items()}
@@ -467,10 +495,14 @@ class AggregatorCore:
         self.optimizers[uid].step()
         self.optimizers[uid].zero_grad(set_to_none=True)
         self.versions[uid] += 1
-        self.applied.update(p.nonce for p in pending)
+        nonces = [p.nonce for p in pending]
+        self.applied.update(nonces)
         self.pending[uid] = [p for p in self.pending[uid] if p.held]
         self.stats.rounds += 1
-        self.checkpoint()
+        self._save_round(uid, nonces)
+        for p in pending:
+            self._settled(p)
+        self._drop_settled_segments()
         log.info(
             "%s: version %d from %d contributions (%d contributors; kept %s)",
             uid,
@@ -482,77 +514,162 @@ class AggregatorCore:
         return self.versions[uid]
 
     def _keep_version(self, uid: str) -> None:
-        """Keep the weights of the version about to be replaced: contributions computed
-        on it may still arrive (up to ``staleness_bound`` versions late) and be audited."""
-        kept = self.history[uid]
-        kept[self.versions[uid]] = self.published_state(uid)
-        while len(kept) > self.settings.staleness_bound + 1:
-            kept.popitem(last=False)
+        """Keep the weights of the version about to be replaced, on disk: contributions
+        computed on it may still arrive (up to ``staleness_bound`` versions late) and be
+        audited."""
+        self.round_bytes_written += self.files.keep_version(
+            uid, self.versions[uid], self.published_state(uid)
+        )
+        self.files.forget_versions(uid, self.settings.staleness_bound + 1)
+
+    def _gradient_of(self, p: _Pending) -> dict[str, torch.Tensor]:
+        """A pending contribution's decoded gradient, read back from the journal."""
+        record = self._journal.read_at(p.where)
+        return _decode(Contribution.decode(record[1]), record[2])
 
     # ------------------------------------------------------------ durability
 
-    def checkpoint(self) -> None:
-        tensors: dict[str, torch.Tensor] = {}
-        robust_meta: dict[str, Any] = {}
-        opt_meta: dict[str, Any] = {}
-        for uid, module in self.modules.items():
-            for name, t in module.state_dict().items():
-                tensors[f"w/{uid}/{name}"] = t.detach().cpu()
-            opt_meta[uid] = optimizer_state(self.optimizers[uid], f"o/{uid}", tensors)
-            robust_meta[uid] = save_round_state(self.robust[uid], f"r/{uid}", tensors)
+    def _uid_state(self, uid: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors: dict[str, torch.Tensor] = {
+            f"w/{name}": t.detach() for name, t in self.modules[uid].state_dict().items()
+        }
+        meta = {
+            "version": self.versions[uid],
+            "optimizer": optimizer_state(self.optimizers[uid], "o", tensors),
+            "robust": save_round_state(self.robust[uid], "r", tensors),
+        }
+        return tensors, meta
+
+    def _save_round(self, uid: str, nonces: list[bytes]) -> None:
+        """What a round of ``uid`` changed, durably: its file (with the nonces it
+        applied, so that a restart between the two writes applies none twice), then a
+        round record in the journal (the nonces stay known once that file is replaced
+        again), then the small state."""
+        tensors, meta = self._uid_state(uid)
+        meta["applied"] = [n.hex() for n in nonces]
+        self.round_bytes_written += self.files.save(uid, tensors, meta)
+        before = self._journal.bytes_written
+        self._journal.append(["a", uid, self.versions[uid], nonces])
+        self.round_bytes_written += self._journal.bytes_written - before
+        self._save_state()
+
+    def _save_state(self) -> None:
+        where = self._journal.append(["s"])  # marks where this state was taken
         state = {
-            "versions": self.versions,
-            "applied": sorted(self.applied),
             "seen_nonces": sorted(self.seen_nonces),
             "seen_batches": sorted(self.seen_batches),
-            "robust": robust_meta,
-            "optimizers": opt_meta,
+            "saved_at": [where.segment, where.offset],
+            "stats": save_statistics(self.stats),
+            "strikes": self.strikes.save(),
         }
-        self._checkpoint_number += 1
-        self._checkpoints.save(self._checkpoint_number, state, tensors)
-        if not any(self.pending.values()):
-            # everything in the journal is now in the checkpoint: start it afresh
-            self._journal.close()
-            (self.folder / "journal.log").unlink(missing_ok=True)
-            self._journal = Journal(self.folder / "journal.log")
+        self.round_bytes_written += self._state_file.save(state)
+        self._state_saved_at = where
+
+    def _drop_settled_segments(self) -> None:
+        """Delete the journal's oldest segments once nothing in them waits: everything
+        up to the oldest segment holding a pending contribution."""
+        oldest = min(self._unsettled, default=self._journal.current)
+        if self._journal.segments() and self._journal.segments()[0] < oldest:
+            self._save_state()  # the seen nonces of those segments, before they go
+            self._journal.drop_before(min(self._unsettled, default=self._journal.current))
+
+    def checkpoint(self) -> None:
+        """Write every uid's file and the state (a start from an older layout, a
+        clean stop); rounds write only what they change."""
+        for uid in self.modules:
+            tensors, meta = self._uid_state(uid)
+            meta["applied"] = []
+            self.files.save(uid, tensors, meta)
+        self._save_state()
 
     def _recover(self) -> None:
-        latest = self._checkpoints.latest()
-        if latest is not None:
-            self._checkpoint_number, state, tensors = latest
-            for uid, module in self.modules.items():
-                module.load_state_dict({n: tensors[f"w/{uid}/{n}"] for n in module.state_dict()})
-                load_optimizer_state(
-                    self.optimizers[uid], state["optimizers"][uid], f"o/{uid}", tensors
-                )
-                self.robust[uid] = load_round_state(state["robust"][uid], f"r/{uid}", tensors)
-            self.versions = dict(state["versions"])
-            self.applied = set(state["applied"])
+        legacy = CheckpointStore(self.folder / "checkpoints")
+        loaded = False
+        for uid, module in self.modules.items():
+            found = self.files.load(uid)
+            if found is None:
+                continue
+            tensors, meta = found
+            module.load_state_dict({n: tensors[f"w/{n}"] for n in module.state_dict()})
+            load_optimizer_state(self.optimizers[uid], meta["optimizer"], "o", tensors)
+            self.robust[uid] = load_round_state(meta["robust"], "r", tensors)
+            self.versions[uid] = int(meta["version"])
+            self.applied.update(bytes.fromhex(n) for n in meta.get("applied", []))
+            loaded = True
+        if not loaded and legacy.latest() is not None:
+            self._recover_legacy(legacy)
+        state = self._state_file.load()
+        saved_at = None
+        if state is not None:
             self.seen_nonces = set(state["seen_nonces"])
             self.seen_batches = set(state["seen_batches"])
+            saved_at = Location(*state["saved_at"])
+            self.stats = load_statistics(state["stats"])
+            self.strikes.load(state.get("strikes", {}))
         replayed = 0
-        for record in Journal.read(self.folder / "journal.log"):
-            if record[0] in ("r", "d"):  # an audit's outcome
-                self._settle_held(record[1], passed=record[0] == "r", replaying=True)
+        for where, record in self._journal.records():
+            kind = record[0]
+            if kind in ("r", "d"):  # an audit's outcome
+                self._settle_held(record[1], passed=kind == "r", replaying=True)
+                continue
+            if kind == "a":  # a round applied these (its uid's file may be newer)
+                for nonce in record[3]:
+                    self._forget_applied(record[1], nonce)
+                continue
+            if kind != "c":
                 continue
             c = Contribution.decode(record[1])
             if c.nonce in self.applied:
                 continue
+            if saved_at is None or where > saved_at:  # accepted after the state was saved
+                self.stats.accepted += 1
+                entry = self._contributor(c.contributor.hex(), create=True)
+                assert entry is not None
+                entry.accepted += 1
             parts = [tensor_from_record(r) for r in record[2]]
-            chosen = codec(c.codec)
-            per_param = len(parts) // len(c.params)
-            grads = {
-                p.name: chosen.decode(parts[i * per_param : (i + 1) * per_param], p.numel)
-                for i, p in enumerate(c.params)
-            }
             # a contribution still held when the process ended is audited again: its
             # volunteer retries its reveal for a while
-            self._remember(c, grads, parts if len(record) > 3 and record[3] is True else None)
+            self._remember(c, where, parts if len(record) > 3 and record[3] is True else None)
             replayed += 1
-        if latest is not None or replayed:
+        if loaded or replayed:
             log.info(
                 "recovered at versions %s with %d pending contributions", self.versions, replayed
             )
+
+    def _forget_applied(self, uid: str, nonce: bytes) -> None:
+        """A replayed round record: its contributions were applied."""
+        self.applied.add(nonce)
+        for p in self.pending.get(uid, []):
+            if p.nonce == nonce:
+                self.pending[uid] = [q for q in self.pending[uid] if q is not p]
+                self._settled(p)
+                return
+
+    def _recover_legacy(self, legacy: CheckpointStore) -> None:
+        """An aggregator's state in the layout before files per uid (one checkpoint of
+        everything): read once, written as files, then removed."""
+        latest = legacy.latest()
+        assert latest is not None
+        _, state, tensors = latest
+        for uid, module in self.modules.items():
+            module.load_state_dict({n: tensors[f"w/{uid}/{n}"] for n in module.state_dict()})
+            optimizer = self.optimizers[uid]
+            if isinstance(optimizer, CompactAdam):  # it was torch's Adam then
+                old = torch.optim.Adam(module.parameters())
+                load_optimizer_state(old, state["optimizers"][uid], f"o/{uid}", tensors)
+                _adopt_adam_state(old, optimizer)
+            else:
+                load_optimizer_state(
+                    self.optimizers[uid], state["optimizers"][uid], f"o/{uid}", tensors
+                )
+            self.robust[uid] = load_round_state(state["robust"][uid], f"r/{uid}", tensors)
+        self.versions = dict(state["versions"])
+        self.applied = set(state["applied"])
+        self.seen_nonces = set(state["seen_nonces"])
+        self.seen_batches = set(state["seen_batches"])
+        self.checkpoint()
+        remove_tree(self.folder / "checkpoints")
+        log.info("moved the aggregator's state to files per expert")
 
     def weights_sha256(self, uid: str) -> str:
         return weights_hash(self.published_module(uid))
@@ -560,5 +677,29 @@ class AggregatorCore:
     def close(self) -> None:
         """Close the journal file. Takes no checkpoint: what was accepted is durable
         already, and a restart replays it (so this is also what kill -9 leaves)."""
-        if not self._journal._file.closed:
+        if not self._journal.closed:
             self._journal.close()
+
+
+def _decode(c: Contribution, records: list[Any]) -> dict[str, torch.Tensor]:
+    parts = [tensor_from_record(r) for r in records]
+    chosen = codec(c.codec)
+    per_param = len(parts) // len(c.params)
+    return {
+        p.name: chosen.decode(parts[i * per_param : (i + 1) * per_param], p.numel)
+        for i, p in enumerate(c.params)
+    }
+
+
+def _adopt_adam_state(old: torch.optim.Optimizer, new: CompactAdam) -> None:
+    """torch's Adam state (float32 moments, a tensor step) as CompactAdam's."""
+    for p_old, p_new in zip(
+        old.param_groups[0]["params"], new.param_groups[0]["params"], strict=True
+    ):
+        slots = old.state.get(p_old)
+        if slots:
+            new.state[p_new] = {
+                "step": int(slots["step"]),
+                "exp_avg": slots["exp_avg"].to(new.moments),
+                "exp_avg_sq": slots["exp_avg_sq"].to(new.moments),
+            }

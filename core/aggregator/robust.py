@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from core.aggregator.compact import Q8
 from core.project.manifest import RuleName
 
 Rule = Callable[[torch.Tensor, "RoundContext"], torch.Tensor]
@@ -134,10 +135,12 @@ class RobustSettings:
 
 @dataclass
 class ExpertRoundState:
-    """What the robust aggregation of one expert remembers between rounds."""
+    """What the robust aggregation of one expert remembers between rounds. At rest an
+    aggregator keeps the center in bfloat16 and the momenta as Q8 blocks
+    (core/aggregator/rounds.py ``ExpertRounds``); a round works on them in float32."""
 
     previous: torch.Tensor | None = None
-    momenta: dict[str, torch.Tensor] | None = None
+    momenta: dict[str, torch.Tensor | Q8] | None = None
     last_seen: dict[str, int] | None = None
     rounds: int = 0
     #: how far honest inputs lie from the aggregate: the median distance (the lower
@@ -154,7 +157,11 @@ def save_round_state(
     if state.previous is not None:
         tensors[f"{prefix}/previous"] = state.previous
     for who, m in (state.momenta or {}).items():
-        tensors[f"{prefix}/m/{who}"] = m
+        if isinstance(m, Q8):
+            tensors[f"{prefix}/m/{who}"] = m.codes
+            tensors[f"{prefix}/ms/{who}"] = m.scales
+        else:
+            tensors[f"{prefix}/m/{who}"] = m
     return {"rounds": state.rounds, "last_seen": state.last_seen or {}, "scale": state.scale}
 
 
@@ -162,7 +169,12 @@ def load_round_state(
     meta: dict[str, Any], prefix: str, tensors: dict[str, torch.Tensor]
 ) -> ExpertRoundState:
     """The state :func:`save_round_state` saved."""
-    momenta = {k[len(prefix) + 3 :]: v for k, v in tensors.items() if k.startswith(f"{prefix}/m/")}
+    momenta: dict[str, torch.Tensor | Q8] = {}
+    for key, value in tensors.items():
+        if key.startswith(f"{prefix}/m/"):
+            who = key[len(prefix) + 3 :]
+            scales = tensors.get(f"{prefix}/ms/{who}")
+            momenta[who] = value if scales is None else Q8(value, scales, value.numel())
     return ExpertRoundState(
         tensors.get(f"{prefix}/previous"),
         momenta,
@@ -195,19 +207,21 @@ def robust_round(
         if m is None or beta == 0.0:
             momenta[who] = g.clone()
         else:
-            m.mul_(beta).add_(g, alpha=1 - beta)
+            m = m.decode() if isinstance(m, Q8) else m
+            momenta[who] = m.mul_(beta).add_(g, alpha=1 - beta)
         last_seen[who] = state.rounds
+    previous = None if state.previous is None else state.previous.to(torch.float32)
     ctx = RoundContext(
-        previous=state.previous,
+        previous=previous,
         clip_radius=settings.clip_radius,
         adaptive_radius=settings.adaptive_radius,
         trim_fraction=settings.trim_fraction,
         bucket_size=settings.bucket_size,
         generator=generator,
     )
-    inputs = [momenta[w] for w in contributions]
+    inputs = [_dense(momenta[w]) for w in contributions]
     if len(inputs) == 1 and settings.rule != "mean":
-        result = lone_step(inputs[0], state.previous, state.scale or fallback_scale, settings)
+        result = lone_step(inputs[0], previous, state.scale or fallback_scale, settings)
     else:
         result = aggregate(settings.rule, inputs, ctx)
         state.scale = lower_median_distance(inputs, result)
@@ -218,6 +232,10 @@ def robust_round(
         momenta.pop(who, None)
     state.momenta, state.last_seen = momenta, last_seen
     return result
+
+
+def _dense(m: torch.Tensor | Q8) -> torch.Tensor:
+    return m.decode() if isinstance(m, Q8) else m
 
 
 def distances(inputs: Sequence[torch.Tensor], center: torch.Tensor) -> list[float]:

@@ -13,6 +13,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from core.aggregator.compact import Q8, round_stochastic
+from core.aggregator.optimizer import CompactAdam
 from core.aggregator.robust import ExpertRoundState, RobustSettings, influence, robust_round
 from core.checkpoints import make_optimizer
 from core.project.schedule import Schedule
@@ -73,10 +75,21 @@ class ExpertRounds:
     robust: RobustSettings
     audited: bool = True
     schedule: Schedule = field(default_factory=Schedule)
+    #: the dtype of what is kept between rounds (core/aggregator/compact.py
+    #: ``state_dtype``): bfloat16 for a 16-bit project keeps Adam's moments in it and
+    #: the robust rule's center, and each contributor's momentum as Q8 blocks, all
+    #: rounded at random; float32 keeps everything exact
+    state_dtype: torch.dtype = torch.float32
 
     def optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
-        return make_optimizer(
-            self.optimizer_name, module, self.learning_rate, self.schedule.weight_decay
+        if self.optimizer_name == "sgd":
+            return make_optimizer("sgd", module, self.learning_rate, self.schedule.weight_decay)
+        return CompactAdam(
+            module.parameters(),
+            self.learning_rate,
+            weight_decay=self.schedule.weight_decay,
+            decoupled=self.optimizer_name == "adamw",
+            moments=self.state_dtype,
         )
 
     def prepare(
@@ -85,6 +98,8 @@ class ExpertRounds:
         rate = self.schedule.rate(self.learning_rate, version)
         for group in optimizer.param_groups:
             group["lr"] = rate
+        if isinstance(optimizer, CompactAdam):  # its rounding drawn by the version
+            optimizer.generator.manual_seed(version)
         clip = self.schedule.clip_norm
         if clip > 0:
             norm = float(torch.linalg.vector_norm(gradient))
@@ -108,6 +123,17 @@ class ExpertRounds:
         aggregate = robust_round(state, means, self.robust, generator, sibling_scale)
         momenta = state.momenta or {}
         kept = influence(
-            {who: momenta.get(who, g) for who, g in means.items()}, aggregate, self.robust
+            {who: _dense(momenta.get(who, g)) for who, g in means.items()}, aggregate, self.robust
         )
+        if self.state_dtype != torch.float32:  # at rest, compact (after the last use)
+            rounding = torch.Generator().manual_seed(version + (1 << 32))
+            for who in means:
+                if who in momenta:
+                    momenta[who] = Q8.encode(_dense(momenta[who]), rounding)
+            assert state.previous is not None
+            state.previous = round_stochastic(state.previous, self.state_dtype, rounding)
         return aggregate, kept
+
+
+def _dense(m: torch.Tensor | Q8) -> torch.Tensor:
+    return m.decode() if isinstance(m, Q8) else m

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.protocol.aggregator_methods import ContributorReport
 
@@ -38,3 +39,41 @@ class AggregatorStatistics:
     contributors: dict[str, ContributorStatistics] = field(
         default_factory=lambda: defaultdict(ContributorStatistics)
     )
+
+
+def save_statistics(stats: AggregatorStatistics) -> dict[str, Any]:
+    """Plain data for the aggregator's state file: what it counted survives restarts."""
+    return {
+        "accepted": stats.accepted,
+        "rejected": dict(stats.rejected),
+        "rounds": stats.rounds,
+        "banned_peers": stats.banned_peers,
+        "contributors": {
+            who: {
+                "accepted": c.accepted,
+                "rejected": dict(c.rejected),
+                "rounds": c.rounds,
+                "compared_rounds": c.compared_rounds,
+                "influence_sum": c.influence_sum,
+            }
+            for who, c in stats.contributors.items()
+        },
+    }
+
+
+def load_statistics(data: dict[str, Any]) -> AggregatorStatistics:
+    stats = AggregatorStatistics(
+        accepted=int(data["accepted"]),
+        rejected=Counter({str(k): int(v) for k, v in data["rejected"].items()}),
+        rounds=int(data["rounds"]),
+        banned_peers=int(data["banned_peers"]),
+    )
+    for who, c in data["contributors"].items():
+        stats.contributors[str(who)] = ContributorStatistics(
+            accepted=int(c["accepted"]),
+            rejected=Counter({str(k): int(v) for k, v in c["rejected"].items()}),
+            rounds=int(c["rounds"]),
+            compared_rounds=int(c["compared_rounds"]),
+            influence_sum=float(c["influence_sum"]),
+        )
+    return stats

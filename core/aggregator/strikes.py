@@ -6,7 +6,7 @@ remembered is bounded: the oldest strikes and bans are forgotten first."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Final
+from typing import Any, Final
 
 #: Identities whose strikes and bans are remembered (the oldest are forgotten).
 MAX_TRACKED: Final = 10_000
@@ -40,6 +40,21 @@ class Strikes:
             self.banned_until.popitem(last=False)
         del self.invalid[who]
         return len(strikes)
+
+    def save(self) -> dict[str, Any]:
+        """Plain data for the aggregator's state file (bans outlive a restart)."""
+        return {
+            "invalid": [[w, t] for w, t in self.invalid.items()],
+            "banned_until": [[w, t] for w, t in self.banned_until.items()],
+            "project_banned": sorted(self.project_banned),
+        }
+
+    def load(self, data: dict[str, Any]) -> None:
+        self.invalid = OrderedDict(
+            (str(w), [float(x) for x in t]) for w, t in data.get("invalid", [])
+        )
+        self.banned_until = OrderedDict((str(w), float(t)) for w, t in data.get("banned_until", []))
+        self.project_banned = {str(w) for w in data.get("project_banned", [])}
 
     def prune(self, now: float) -> None:
         """Forget strikes and bans that ended."""

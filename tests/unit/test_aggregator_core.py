@@ -112,7 +112,11 @@ def test_accepted_contributions_survive_a_crash_and_are_applied_once(tmp_path):
         assert torch.equal(v, after[k])
 
 
-def test_a_crash_during_a_round_reruns_it_exactly_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("dies", ["before_its_file", "between_its_file_and_the_journal"])
+def test_a_crash_during_a_round_applies_it_exactly_once(tmp_path, monkeypatch, dies):
+    """Killed after the optimizer step, before the expert's file is replaced: the round
+    runs again from the journal. Killed after the file, before the journal's round
+    record: the file's own list of the nonces it applied keeps them out of a replay."""
     volunteers = [Identity.from_seed(bytes([i]) * 32) for i in range(3)]
 
     def fill(core: AggregatorCore) -> None:
@@ -127,19 +131,26 @@ def test_a_crash_during_a_round_reruns_it_exactly_once(tmp_path, monkeypatch):
     core = make_core(settings(), tmp_path / "crash")
     fill(core)
 
-    def die():
-        raise SystemExit("killed after the optimizer step, before the checkpoint")
+    def die(*_args: object) -> None:
+        raise SystemExit("killed")
 
-    monkeypatch.setattr(core, "checkpoint", die)
+    if dies == "before_its_file":
+        monkeypatch.setattr(core.files, "save", die)
+    else:
+        monkeypatch.setattr(core._journal, "append", die)
     with pytest.raises(SystemExit):
         core.run_round(UID)
     core.close()
     monkeypatch.undo()
 
     core = make_core(settings(), tmp_path / "crash")
-    assert core.versions[UID] == 0
-    assert len(core.pending[UID]) == 3
-    core.run_round(UID)
+    if dies == "before_its_file":
+        assert core.versions[UID] == 0
+        assert len(core.pending[UID]) == 3
+        core.run_round(UID)
+    else:
+        assert core.versions[UID] == 1
+        assert not core.pending[UID]
     for k, v in weights(core).items():
         torch.testing.assert_close(v, expected[k])
 
