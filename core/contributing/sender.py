@@ -111,12 +111,16 @@ class ContributionSender:
         *,
         on_result: Callable[[str, str], None] | None = None,
         sums_hook: SumsHook | None = None,
+        assignment: Mapping[str, int] | None = None,
     ) -> None:
+        """``assignment``: the manifest's experts to aggregators
+        (core/project/assignment.py); without it, by hashing the uid."""
         if not aggregators:
             raise ValueError("a project needs at least one aggregator to send contributions to")
         self.peer = peer
         self.backends = backends
         self.aggregators = list(aggregators)
+        self.assignment = dict(assignment or {})
         self.config = config
         self.stats = SenderStatistics()
         # told (uid, "accepted" | a refusal code | "given_up") when a delivery ends
@@ -183,7 +187,7 @@ class ContributionSender:
     async def _send_all(self, uid: str, backend: ExpertBackend, nursery: trio.Nursery) -> None:
         """A contribution from each accumulator of ``uid`` that holds gradients (those of
         the previous weights, then the current ones': one contribution per version)."""
-        target = responsible_aggregator(uid, self.aggregators)
+        target = responsible_aggregator(uid, self.aggregators, self.assignment)
         now = trio.current_time()
         hold_back = now < self._quiet_until.get(uid, 0.0) or now < self._down_until.get(target, 0.0)
         for module, accumulator in backend.accumulators():
@@ -248,7 +252,7 @@ class ContributionSender:
     async def _deliver(
         self, uid: str, contribution: Contribution, parts: list[torch.Tensor], kept: _Kept
     ) -> None:
-        target = responsible_aggregator(uid, self.aggregators)
+        target = responsible_aggregator(uid, self.aggregators, self.assignment)
         wires = [to_wire(p) for p in parts]
         delay = self.config.retry_initial
         deadline = trio.current_time() + self.config.give_up_after

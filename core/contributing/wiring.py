@@ -14,6 +14,7 @@ from core.contributing.puller import WeightsPuller
 from core.contributing.sender import ContributionSender, SenderConfig, SumsHook
 from core.experts.backend import ExpertBackend
 from core.experts.server import ExpertServer
+from core.project.assignment import expert_assignment
 from core.project.chunks import ChunkStore
 from core.project.distribution import aggregator_peers
 from core.project.manifest import Manifest
@@ -57,6 +58,7 @@ async def start_contributing(
             ),
             on_result=on_result,
             sums_hook=sums_hook,
+            assignment=expert_assignment(manifest),
         ).run
     )
     puller = WeightsPuller(

@@ -18,7 +18,7 @@ agg.stats       meta {} -> AggregatorReport {accepted, rejected, rounds, banned_
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -79,7 +79,13 @@ class AggregatorReport(_Report):
     short_of_contributors: dict[str, int] = {}
 
 
-def responsible_aggregator(uid: str, aggregators: Sequence[Aggregator]) -> Aggregator:
-    """Each expert has one aggregator: chosen by hashing its uid, the same for everyone."""
-    index = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "big") % len(aggregators)
+def responsible_aggregator(
+    uid: str, aggregators: Sequence[Aggregator], assignment: Mapping[str, int] | None = None
+) -> Aggregator:
+    """Each expert has one aggregator: the manifest's ``assignment``
+    (core/project/assignment.py, balanced by parameters) when it names ``uid``; else
+    chosen by hashing the uid. The same for everyone."""
+    index = (assignment or {}).get(uid)
+    if index is None or not 0 <= index < len(aggregators):
+        index = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "big") % len(aggregators)
     return aggregators[index]

@@ -18,6 +18,7 @@ from core.aggregator.service import AggregatorService
 from core.aggregator.trunk import TrunkSettings
 from core.errors import UserFacingError
 from core.namespaces import moehome_validator
+from core.project.assignment import expert_assignment
 from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
 from core.project.distribution import (
@@ -90,7 +91,8 @@ def my_uids(signed: SignedManifest, me: bytes) -> list[str]:
         *signed.manifest.model.expert_uids(),
         *([TRUNK_UID] if shares_trunk(signed.manifest) else []),
     ]
-    return [u for u in uids if responsible_aggregator(u, peers) == mine]
+    assignment = expert_assignment(signed.manifest)
+    return [u for u in uids if responsible_aggregator(u, peers, assignment) == mine]
 
 
 async def run_aggregator(

@@ -14,6 +14,7 @@ import trio
 from core.contributing.codecs import codec
 from core.experts.weights import WeightsError, load_weights_bytes
 from core.experts.wire import to_wire
+from core.project.assignment import expert_assignment
 from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
 from core.project.signed import SignedManifest
@@ -42,7 +43,7 @@ class TrunkSharing:
         self.sync = TrunkSync(m.training.trunk.sync_every, session.trunk_weights())
         keys = [bytes.fromhex(a.key) for a in m.aggregators]
         self.aggregator = responsible_aggregator(
-            TRUNK_UID, [peer_id_from_public_key(k) for k in keys]
+            TRUNK_UID, [peer_id_from_public_key(k) for k in keys], expert_assignment(m)
         )
         self.allowed = {str(peer_id_from_public_key(k)) for k in keys}
         self.fetcher = WeightsFetcher(peer, ChunkStore(store))

@@ -35,6 +35,7 @@ from core.moe.mixture import MoEConfig, RemoteMixtureOfExperts
 from core.moe.published import PublishedWeights
 from core.moe.voices import ExpertVoices
 from core.namespaces import moehome_validator
+from core.project.assignment import expert_assignment
 from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
 from core.project.distribution import ProjectNotFound, find_manifest
@@ -199,13 +200,16 @@ def remote_model(
     aggregators = [
         peer_id_from_public_key(bytes.fromhex(a.key)) for a in signed.manifest.aggregators
     ]
+    assignment = expert_assignment(signed.manifest)
 
     async def referee(answer: Answer) -> torch.Tensor | None:
         if not aggregators:
             return None
         uid = ExpertUID.parse(answer.uid)
         layer = next(i for i, grid in enumerate(grids) if uid in grid)
-        return await callers[layer].referee(answer, responsible_aggregator(answer.uid, aggregators))
+        return await callers[layer].referee(
+            answer, responsible_aggregator(answer.uid, aggregators, assignment)
+        )
 
     if auditor is not None:
         auditor.second_opinion = second_opinion
