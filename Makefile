@@ -4,9 +4,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # A GPU install: `make setup TORCH=cu128` (PyTorch's tag of a CUDA version: cu126, cu128...)
 # takes torch from PyTorch's index for it; constraints.txt's pin still holds (PEP 440:
-# `==2.13.0` matches `2.13.0+cu128`). Empty: the CPU build, as before.
+# `==2.13.0` matches `2.13.0+cu128`). `make setup TORCH=pypi` takes PyPI's own wheel of the
+# pinned version, PyTorch's default build (on Linux x86_64 a CUDA build, of the CUDA version
+# PyTorch chose for that release), where PyTorch's index is out of reach: `===` asks for
+# that exact release, with no local label, which PEP 440 ranks below a CPU build
+# (2.13.0+cpu) pip's configuration may offer too. Empty: the CPU build, as before.
 TORCH  ?=
-TORCH_FROM = --index-url https://download.pytorch.org/whl/$(TORCH) --extra-index-url https://pypi.org/simple
+TORCH_FROM = $(if $(filter pypi,$(TORCH)),--index-url https://pypi.org/simple,--index-url https://download.pytorch.org/whl/$(TORCH) --extra-index-url https://pypi.org/simple)
+TORCH_REQ  = $(if $(filter pypi,$(TORCH)),torch===$(shell sed -n 's/^torch==//p' constraints.txt),torch)
 
 .PHONY: setup demo test test-fast lint bench bundle compare-env clean
 
@@ -14,8 +19,9 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	@# torch first, alone, so that only torch comes from PyTorch's index; --upgrade replaces
-	@# a CPU build already there (PEP 440 ranks 2.13.0+cu128 above 2.13.0+cpu)
-	$(if $(TORCH),$(BIN)/python -m pip install --upgrade -c constraints.txt $(TORCH_FROM) torch)
+	@# a CPU build already there (PEP 440 ranks 2.13.0+cu128 above 2.13.0+cpu; for pypi,
+	@# 2.13.0+cpu does not match `===2.13.0`)
+	$(if $(TORCH),$(BIN)/python -m pip install --upgrade -c constraints.txt $(TORCH_FROM) $(TORCH_REQ))
 	$(BIN)/python -m pip install -c constraints.txt -e ".[dev,owner]"
 	@# trio-typing (a libp2p dependency) ships stale stubs for trio that hide trio's own
 	@# inline types from mypy; trio is typed by itself since 0.23.

@@ -1,12 +1,16 @@
 """Build the desktop bundle: render the icons, run PyInstaller on installer/moehome.spec,
 add the Linux desktop entry, and report the bundle's size as one JSON line.
 
-    python installer/build.py [--dist DIR] [--work DIR] [--gpu CUDA_TAG [--venv DIR]]
+    python installer/build.py [--dist DIR] [--work DIR] [--gpu CUDA_TAG|pypi [--venv DIR]]
 
 The bundle is a folder (dist/moehome/) with `moehome` (CLI and node) and `moehome-tray`.
 With ``--gpu cu128`` it is the GPU variant (dist/moehome-gpu-cu128/, several GB), frozen
 from an environment of its own (.venv-cu128: made on first use with torch's CUDA build,
 as `make setup TORCH=cu128` does), so the CPU environment is left as it is.
+With ``--gpu pypi`` (dist/moehome-gpu-pypi/, .venv-pypi, like `make setup TORCH=pypi`)
+torch is PyPI's own wheel of the pinned version instead, PyTorch's default build: on
+Linux x86_64 a CUDA build, of the CUDA version PyTorch chose for that release; for where
+PyTorch's index cannot be reached.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ log = logging.getLogger("build")
 #: (the Makefile's TORCH_FROM: the same two).
 TORCH_INDEX = "https://download.pytorch.org/whl/{tag}"
 PYPI = "https://pypi.org/simple"
+#: The ``--gpu`` value for torch's default build from PyPI, not PyTorch's index.
+PYPI_TAG = "pypi"
 #: The bundle's folder: PyInstaller's spec reads its name from here.
 NAME_VARIABLE = "MOEHOME_BUNDLE_NAME"
 
@@ -66,9 +72,19 @@ def copy_corpus(folder: Path, budget: int = CORPUS_BYTES) -> None:
 
 
 def cuda_tag(text: str) -> str:
-    if not re.fullmatch(r"cu\d{3}", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is no CUDA tag of PyTorch's (cu126, cu128...)")
+    if text != PYPI_TAG and not re.fullmatch(r"cu\d{3}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is no CUDA tag of PyTorch's (cu126, cu128...) nor {PYPI_TAG!r}"
+        )
     return text
+
+
+def pinned_torch() -> str:
+    """The torch version that constraints.txt pins (its line ``torch==VERSION``)."""
+    found = re.search(r"^torch==(\S+)", (ROOT / "constraints.txt").read_text(), re.MULTILINE)
+    if found is None:
+        raise SystemExit("constraints.txt pins no torch (a line torch==VERSION)")
+    return found.group(1)
 
 
 def venv_python(venv: Path) -> Path:
@@ -77,27 +93,35 @@ def venv_python(venv: Path) -> Path:
 
 def gpu_environment(tag: str, venv: Path) -> Path:
     """The Python of ``venv``, made first if missing, with torch's CUDA build for ``tag``
-    (the version constraints.txt pins) and moehome with its tools; one whose torch has no
-    CUDA is refused."""
+    (PyPI's default build for ``pypi``; the version constraints.txt pins) and moehome with
+    its tools; one whose torch has no CUDA is refused."""
     python = venv_python(venv)
     if not python.exists():
         log.info("[0/3] %s: a new environment with torch's %s build (GBs to download)", venv, tag)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip = [str(python), "-m", "pip", "install"]
         subprocess.run([*pip, "--upgrade", "pip"], check=True)
-        index = ["--index-url", TORCH_INDEX.format(tag=tag), "--extra-index-url", PYPI]
-        # torch alone from PyTorch's index (`==2.13.0` matches `2.13.0+cu128`), then the rest
-        subprocess.run([*pip, "-c", "constraints.txt", *index, "torch"], cwd=ROOT, check=True)
+        if tag == PYPI_TAG:
+            # PyPI's wheel has no local label: `===` takes exactly the pinned release, which
+            # PEP 440 ranks below a local CPU build (2.13.0+cpu) that pip's configuration
+            # may offer too (find-links, other indexes)
+            index, torch = ["--index-url", PYPI], f"torch==={pinned_torch()}"
+        else:
+            index = ["--index-url", TORCH_INDEX.format(tag=tag), "--extra-index-url", PYPI]
+            torch = "torch"  # `==2.13.0` matches `2.13.0+cu128`
+        # torch alone from its index, then the rest
+        subprocess.run([*pip, "-c", "constraints.txt", *index, torch], cwd=ROOT, check=True)
         subprocess.run([*pip, "-c", "constraints.txt", "-e", ".[dev]"], cwd=ROOT, check=True)
-    cuda = subprocess.run(
-        [str(python), "-c", "import torch; print(torch.version.cuda or '')"],
+    found = subprocess.run(
+        [str(python), "-c", "import torch; print(torch.__version__, torch.version.cuda or '')"],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.strip()
+    ).stdout
+    version, _, cuda = found.strip().partition(" ")
     if not cuda:
         raise SystemExit(f"the torch in {venv} has no CUDA: delete that folder and build again")
-    log.info("%s: torch for CUDA %s", venv, cuda)
+    log.info("%s: torch %s for CUDA %s", venv, version, cuda)
     return python
 
 
@@ -154,7 +178,8 @@ def main() -> None:
         "--gpu",
         type=cuda_tag,
         metavar="CUDA_TAG",
-        help="the GPU variant, with torch's build for this CUDA version (cu128: CUDA 12.8)",
+        help="the GPU variant, with torch's build for this CUDA version (cu128: CUDA 12.8), "
+        "or with torch's default build from PyPI (pypi)",
     )
     parser.add_argument("--venv", type=Path, help="the GPU variant's environment (.venv-TAG)")
     args = parser.parse_args()
