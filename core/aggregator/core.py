@@ -583,7 +583,6 @@ class AggregatorCore:
         self._save_state()
 
     def _recover(self) -> None:
-        legacy = CheckpointStore(self.folder / "checkpoints")
         loaded = False
         for uid, module in self.modules.items():
             found = self.files.load(uid)
@@ -596,8 +595,8 @@ class AggregatorCore:
             self.versions[uid] = int(meta["version"])
             self.applied.update(bytes.fromhex(n) for n in meta.get("applied", []))
             loaded = True
-        if not loaded and legacy.latest() is not None:
-            self._recover_legacy(legacy)
+        if not loaded and (self.folder / "checkpoints" / "CURRENT").exists():
+            self._recover_legacy(CheckpointStore(self.folder / "checkpoints"))
         state = self._state_file.load()
         saved_at = None
         if state is not None:

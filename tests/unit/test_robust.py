@@ -18,6 +18,7 @@ from core.aggregator.robust import (
     robust_round,
     trimmed_mean,
 )
+from core.aggregator.rounds import ExpertRounds
 
 
 @pytest.mark.parametrize(
@@ -53,8 +54,20 @@ def test_bucketing_averages_groups():
     assert trimmed_mean(x, RoundContext(trim_fraction=0.34)).item() == 2.5
 
 
-def train(attack: str | None, settings: RobustSettings, *, n=20, f=4, steps=200, seed=0) -> float:
-    """Linear regression trained by SGD through robust_round; 20% of contributors attack."""
+def train(
+    attack: str | None,
+    settings: RobustSettings,
+    *,
+    n=20,
+    f=4,
+    steps=200,
+    seed=0,
+    compact: bool = False,
+) -> float:
+    """Linear regression trained by SGD through robust_round; 20% of contributors attack.
+    ``compact``: through an aggregator's expert rounds of a 16-bit project, whose state
+    at rest is compact (bfloat16 center, Q8 momenta: core/aggregator/rounds.py)."""
+    rounds = ExpertRounds(1, 1, 1.0, "sgd", 0.1, settings, state_dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(seed)
     d = 32
     w_true = torch.randn(d, generator=g)
@@ -63,7 +76,7 @@ def train(attack: str | None, settings: RobustSettings, *, n=20, f=4, steps=200,
     w = torch.zeros(d)
     state = ExpertRoundState()
     z = NormalDist().inv_cdf((n - (math.floor(n / 2 + 1) - f)) / n)
-    for _ in range(steps):
+    for step in range(steps):
         honest = []
         for _ in range(n - f):
             idx = torch.randint(0, 4096, (32,), generator=g)
@@ -86,7 +99,10 @@ def train(attack: str | None, settings: RobustSettings, *, n=20, f=4, steps=200,
         else:
             raise AssertionError(attack)
         inputs = {f"c{i}": v for i, v in enumerate([*honest, *bad])}
-        w = w - 0.1 * robust_round(state, inputs, settings, g)
+        if compact:
+            w = w - 0.1 * rounds.combine(inputs, state, step, None)[0]
+        else:
+            w = w - 0.1 * robust_round(state, inputs, settings, g)
     loss = ((x_all @ w - y_all) ** 2).mean().item()
     return loss if math.isfinite(loss) else float("inf")
 
@@ -99,6 +115,17 @@ def test_training_through_centered_clipping_survives_20_percent_attackers(attack
     default = RobustSettings()  # centered clipping, momentum 0.9, buckets of 2
     clean = train(None, default)
     attacked = train(attack, default)
+    assert attacked <= 1.10 * clean, (attack, attacked, clean)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_the_compact_state_of_a_16_bit_project_resists_the_same_attacks(attack):
+    """bfloat16 center and Q8 momenta, rounded at random: as robust as float32 state,
+    and the clean run trains as well."""
+    default = RobustSettings()
+    clean = train(None, default, compact=True)
+    assert clean <= 1.05 * train(None, default)
+    attacked = train(attack, default, compact=True)
     assert attacked <= 1.10 * clean, (attack, attacked, clean)
 
 
