@@ -36,7 +36,7 @@ from core.moe.finder import advance_beams
 
 def plan_now(
     per_dim: Sequence[torch.Tensor], x: torch.Tensor, grid: Grid, k: int
-) -> tuple[beams.Routing, Dispatch, list[Span], list[torch.Tensor]]:
+) -> tuple[beams.Routing, Dispatch, list[Span], torch.Tensor]:
     """Today's path up to the calls (core/moe/finder.py route, mixture.py _plan and
     _forward_calls): the routing, its dispatch, the calls and their inputs."""
     prefix, score = beams.start(x.shape[0], x.device)
@@ -46,8 +46,7 @@ def plan_now(
         )
     routing = beams.finish(prefix, score)
     dispatch = Dispatch.of(routing)
-    spans = dispatch.spans()
-    return routing, dispatch, spans, dispatch.gather(x, spans)
+    return routing, dispatch, dispatch.spans(), dispatch.gather(x)
 
 
 def combine_now(
@@ -68,13 +67,13 @@ def combine_now(
 
 
 def answer_now(
-    dispatch: Dispatch, spans: list[Span], inputs: list[torch.Tensor], x: torch.Tensor
+    dispatch: Dispatch, spans: list[Span], grouped: torch.Tensor, x: torch.Tensor
 ) -> Answers:
-    """The calls (not timed): each expert answers its inputs, written as the calls
-    write them."""
+    """The calls (not timed): each takes its rows and the expert answers them, written
+    as the calls write them."""
     answers = dispatch.buffer(x.shape[1:], x.dtype)
-    for span, rows in zip(spans, inputs, strict=True):
-        answers.put(span, rows)
+    for span in spans:
+        answers.put(span, grouped[span.start : span.stop])
     return answers
 
 
@@ -82,11 +81,8 @@ def level_alive(prefix: torch.Tensor, score: torch.Tensor, grid: Grid, d: int) -
     """What ExpertFinder._level_alive builds from its cache: every prefix in the beams
     looked up (here every coordinate alive)."""
     keys = torch.unique_consecutive(prefix[torch.isfinite(score)].sort().values)
-    n = grid.shape[d]
-    table = torch.zeros(keys.numel(), n, dtype=torch.bool)
-    for i in range(keys.numel()):
-        table[i, list(range(n))] = True
-    return beams.LevelAlive(keys, table)
+    alive = {i: range(grid.shape[d]) for i in keys.tolist()}  # the finder's cached answers
+    return beams.LevelAlive(keys, beams.alive_table(list(alive.values()), grid.shape[d]))
 
 
 def plan_before(

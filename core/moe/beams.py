@@ -17,7 +17,7 @@ prefixes in the beams (``LevelAlive``); the finder fills it from the DHT between
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -84,6 +84,15 @@ class LevelAlive:
 
     def _found(self, prefix: torch.Tensor) -> torch.Tensor:
         return self.prefixes[self._position(prefix)] == prefix
+
+
+def alive_table(rows: Sequence[Iterable[int]], n: int) -> torch.Tensor:
+    """[len(rows), n] with row i True at each coordinate of ``rows[i]`` (out of range
+    ones left out): one scatter, not one per row."""
+    flat = [i * n + c for i, coords in enumerate(rows) for c in coords if 0 <= c < n]
+    table = torch.zeros(len(rows) * n, dtype=torch.bool)
+    table[torch.tensor(flat, dtype=torch.long)] = True
+    return table.view(len(rows), n)
 
 
 @lru_cache(maxsize=64)

@@ -47,12 +47,24 @@ class Dispatch:
         experts = routing.experts.cpu()
         valid = routing.valid.cpu()
         samples, k = experts.shape
-        pairs = valid.nonzero()  # [N, 2] sample-major
-        flat = experts[valid]
+        if bool(valid.all()):  # the usual case: no mask to apply
+            flat = experts.reshape(-1)
+            pair = torch.arange(flat.numel())
+            sample, slot = pair // k, pair % k
+        else:
+            pairs = valid.nonzero()  # [N, 2] sample-major
+            flat, sample, slot = experts[valid], pairs[:, 0], pairs[:, 1]
         order = flat.argsort(stable=True)  # stable: samples stay ascending per expert
-        chosen, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        chosen, counts = torch.unique_consecutive(flat.index_select(0, order), return_counts=True)
         starts = [0, *torch.cumsum(counts, 0).tolist()]
-        return cls(samples, k, pairs[order, 0], pairs[order, 1], chosen.tolist(), starts)
+        return cls(
+            samples,
+            k,
+            sample.index_select(0, order),
+            slot.index_select(0, order),
+            chosen.tolist(),
+            starts,
+        )
 
     def __len__(self) -> int:
         return int(self.rows.numel())
@@ -76,11 +88,10 @@ class Dispatch:
     def rows_of(self, span: Span) -> torch.Tensor:
         return self.rows[span.start : span.stop]
 
-    def gather(self, x: torch.Tensor, spans: Sequence[Span]) -> list[torch.Tensor]:
-        """Each span's input rows of ``x`` [samples, ...]: one gather, then views."""
-        if not spans:
-            return []
-        return self.take(x[self.rows], spans)
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every pair's input row of ``x`` [samples, ...], in dispatch order: one gather;
+        a call takes its span of it (a view) when it sends."""
+        return x.index_select(0, self.rows)
 
     def take(self, grouped: torch.Tensor, spans: Sequence[Span]) -> list[torch.Tensor]:
         """Views of ``grouped`` [N, ...] (a value per pair, in dispatch order) per span
@@ -98,7 +109,7 @@ class Dispatch:
     def _answered(self, answers: Answers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(rows, slots, values) of the answered pairs: a difference array marks the
         answered spans, no loop over them in torch (all of them: no indexing at all)."""
-        if sum(s.rows for s in answers.spans) == len(self):
+        if answers.rows == len(self):
             return self.rows, self.slots, answers.values
         marks = torch.zeros(len(self) + 1, dtype=torch.int32)
         ones = torch.ones(len(answers.spans), dtype=torch.int32)
@@ -145,7 +156,9 @@ class Answers:
 
     values: torch.Tensor
     spans: list[Span] = field(default_factory=list)
+    rows: int = 0  # of the spans answered
 
     def put(self, span: Span, value: torch.Tensor) -> None:
         self.values[span.start : span.stop] = value
         self.spans.append(span)
+        object.__setattr__(self, "rows", self.rows + span.rows)

@@ -249,11 +249,7 @@ class ExpertFinder:
         keys = torch.unique_consecutive(prefix[torch.isfinite(score)].sort().values).cpu()
         names = [_name(self.grid, i, depth) for i in keys.tolist()]
         alive = await self._alive_many(names)
-        n = self.grid.shape[depth]
-        table = torch.zeros(len(names), n, dtype=torch.bool)
-        for i, name in enumerate(names):
-            coords = [c for c in alive[name] if 0 <= c < n]
-            table[i, coords] = True
+        table = beams.alive_table([alive[name] for name in names], self.grid.shape[depth])
         return beams.LevelAlive(keys.to(prefix.device), table.to(prefix.device))
 
     async def _alive_many(self, prefixes: Sequence[str]) -> dict[str, frozenset[int]]:

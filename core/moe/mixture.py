@@ -173,7 +173,7 @@ class RemoteMixtureOfExperts(nn.Module):
     async def _forward_calls(self, plan: _Plan, x: torch.Tensor) -> Answers:
         cfg = self.config
         calls = self._calls(plan)
-        inputs = plan.dispatch.gather(x, calls)
+        grouped = plan.dispatch.gather(x)
         answers = plan.dispatch.buffer(x.shape[1:], x.dtype)
         counts = torch.zeros(x.shape[0], dtype=torch.int32)
         unanswered = set(calls)
@@ -223,8 +223,8 @@ class RemoteMixtureOfExperts(nn.Module):
             finished.set()
         with trio.move_on_after(cfg.forward_timeout):
             async with trio.open_nursery() as nursery:
-                for span, rows in zip(calls, inputs, strict=True):
-                    nursery.start_soon(call, span, rows)
+                for span in calls:
+                    nursery.start_soon(call, span, grouped[span.start : span.stop])
                 await enough.wait()
                 with trio.move_on_after(cfg.timeout_after_k_min):
                     await finished.wait()
@@ -248,14 +248,16 @@ class RemoteMixtureOfExperts(nn.Module):
         out = plan.dispatch.buffer(x.shape[1:], x.dtype)
         done: set[Span] = set()
         spans = list(grads)
-        inputs = dict(zip(spans, plan.dispatch.gather(x, spans), strict=True))
+        grouped = plan.dispatch.gather(x)
 
         async def call(span: Span) -> None:
             uid = plan.names[span.expert]
             result = plan.answered[span]
             same = same_weights(result.server, plan.servers[uid])
             try:
-                grad = await self.caller.backward(uid, same, inputs[span], grads[span], kept=result)
+                grad = await self.caller.backward(
+                    uid, same, grouped[span.start : span.stop], grads[span], kept=result
+                )
                 out.put(span, grad)
                 done.add(span)
             except ExpertCallError as exc:

@@ -151,7 +151,7 @@ def test_dispatch_groups_by_expert_and_combines_back():
     assert len(dispatch) == 30
     spans = dispatch.spans(lambda expert, rows: 2 if rows > 2 else 1)
     x = torch.randn(10, 5)
-    inputs = dispatch.gather(x, spans)
+    inputs = dispatch.take(dispatch.gather(x), spans)
     experts = routing.experts.tolist()
     for span, rows_x in zip(spans, inputs, strict=True):
         rows = dispatch.rows_of(span)
