@@ -219,7 +219,7 @@ def robust_round(
         bucket_size=settings.bucket_size,
         generator=generator,
     )
-    inputs = [_dense(momenta[w]) for w in contributions]
+    inputs = [dense(momenta[w]) for w in contributions]
     if len(inputs) == 1 and settings.rule != "mean":
         result = lone_step(inputs[0], previous, state.scale or fallback_scale, settings)
     else:
@@ -234,7 +234,8 @@ def robust_round(
     return result
 
 
-def _dense(m: torch.Tensor | Q8) -> torch.Tensor:
+def dense(m: torch.Tensor | Q8) -> torch.Tensor:
+    """A momentum as float32, whatever form it rests in."""
     return m.decode() if isinstance(m, Q8) else m
 
 

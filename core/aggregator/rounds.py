@@ -15,7 +15,13 @@ from torch import nn
 
 from core.aggregator.compact import Q8, round_stochastic
 from core.aggregator.optimizer import CompactAdam
-from core.aggregator.robust import ExpertRoundState, RobustSettings, influence, robust_round
+from core.aggregator.robust import (
+    ExpertRoundState,
+    RobustSettings,
+    dense,
+    influence,
+    robust_round,
+)
 from core.checkpoints import make_optimizer
 from core.project.schedule import Schedule
 
@@ -123,17 +129,13 @@ class ExpertRounds:
         aggregate = robust_round(state, means, self.robust, generator, sibling_scale)
         momenta = state.momenta or {}
         kept = influence(
-            {who: _dense(momenta.get(who, g)) for who, g in means.items()}, aggregate, self.robust
+            {who: dense(momenta.get(who, g)) for who, g in means.items()}, aggregate, self.robust
         )
         if self.state_dtype != torch.float32:  # at rest, compact (after the last use)
             rounding = torch.Generator().manual_seed(version + (1 << 32))
             for who in means:
                 if who in momenta:
-                    momenta[who] = Q8.encode(_dense(momenta[who]), rounding)
+                    momenta[who] = Q8.encode(dense(momenta[who]), rounding)
             assert state.previous is not None
             state.previous = round_stochastic(state.previous, self.state_dtype, rounding)
         return aggregate, kept
-
-
-def _dense(m: torch.Tensor | Q8) -> torch.Tensor:
-    return m.decode() if isinstance(m, Q8) else m
