@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from core.aggregator.compact import state_dtype as compact_state_dtype
+from core.aggregator.heap import release_free_memory
 from core.aggregator.journal import Journal, Location, tensor_from_record, tensor_record
 from core.aggregator.optimizer import CompactAdam
 from core.aggregator.robust import (
@@ -503,6 +504,7 @@ class AggregatorCore:
         for p in pending:
             self._settled(p)
         self._drop_settled_segments()
+        release_free_memory()  # the round's transients, freed inside the heap
         log.info(
             "%s: version %d from %d contributions (%d contributors; kept %s)",
             uid,
