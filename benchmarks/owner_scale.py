@@ -212,7 +212,7 @@ def aggregator_memory(
         "expert_params": per_expert,
         "contributors": contributors,
         "rounds_per_expert": rounds,
-        "acknowledged": acknowledged,
+        "contributions": acknowledged,
         "aggregator_bytes_per_param": round(result["rss"] / held, 2),
         "aggregator_peak_bytes_per_param": round(result["peak"] / held, 2),
         "aggregator_bytes_per_param_before": before,
