@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.experts import activations
 from core.experts.backend import ExpertBackend
-from core.experts.registry import DTYPES, ExpertSpec, build_expert
+from core.experts.registry import DTYPES, ExpertSpec, build_expert, parameter_count
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.tolerance import excess
 from core.experts.uid import ExpertUID
@@ -58,7 +58,6 @@ from core.node.capacity import (
     FORMER_BYTES_PER_PARAM,
     GRAPH_SHARE,
     experts_that_fit,
-    parameter_count,
     params_per_gb,
 )
 from net import Identity, Peer, parse_peer_addr

@@ -144,18 +144,27 @@ def worker(folder: Path, experts: int, hidden: int, inner: int, contributors: in
 
 
 def contribution(
-    who: Identity, uid: str, version: int, params: dict[str, int], generator: torch.Generator
+    who: Identity,
+    uid: str,
+    version: int,
+    params: dict[str, int],
+    generator: torch.Generator,
+    *,
+    project: str = PROJECT,
+    scale: float = 1e-3,
 ) -> tuple[Contribution, list[torch.Tensor]]:
+    """``who``'s random gradient of ``scale`` for ``uid`` at ``version``, in fp16 as
+    volunteers send, behind two receipts of TRAINER for 4 samples each."""
     fp16 = codec("fp16")
     parts = [
         part
         for k in params.values()
-        for part in fp16.encode(torch.randn(k, generator=generator) * 1e-3)
+        for part in fp16.encode(torch.randn(k, generator=generator) * scale)
     ]
-    receipts = [Receipt.sign(TRAINER, PROJECT, uid, version, [], [], 4) for _ in range(2)]
+    receipts = [Receipt.sign(TRAINER, project, uid, version, [], [], 4) for _ in range(2)]
     msg = Contribution.create(
         who,
-        project=PROJECT,
+        project=project,
         uid=uid,
         base_version=version,
         codec="fp16",
@@ -251,7 +260,6 @@ async def two_aggregators(folder: Path) -> dict[str, Any]:
 
     dirs = [folder / f"aggregator{i}" for i in range(2)]
     keys = [load_or_create(identity_path(d, "aggregator")).public_key for d in dirs]
-    trainer_key = TRAINER
     manifest = folder / "project.toml"
     write_template(manifest, "scale")
     text = manifest.read_text()
@@ -266,7 +274,7 @@ async def two_aggregators(folder: Path) -> dict[str, Any]:
         text = text.replace(old, new)
     text = text.replace("min_contributors = 2 ", "min_contributors = 1 ")
     text += "".join(f'\n[[aggregators]]\nkey = "{k.hex()}"\n' for k in keys)
-    text += f'\n[[trainers]]\nkey = "{trainer_key.public_key.hex()}"\n'
+    text += f'\n[[trainers]]\nkey = "{TRAINER.public_key.hex()}"\n'
     manifest.write_text(text)
     prepared = prepare(manifest, OwnerKey.generate(), (), folder / "owner")
     signed = prepared.signed
@@ -285,20 +293,8 @@ async def two_aggregators(folder: Path) -> dict[str, Any]:
     procs: list[Any] = []
 
     def make(who: Identity, uid: str) -> tuple[Contribution, list[Any]]:
-        fp16 = codec("fp16")
-        parts = [
-            p for k in params.values() for p in fp16.encode(torch.randn(k, generator=generator))
-        ]
-        receipts = [Receipt.sign(trainer_key, pid, uid, versions[uid], [], [], 4) for _ in range(2)]
-        msg = Contribution.create(
-            who,
-            project=pid,
-            uid=uid,
-            base_version=versions[uid],
-            codec="fp16",
-            params=[ParamSpec(n, k) for n, k in params.items()],
-            receipts=receipts,
-            parts=parts,
+        msg, parts = contribution(
+            who, uid, versions[uid], params, generator, project=pid, scale=1.0
         )
         return msg, [to_wire(p) for p in parts]
 

@@ -10,6 +10,7 @@ each contribution exactly once.
 from __future__ import annotations
 
 import logging
+import shutil
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,13 +38,18 @@ from core.aggregator.stats import (
     load_statistics,
     save_statistics,
 )
-from core.aggregator.store import ExpertFiles, StateFile, remove_tree
+from core.aggregator.store import ExpertFiles, StateFile
 from core.aggregator.strikes import Strikes
 from core.aggregator.trunk import TrunkRounds, TrunkSettings
-from core.aggregator.verify import Rejected, VerifyContext, check_claims, check_payload
+from core.aggregator.verify import (
+    Rejected,
+    VerifyContext,
+    check_claims,
+    check_payload,
+    decode_gradients,
+)
 from core.checkpoints import CheckpointStore, load_optimizer_state, optimizer_state
 from core.clock import SYSTEM_CLOCK, Clock
-from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
 from core.project.schedule import Schedule
@@ -264,16 +270,15 @@ class AggregatorCore:
         self,
         contribution: Contribution,
         parts: Sequence[torch.Tensor],
-        grads: dict[str, torch.Tensor],
         now: float,
         *,
         held: bool = False,
     ) -> None:
-        """Make durable a contribution whose payload checked out (``grads``: its decoded
-        ``parts``). Its claims are checked again against the state now (another copy may
-        have been accepted meanwhile). Returns once it is in the fsynced journal; raises
-        Rejected otherwise. ``held``: drawn for an audit, it joins no round until
-        ``release``d (or ``discard``ed)."""
+        """Make durable a contribution whose payload checked out (``check_payload``): its
+        gradient stays in the journal, read back at its round. Its claims are checked
+        again against the state now (another copy may have been accepted meanwhile).
+        Returns once it is in the fsynced journal; raises Rejected otherwise. ``held``:
+        drawn for an audit, it joins no round until ``release``d (or ``discard``ed)."""
         self.screen(contribution, now, authenticated=True)
         record = ["c", contribution.encode(), [tensor_record(p) for p in parts]]
         where = self._journal.append([*record, True] if held else record)
@@ -293,11 +298,11 @@ class AggregatorCore:
         now = self.clock.wall() if now is None else now
         self.screen(contribution, now)
         try:
-            grads = check_payload(contribution, parts)
+            check_payload(contribution, parts)
         except Rejected as exc:
             self.refused(contribution, exc, now, attributable=True)
             raise
-        self.accept(contribution, parts, grads, now)
+        self.accept(contribution, parts, now)
 
     def _contributor(self, who: str, *, create: bool = False) -> ContributorStatistics | None:
         """Statistics of a contributor. Identities cost nothing, so entries of ones that
@@ -527,7 +532,8 @@ class AggregatorCore:
     def _gradient_of(self, p: _Pending) -> dict[str, torch.Tensor]:
         """A pending contribution's decoded gradient, read back from the journal."""
         record = self._journal.read_at(p.where)
-        return _decode(Contribution.decode(record[1]), record[2])
+        parts = [tensor_from_record(r) for r in record[2]]
+        return decode_gradients(Contribution.decode(record[1]), parts)
 
     # ------------------------------------------------------------ durability
 
@@ -669,7 +675,7 @@ class AggregatorCore:
         self.seen_nonces = set(state["seen_nonces"])
         self.seen_batches = set(state["seen_batches"])
         self.checkpoint()
-        remove_tree(self.folder / "checkpoints")
+        shutil.rmtree(self.folder / "checkpoints", ignore_errors=True)
         log.info("moved the aggregator's state to files per expert")
 
     def weights_sha256(self, uid: str) -> str:
@@ -680,16 +686,6 @@ class AggregatorCore:
         already, and a restart replays it (so this is also what kill -9 leaves)."""
         if not self._journal.closed:
             self._journal.close()
-
-
-def _decode(c: Contribution, records: list[Any]) -> dict[str, torch.Tensor]:
-    parts = [tensor_from_record(r) for r in records]
-    chosen = codec(c.codec)
-    per_param = len(parts) // len(c.params)
-    return {
-        p.name: chosen.decode(parts[i * per_param : (i + 1) * per_param], p.numel)
-        for i, p in enumerate(c.params)
-    }
 
 
 def _adopt_adam_state(old: torch.optim.Optimizer, new: CompactAdam) -> None:

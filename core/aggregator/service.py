@@ -229,9 +229,7 @@ class AggregatorService:
         parts: list[torch.Tensor] = [from_wire(t) for t in ctx.request.tensors]
         now = self.core.clock.wall()
         try:
-            grads = await trio.to_thread.run_sync(
-                check_payload, contribution, parts, limiter=self._checker
-            )
+            await trio.to_thread.run_sync(check_payload, contribution, parts, limiter=self._checker)
         except Rejected as exc:
             self.core.refused(contribution, exc, now, attributable=True)
             if is_offence(exc.reason):
@@ -243,7 +241,6 @@ class AggregatorService:
                 partial(self.core.accept, held=drawn),
                 contribution,
                 parts,
-                grads,
                 now,
                 limiter=self._engine,
             )

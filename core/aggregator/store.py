@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +98,6 @@ class ExpertFiles:
         for old in versions[: max(0, len(versions) - keep)]:
             (self.root / "history" / _file_name(uid) / f"{old}.safetensors").unlink(missing_ok=True)
 
-    def uids(self) -> Iterator[str]:
-        for path in sorted((self.root / "experts").glob("*.safetensors")):
-            yield path.stem
-
 
 class StateFile:
     """The small rest of an aggregator's state: msgpack, replaced atomically."""
@@ -126,7 +120,3 @@ class StateFile:
             return None
         result: dict[str, Any] = unpack_bounded(self.path.read_bytes(), MAX_STATE_BYTES)
         return result
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

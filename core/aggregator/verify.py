@@ -113,6 +113,12 @@ def check_payload(c: Contribution, parts: Sequence[torch.Tensor]) -> dict[str, t
             )
     if tensor_digest(parts) != c.payload_sha256:
         raise Rejected(Refusal.PAYLOAD_MISMATCH, "tensors do not match the signed digest")
+    return decode_gradients(c, parts)
+
+
+def decode_gradients(c: Contribution, parts: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient from the contribution's encoded parts; Rejected when
+    they do not decode or hold NaN or infinity."""
     chosen = codec(c.codec)
     per_param = len(parts) // len(c.params) if c.params else 0
     if per_param * len(c.params) != len(parts) or per_param == 0:

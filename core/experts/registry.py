@@ -250,3 +250,10 @@ def build_expert(spec: ExpertSpec, *, seed: int | None = None) -> nn.Module:
     else:
         module = EXPERT_TYPES[spec.kind].build(spec)
     return module.to(spec.torch_dtype)
+
+
+def parameter_count(spec: ExpertSpec) -> int:
+    """Parameters of one expert of ``spec`` (built on the meta device: no memory used)."""
+    with torch.device("meta"):
+        module = build_expert(spec)
+    return sum(p.numel() for p in module.parameters())

@@ -149,7 +149,7 @@ class Dispatch:
         return per_sample_slot[self.rows, self.slots]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Answers:
     """The calls' answers, a row per pair in dispatch order, and the spans answered
     (each once)."""
@@ -161,4 +161,4 @@ class Answers:
     def put(self, span: Span, value: torch.Tensor) -> None:
         self.values[span.start : span.stop] = value
         self.spans.append(span)
-        object.__setattr__(self, "rows", self.rows + span.rows)
+        self.rows += span.rows

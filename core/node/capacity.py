@@ -11,7 +11,6 @@ from typing import Literal
 import psutil
 import torch
 
-from core.experts.registry import ExpertSpec, build_expert
 from core.node.compute_device import decide, this_machine
 
 #: Bytes of gradient sums per parameter: float32 whatever the expert's dtype (16-bit sums
@@ -100,13 +99,6 @@ def params_per_gb(weight_bytes: int, *, on_gpu: bool) -> float:
 def graph_cache_bytes(budget_bytes: int, experts: int) -> int:
     """Bytes of kept forward graphs each of ``experts`` served experts may hold."""
     return int(budget_bytes * GRAPH_SHARE // max(1, experts))
-
-
-def parameter_count(spec: ExpertSpec) -> int:
-    """Parameters of one expert of ``spec`` (built on the meta device: no memory used)."""
-    with torch.device("meta"):
-        module = build_expert(spec)
-    return sum(p.numel() for p in module.parameters())
 
 
 def plan_device(allowed: Sequence[int] | Literal["all"], cap_gb: float | None) -> DevicePlan:

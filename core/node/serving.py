@@ -30,13 +30,13 @@ from core.control.preferences import Preferences
 from core.errors import UserFacingError, one_line
 from core.experts.backend import compute_dtype
 from core.experts.records import SERVING, ExpertAnnouncement, expert_key
+from core.experts.registry import parameter_count
 from core.experts.server import ExpertServer, ServerConfig
 from core.files import replace_file
 from core.node.capacity import (
     DevicePlan,
     experts_that_fit,
     graph_cache_bytes,
-    parameter_count,
     plan_device,
 )
 from core.node.choice import choose_experts, rebalance

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
-from core.experts.registry import ExpertSpec, build_expert
+from core.experts.registry import parameter_count
 from core.project.manifest import Manifest
 from core.protocol.contributions import TRUNK_UID
 
@@ -28,12 +26,6 @@ def balanced(sizes: Sequence[tuple[str, int]], aggregators: int) -> dict[str, in
     return out
 
 
-def parameters(spec: ExpertSpec) -> int:
-    with torch.device("meta"):  # nothing allocated
-        module = build_expert(spec)
-    return sum(p.numel() for p in module.parameters())
-
-
 def expert_assignment(manifest: Manifest) -> dict[str, int]:
     """uid -> index in ``manifest.aggregators``: the experts in the manifest's order,
     balanced by parameters; then the trainers' trunk (when they share one) to the
@@ -41,7 +33,7 @@ def expert_assignment(manifest: Manifest) -> dict[str, int]:
     the model's library, which a volunteer does not load, and every party must agree."""
     if not manifest.aggregators:
         return {}
-    size = parameters(manifest.model.expert_spec())
+    size = parameter_count(manifest.model.expert_spec())
     out = balanced([(uid, size) for uid in manifest.model.expert_uids()], len(manifest.aggregators))
     loads = [0] * len(manifest.aggregators)
     for index in out.values():

@@ -8,10 +8,10 @@ import torch
 
 from core.experts import activations
 from core.experts.backend import ExpertBackend
-from core.experts.registry import ExpertSpec, build_expert
+from core.experts.registry import ExpertSpec, build_expert, parameter_count
 from core.experts.tolerance import excess
 from core.experts.uid import ExpertUID
-from core.node.capacity import experts_that_fit, graph_cache_bytes, parameter_count
+from core.node.capacity import experts_that_fit, graph_cache_bytes
 from core.node.probes.base import Nvml
 from tests.unit.test_bf16_experts import answered
 

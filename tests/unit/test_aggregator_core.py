@@ -256,8 +256,7 @@ def test_a_thin_round_keeps_a_bounded_amount_and_lets_in_who_it_lacks(tmp_path):
 
 
 def _accept_held(core: AggregatorCore, msg: Contribution, parts: list[torch.Tensor]) -> None:
-    grads = {p.name: part for p, part in zip(msg.params, parts, strict=True)}
-    core.accept(msg, parts, grads, 0.0 + msg.timestamp, held=True)
+    core.accept(msg, parts, 0.0 + msg.timestamp, held=True)
 
 
 def test_contributions_held_for_an_audit_join_no_round_until_released(tmp_path):

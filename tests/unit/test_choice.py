@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.experts.registry import ExpertSpec
+from core.experts.registry import ExpertSpec, parameter_count
 from core.node.capacity import (
     FORMER_BYTES_PER_PARAM,
     GRAPH_SHARE,
@@ -10,7 +10,6 @@ from core.node.capacity import (
     experts_that_fit,
     graph_cache_bytes,
     memory_budget,
-    parameter_count,
     params_per_gb,
 )
 from core.node.choice import choose_experts, rebalance

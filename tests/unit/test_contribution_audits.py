@@ -362,9 +362,8 @@ async def test_an_audit_waits_for_the_contribution_it_carries_to_arrive(tmp_path
     )
     core = AggregatorCore(settings, tmp_path, initial={UID: build_expert(SPEC, seed=1)})
     auditor = ContributionAuditor(core, trio.CapacityLimiter(1), rate=1.0)
-    core.accept(
-        second, second_parts, check_payload(second, second_parts), second.timestamp, held=True
-    )
+    check_payload(second, second_parts)
+    core.accept(second, second_parts, second.timestamp, held=True)
     auditor.hold(second, second_parts)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(auditor._audit, auditor._held.pop(second.nonce), kept.reveal)
@@ -372,7 +371,8 @@ async def test_an_audit_waits_for_the_contribution_it_carries_to_arrive(tmp_path
             while first.nonce not in auditor._awaited:
                 await trio.sleep(0.01)
         assert auditor.stats.passed + auditor.stats.unverifiable == 0
-        core.accept(first, first_parts, check_payload(first, first_parts), first.timestamp)
+        check_payload(first, first_parts)
+        core.accept(first, first_parts, first.timestamp)
         auditor.accepted(first.nonce)
     assert auditor.stats.passed == 1
     assert not core.held()

@@ -29,13 +29,13 @@ from core.experts.registry import (
     SwiGLUExpert,
     ThickSwiGLUExpert,
     build_expert,
+    parameter_count,
 )
 from core.experts.uid import ExpertUID, Grid
 from core.families.config import model_fields
 from core.families.export import export_model
 from core.families.mixtral import FamilyError, LocalGridMixture, build_model
 from core.families.routing import GridGate
-from core.node.capacity import parameter_count
 from core.project.keys import OwnerKey
 from core.project.manifest import Manifest, ManifestError, parse_manifest
 from core.project.signed import SignedManifest
