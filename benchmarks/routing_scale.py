@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections import defaultdict
@@ -80,7 +81,7 @@ def answer_now(
 def level_alive(prefix: torch.Tensor, score: torch.Tensor, grid: Grid, d: int) -> beams.LevelAlive:
     """What ExpertFinder._level_alive builds from its cache: every prefix in the beams
     looked up (here every coordinate alive)."""
-    keys = torch.unique_consecutive(prefix[torch.isfinite(score)].sort().values)
+    keys = beams.live_prefixes(prefix, score, math.prod(grid.shape[:d]))
     alive = {i: range(grid.shape[d]) for i in keys.tolist()}  # the finder's cached answers
     return beams.LevelAlive(keys, beams.alive_table(list(alive.values()), grid.shape[d]))
 

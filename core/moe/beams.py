@@ -86,6 +86,22 @@ class LevelAlive:
         return self.prefixes[self._position(prefix)] == prefix
 
 
+#: prefix spaces up to this size find the beams' prefixes with a mask, not a sort
+_MASK_PREFIXES = 1 << 20
+
+
+def live_prefixes(prefix: torch.Tensor, score: torch.Tensor, count: int) -> torch.Tensor:
+    """The distinct flat prefixes (of ``count`` possible) of the beams with a finite
+    score, ascending: what a level's liveness must be looked up for."""
+    live = prefix[torch.isfinite(score)]
+    if count <= _MASK_PREFIXES:  # one pass over the beams, none over their order
+        seen = torch.zeros(count, dtype=torch.bool, device=prefix.device)
+        seen[live] = True
+        return seen.nonzero().squeeze(1)
+    unique: torch.Tensor = torch.unique_consecutive(live.sort().values)
+    return unique
+
+
 def alive_table(rows: Sequence[Iterable[int]], n: int) -> torch.Tensor:
     """[len(rows), n] with row i True at each coordinate of ``rows[i]`` (out of range
     ones left out): one scatter, not one per row."""

@@ -246,7 +246,8 @@ class ExpertFinder:
         self, prefix: torch.Tensor, score: torch.Tensor, depth: int
     ) -> beams.LevelAlive:
         """The live next coordinates of every prefix in the beams (one lookup each)."""
-        keys = torch.unique_consecutive(prefix[torch.isfinite(score)].sort().values).cpu()
+        count = math.prod(self.grid.shape[:depth])
+        keys = beams.live_prefixes(prefix, score, count).cpu()
         names = [_name(self.grid, i, depth) for i in keys.tolist()]
         alive = await self._alive_many(names)
         table = beams.alive_table([alive[name] for name in names], self.grid.shape[depth])

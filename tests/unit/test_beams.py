@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from core.experts.uid import Grid
+from core.moe import beams
 from core.moe.beams import LevelAlive, beam_search, coordinates, name_rank
 from core.moe.dispatch import Dispatch
 from core.moe.finder import advance_beams
@@ -143,7 +144,8 @@ def test_bfloat16_and_float64_scores_choose_as_the_reference():
         )
 
 
-def test_dispatch_groups_by_expert_and_combines_back():
+@pytest.mark.parametrize("lost_at", [None, 3])  # every slot answered (a gather), or not
+def test_dispatch_groups_by_expert_and_combines_back(lost_at: int | None) -> None:
     torch.manual_seed(1)
     per_dim = [torch.randn(10, 4) for _ in range(2)]
     routing = beam_search(per_dim, 3)
@@ -158,8 +160,8 @@ def test_dispatch_groups_by_expert_and_combines_back():
         assert rows.tolist() == sorted(rows.tolist())
         assert all(span.expert in experts[r] for r in rows.tolist())
         assert torch.equal(rows_x, x[rows])
-    # an answer per span: the expert's index plus the sample's own row; one span is lost
-    lost = spans[3]
+    # an answer per span: the expert's index plus the sample's own row; one span may be lost
+    lost = spans[lost_at] if lost_at is not None else None
     answers = dispatch.buffer((5,), torch.float32)
     for s, inp in zip(spans, inputs, strict=True):
         if s != lost:
@@ -168,7 +170,7 @@ def test_dispatch_groups_by_expert_and_combines_back():
     for b in range(10):
         for slot in range(3):
             e = experts[b][slot]
-            missed = e == lost.expert and b in dispatch.rows_of(lost).tolist()
+            missed = lost is not None and e == lost.expert and b in dispatch.rows_of(lost).tolist()
             assert alive[b, slot] == (0.0 if missed else 1.0)
             expected = torch.zeros(5) if missed else x[b] + e
             assert torch.equal(outputs[b, slot], expected)
@@ -180,3 +182,33 @@ def test_dispatch_groups_by_expert_and_combines_back():
     assert torch.allclose(summed, expected)
     grouped = dispatch.per_pair(outputs)
     assert dispatch.any_nonzero(grouped, spans) == [s != lost for s in spans]
+
+
+@pytest.mark.parametrize("by_mask", [True, False])
+def test_live_prefixes_are_the_distinct_finite_beams_ascending(
+    by_mask: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(beams, "_MASK_PREFIXES", 1 << 20 if by_mask else 0)
+    prefix = torch.tensor([[7, 3, 3], [0, 9, 5], [5, 2, 1]])
+    score = torch.tensor([[1.0, 0.5, 0.2], [2.0, float("-inf"), 1.0], [0.1, float("-inf"), 0.0]])
+    assert beams.live_prefixes(prefix, score, 16).tolist() == [0, 1, 3, 5, 7]
+    nothing = torch.full((2, 2), float("-inf"))
+    assert beams.live_prefixes(prefix[:2, :2], nothing, 16).tolist() == []
+
+
+def test_dispatch_of_a_routing_with_empty_slots_combines_only_the_valid_ones() -> None:
+    # grid of 3 with k=4: every sample has one empty slot
+    per_dim = [torch.randn(6, 3)]
+    routing = beam_search(per_dim, 4)
+    assert not bool(routing.valid[:, 3].any())
+    dispatch = Dispatch.of(routing)
+    assert len(dispatch) == 18
+    x = torch.randn(6, 2)
+    answers = dispatch.buffer((2,), torch.float32)
+    spans = dispatch.spans()
+    for span, rows_x in zip(spans, dispatch.take(dispatch.gather(x), spans), strict=True):
+        answers.put(span, rows_x * 2)
+    outputs, alive = dispatch.combine(answers)
+    assert torch.equal(alive, routing.valid.float())
+    assert torch.equal(outputs[:, :3], (x * 2).unsqueeze(1).expand(6, 3, 2))
+    assert not bool(outputs[:, 3].any())
