@@ -137,6 +137,8 @@ def measure(options: EmulationOptions) -> dict[str, Any]:
         "failed_steps": sum(s["failed_steps"] for s in summaries),
         "activation_bytes_ratio": round(wire_ratio, 4),
         "loss": round(loss, 4),
+        # the final evaluation came after every expert's round following the last step
+        "final_round_applied": all((s["final_round"] or {}).get("applied") for s in summaries),
         "reference_loss": round(reference, 4),
         "loss_ratio": round(loss / reference, 4),
         "seconds": round(out["seconds"], 1),

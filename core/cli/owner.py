@@ -387,6 +387,14 @@ def owner_train(
             help="Batches carried through the swarm at once (their round trips overlap).",
         ),
     ] = 1,
+    final_round_wait: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Before the final evaluation, wait up to this many seconds for the "
+            "experts' round after the last step (0: evaluate at once).",
+        ),
+    ] = 0.0,
     listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
@@ -412,6 +420,7 @@ def owner_train(
         max_data_bytes=int(max_data_mb * 1024 * 1024),
         device=device,
         in_flight=in_flight,
+        final_round_wait_s=final_round_wait,
     )
     run = partial(
         run_trainer,

@@ -208,6 +208,9 @@ async def run_emulated(
                     timeout_after_k_min=options.timeout_after_k_min,
                     device="cpu",
                     in_flight=options.in_flight,
+                    # the final loss after the experts' round that applies the last
+                    # steps (volunteers send twice a round; a round closes by time)
+                    final_round_wait_s=2 * round_seconds + 10,
                 ),
                 data_dir=workdir / f"trainer{i}",
                 report=on_report(i),

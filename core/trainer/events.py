@@ -107,6 +107,12 @@ class AggregatorShown(AggregatorReport):
     unreachable: str | None = None
 
 
+class FinalRound(BaseModel):
+    applied: bool
+    seconds: float
+    behind: list[str] = []
+
+
 class TrainingSummary(_Event):
     event: Literal["summary"] = "summary"
     steps: int
@@ -137,6 +143,9 @@ class TrainingSummary(_Event):
     aggregators: list[AggregatorShown] = []
     #: how each volunteer that answered was reached (directly, through a relay...)
     reached: dict[str, str] = {}
+    #: with ``--final-round-wait``: whether every expert had a round after the last step
+    #: before the final evaluation, the seconds waited, the experts without one
+    final_round: FinalRound | None = None
 
 
 TrainerEvent = Annotated[

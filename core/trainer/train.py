@@ -38,12 +38,12 @@ from core.namespaces import moehome_validator
 from core.project.assignment import expert_assignment
 from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
-from core.project.distribution import ProjectNotFound, find_manifest
+from core.project.distribution import ProjectNotFound, aggregator_peers, find_manifest
 from core.project.manifest import Manifest
 from core.project.owner import aggregator_statistics, why_experts_wait
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
-from core.project.versions import pull_interval
+from core.project.versions import newest_version, pull_interval
 from core.protocol.aggregator_methods import responsible_aggregator
 from core.trainer.batches import (
     Batches,
@@ -65,6 +65,7 @@ from core.trainer.events import (
 from core.trainer.initial import start_from_published
 from core.trainer.model import TrainerModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
+from core.trainer.settle import NewestVersion, await_next_round
 from core.trainer.sharing import TrunkSharing
 from core.trainer.tokenizer_file import tokenizer_for
 from core.trainer.trunk import shares_trunk
@@ -105,6 +106,9 @@ class TrainerOptions:
     device: str = "auto"
     #: batches carried through the swarm at once (core/trainer/session.py)
     in_flight: int = 1
+    #: before the final evaluation, wait up to this long for the experts' round after
+    #: the last step (core/trainer/settle.py); 0: evaluate at once
+    final_round_wait_s: float = 0.0
 
 
 def resolve_device(name: str) -> str:
@@ -383,7 +387,21 @@ async def train_on(
             await nursery.start(auditor.run)
             await nursery.start(weights.watch)
         nursery.start_soon(_watch_experts, peer, signed.manifest, report)
-        summary = await _train(session, options, stop, report, sharing)
+        allowed = {str(p) for p in aggregator_peers(peer, signed.manifest)}
+
+        async def newest(uid: str) -> int | None:
+            record = await newest_version(peer, signed.project_id, uid, allowed)
+            return None if record is None else record.version
+
+        summary = await _train(
+            session,
+            options,
+            stop,
+            report,
+            sharing,
+            newest=newest,
+            pull_s=pull_interval(signed.manifest.training.round_seconds),
+        )
         nursery.cancel_scope.cancel()
     if auditor is not None:
         summary["audits"] = auditor.stats.as_dict()
@@ -484,9 +502,13 @@ async def _train(
     report: Report,
     sharing: TrunkSharing | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    *,
+    newest: NewestVersion | None = None,
+    pull_s: float = 0.0,
 ) -> dict[str, Any]:
     """The training loop; ``clock`` times its windows, patience and speed (tests move
-    one by hand)."""
+    one by hand). ``newest``: the experts' declared versions, for the wait before the
+    final evaluation (``options.final_round_wait_s``; volunteers pull every ``pull_s``)."""
     state = session.state
     evaluating = trio.Lock()  # one evaluation at a time (they share a replica)
     if state.initial_loss is None:
@@ -569,6 +591,15 @@ async def _train(
         if state.evaluations and state.evaluations[-1][0] == state.step
         else None
     )
+    settled = None
+    if options.final_round_wait_s > 0 and newest is not None and not stop.is_set():
+        served = dict(session.swarm_view()["versions"])
+        log.info(
+            "waiting up to %.0f s for the experts' round after the last step",
+            options.final_round_wait_s,
+        )
+        settled = await await_next_round(served, newest, options.final_round_wait_s, pull_s)
+        final = None  # the weights changed since any evaluation made before
     if final is None:
         final = await _evaluate(session)
         report(Evaluated(step=state.step, loss=final))
@@ -591,6 +622,9 @@ async def _train(
         "staleness": {str(k): v for k, v in sorted(state.staleness.items())},
         "stopped_early": state.step < options.steps,
         "volunteers_answered": len(view["answered_by"]),
+        "final_round": None
+        if settled is None
+        else {"applied": settled.applied, "seconds": settled.seconds, "behind": settled.behind},
         "answered_by": view["answered_by"],
         "version_min": min(versions),
         "version_max": max(versions),
