@@ -139,10 +139,26 @@ def measure(options: EmulationOptions) -> dict[str, Any]:
         "loss": round(loss, 4),
         # the final evaluation came after every expert's round following the last step
         "final_round_applied": all((s["final_round"] or {}).get("applied") for s in summaries),
+        # sequences carried at once, all trainers, over the gradient noise scale at the
+        # end (the critical batch's order): above 1, concurrency costs samples
+        "noise_scale": _mean([s["noise_scale"] for s in summaries]),
+        "in_flight_over_noise_scale": _ratio(
+            options.trainers * options.in_flight * options.batch_size,
+            _mean([s["noise_scale"] for s in summaries]),
+        ),
         "reference_loss": round(reference, 4),
         "loss_ratio": round(loss / reference, 4),
         "seconds": round(out["seconds"], 1),
     }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 2) if known else None
+
+
+def _ratio(a: float, b: float | None) -> float | None:
+    return round(a / b, 3) if b else None
 
 
 def local_codec(wire: str, steps: int) -> dict[str, Any]:

@@ -51,6 +51,9 @@ class TrainingProgressed(_Event):
     stale_steps: int
     #: expert answers so far, per volunteer (peer id; the demo compares them)
     answered_by: dict[str, int]
+    #: the gradient noise scale so far, in sequences (the critical batch's order;
+    #: core/trainer/noise_scale.py), of the trainer-side layers; None: not yet known
+    noise_scale: float | None = None
 
 
 class ExpertsNote(_Event):
@@ -146,6 +149,8 @@ class TrainingSummary(_Event):
     #: with ``--final-round-wait``: whether every expert had a round after the last step
     #: before the final evaluation, the seconds waited, the experts without one
     final_round: FinalRound | None = None
+    #: the gradient noise scale at the end, in sequences (None: not estimated)
+    noise_scale: float | None = None
 
 
 TrainerEvent = Annotated[

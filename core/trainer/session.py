@@ -49,6 +49,7 @@ from core.project.schedule import Schedule
 from core.trainer.batches import Batches, CorpusBatches
 from core.trainer.data import Corpus
 from core.trainer.model import TrainerModel
+from core.trainer.noise_scale import NoiseScale, gradient_sample
 from core.trainer.trunk import Params, rebase, snapshot
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,9 @@ class TrainingSession:
         self._master_busy = False
         #: rebases of the shared trunk waiting for the master (rebase_trunk)
         self._rebases: list[tuple[Params, Params]] = []
+        #: the gradient noise scale, from the batches' trainer-side gradients
+        self.noise = NoiseScale(settings.batch_size)
+        self._coordinates = sum(p.numel() for p in model.parameters())
 
     @property
     def in_flight(self) -> int:
@@ -226,7 +230,9 @@ class TrainingSession:
                 self.state.failed_steps += 1
             log.info("a step failed (%s); trying the next batch", exc)
             return None
+        sample = gradient_sample((p.grad for p in model.parameters()), self._coordinates)
         with self._lock:
+            self.noise.add(sample)  # in the order batches finish, stale ones too
             staleness = self.state.step - based_on
             if staleness > self.settings.staleness_bound():
                 self.state.stale_steps += 1

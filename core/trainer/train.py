@@ -545,6 +545,7 @@ async def _train(
                     failed_steps=state.failed_steps,
                     stale_steps=state.stale_steps,
                     answered_by=dict(view["answered_by"]),
+                    noise_scale=session.noise.sequences,
                 )
             )
             losses.clear()
@@ -622,6 +623,7 @@ async def _train(
         "staleness": {str(k): v for k, v in sorted(state.staleness.items())},
         "stopped_early": state.step < options.steps,
         "volunteers_answered": len(view["answered_by"]),
+        "noise_scale": session.noise.sequences,
         "final_round": None
         if settled is None
         else {"applied": settled.applied, "seconds": settled.seconds, "behind": settled.behind},
