@@ -120,6 +120,8 @@ def measure(options: EmulationOptions) -> dict[str, Any]:
         "upload_mbit": options.upload_mbit,
         "trainers": options.trainers,
         "in_flight": options.in_flight,
+        "ramp": options.ramp,
+        "in_flight_reached": max(s["in_flight_reached"] for s in summaries),
         "wire": options.wire,
         "rule": options.demo.rule,
         "trunk_momentum": options.demo.trunk_outer_momentum,
@@ -263,6 +265,12 @@ def main() -> None:
     parser.add_argument("--wire", default="q4z")
     parser.add_argument("--round-samples", type=float, default=64.0)
     parser.add_argument(
+        "--ramp",
+        action="store_true",
+        help="each trainer starts with one batch in flight and carries more, up to the "
+        "configuration's, as the gradient noise scale grows",
+    )
+    parser.add_argument(
         "--slow",
         type=int,
         default=0,
@@ -316,6 +324,7 @@ def main() -> None:
         upload_mbit=args.upload_mbit,
         wire=args.wire,
         round_samples=args.round_samples,
+        ramp=args.ramp,
         slow=args.slow,
         slow_delay_ms=args.slow_ms,
         announce_seconds=args.announce_seconds,

@@ -395,6 +395,13 @@ def owner_train(
             "experts' round after the last step (0: evaluate at once).",
         ),
     ] = 0.0,
+    ramp_in_flight: Annotated[
+        bool,
+        typer.Option(
+            help="Start with one batch in flight and carry more, up to --in-flight, as the "
+            "gradient noise scale grows.",
+        ),
+    ] = False,
     listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
@@ -421,6 +428,7 @@ def owner_train(
         device=device,
         in_flight=in_flight,
         final_round_wait_s=final_round_wait,
+        ramp_in_flight=ramp_in_flight,
     )
     run = partial(
         run_trainer,

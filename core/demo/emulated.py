@@ -47,8 +47,10 @@ log = logging.getLogger(__name__)
 class EmulationOptions:
     volunteers: int = 4
     trainers: int = 1
-    #: batches each trainer carries at once
+    #: batches each trainer carries at once (with ``ramp``: at most, from one up as the
+    #: gradient noise scale grows)
     in_flight: int = 2
+    ramp: bool = False
     #: the emulated volunteers: speed, and their links' delay and upload rate
     samples_per_s: float = 0.5
     delay_ms: float = 0.0
@@ -208,6 +210,7 @@ async def run_emulated(
                     timeout_after_k_min=options.timeout_after_k_min,
                     device="cpu",
                     in_flight=options.in_flight,
+                    ramp_in_flight=options.ramp,
                     # the final loss after the experts' round that applies the last
                     # steps (volunteers send twice a round; a round closes by time)
                     final_round_wait_s=2 * round_seconds + 10,

@@ -129,6 +129,8 @@ class TrainingSummary(_Event):
     #: batches carried at once; gradients dropped as too stale; the applied ones by how
     #: many updates old their weights were
     in_flight: int = 1
+    #: the most carried at once (below ``in_flight`` when they ramp up and did not reach it)
+    in_flight_reached: int = 1
     stale_steps: int = 0
     staleness: dict[str, int] = {}
     stopped_early: bool

@@ -76,6 +76,11 @@ class NoiseScale:
         self._pairs += 1
 
     @property
+    def pairs(self) -> int:
+        """Pairs of batches the estimate has seen."""
+        return self._pairs
+
+    @property
     def sequences(self) -> float | None:
         if self._pairs == 0 or self._mean_square <= 0.0:
             return None

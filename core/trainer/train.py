@@ -52,6 +52,7 @@ from core.trainer.batches import (
     shard_folders,
     training_batches,
 )
+from core.trainer.concurrency import batches_in_flight
 from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus
 from core.trainer.events import (
     Evaluated,
@@ -109,6 +110,9 @@ class TrainerOptions:
     #: before the final evaluation, wait up to this long for the experts' round after
     #: the last step (core/trainer/settle.py); 0: evaluate at once
     final_round_wait_s: float = 0.0
+    #: carry one batch at first and more, up to ``in_flight``, as the gradient noise
+    #: scale grows (core/trainer/concurrency.py); False: ``in_flight`` from the start
+    ramp_in_flight: bool = False
 
 
 def resolve_device(name: str) -> str:
@@ -401,6 +405,7 @@ async def train_on(
             sharing,
             newest=newest,
             pull_s=pull_interval(signed.manifest.training.round_seconds),
+            trainers=world,
         )
         nursery.cancel_scope.cancel()
     if auditor is not None:
@@ -505,6 +510,7 @@ async def _train(
     *,
     newest: NewestVersion | None = None,
     pull_s: float = 0.0,
+    trainers: int = 1,
 ) -> dict[str, Any]:
     """The training loop; ``clock`` times its windows, patience and speed (tests move
     one by hand). ``newest``: the experts' declared versions, for the wait before the
@@ -521,6 +527,26 @@ async def _train(
     losses: list[float] = []
     last_success = clock.monotonic()
     carried = 0  # batches started and not finished: together with the steps, the limit
+    # workers at or past this many wait (ramp_in_flight: it grows with the noise scale)
+    carrying = 1 if options.ramp_in_flight else session.in_flight
+    widened = trio.Event()
+    reached = carrying
+
+    def widen() -> None:
+        nonlocal carrying, widened, reached
+        noise = session.noise
+        now = batches_in_flight(
+            noise.sequences, noise.pairs, options.batch_size, trainers, carrying, session.in_flight
+        )
+        if now > carrying:
+            log.info(
+                "carrying %d batches at once (gradient noise scale ~%.0f sequences)",
+                now,
+                noise.sequences or 0.0,
+            )
+            carrying, reached = now, max(reached, now)
+            widened.set()
+            widened = trio.Event()
 
     async def after_step(step: int) -> None:
         nonlocal window_start, window_samples, answered_before
@@ -561,6 +587,10 @@ async def _train(
         """Batches one after another on ``worker``'s replica, until the steps are done."""
         nonlocal carried, last_success
         while state.step + carried < options.steps and not stop.is_set():
+            if worker >= carrying:  # not yet: wait until the ramp reaches this worker
+                with trio.move_on_after(1.0):  # and look at the steps and stop again
+                    await widened.wait()
+                continue
             carried += 1
             try:
                 result = await trio.to_thread.run_sync(session.step_on, worker)
@@ -579,6 +609,8 @@ async def _train(
                 continue  # too stale: dropped, the next batch starts from newer weights
             last_success = clock.monotonic()
             losses.append(result.loss)
+            if options.ramp_in_flight:
+                widen()
             if sharing is not None:
                 sharing.stepped(options.batch_size)
             await after_step(result.step)
@@ -619,6 +651,7 @@ async def _train(
         "final_loss": final,
         "failed_steps": state.failed_steps,
         "in_flight": session.in_flight,
+        "in_flight_reached": reached,
         "stale_steps": state.stale_steps,
         "staleness": {str(k): v for k, v in sorted(state.staleness.items())},
         "stopped_early": state.step < options.steps,

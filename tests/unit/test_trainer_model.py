@@ -28,6 +28,7 @@ from core.trainer.model import (
     attention_heads,
     build_model,
 )
+from core.trainer.noise_scale import NoiseScale
 from core.trainer.session import SessionSettings, StepResult, TrainingSession
 from core.trainer.train import check_trainer, resolve_device
 from net import Identity
@@ -345,3 +346,72 @@ def test_training_with_batches_in_flight_lowers_the_loss_like_one_at_a_time(corp
     _, four = train(4)
     assert one_at_a_time < 0.75 * before
     assert four < 0.75 * before
+
+
+class FixedNoiseScale(NoiseScale):
+    def __init__(self, batch: int, known: float) -> None:
+        super().__init__(batch)
+        self.known = known
+
+    def add(self, sample: torch.Tensor) -> None:
+        pass
+
+    @property
+    def pairs(self) -> int:
+        return 10
+
+    @property
+    def sequences(self) -> float | None:
+        return self.known
+
+
+@pytest.mark.parametrize(
+    ("noise_scale", "carried_at_most"),
+    [(5.0, 1), (1000.0, 3)],  # below one batch of 16: one at a time; far above: the limit
+)
+async def test_batches_in_flight_ramp_up_with_the_noise_scale(
+    corpus, tmp_path, noise_scale: float, carried_at_most: int
+) -> None:
+    import threading
+    import time
+
+    from core.trainer.train import TrainerOptions, _train
+
+    session = TrainingSession(
+        local_model(manifest()),
+        corpus,
+        SessionSettings(project="p", batch_size=16, eval_batches=1, in_flight=3),
+    )
+    # the estimate as it would stand (its own tests: tests/unit/test_noise_scale.py)
+    session.noise = FixedNoiseScale(16, known=noise_scale)
+    lock, now, most, workers = threading.Lock(), [0], [0], set()
+    step_on = session.step_on
+
+    def counted(worker: int) -> StepResult | None:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+            workers.add(worker)
+        try:
+            time.sleep(0.05)  # long enough for the other workers to start one
+            return step_on(worker)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    session.step_on = counted  # type: ignore[method-assign]
+    options = TrainerOptions(
+        project="p",
+        workdir=tmp_path,
+        steps=12,
+        batch_size=16,
+        eval_every=10**9,
+        checkpoint_every=10**9,
+        in_flight=3,
+        ramp_in_flight=True,
+    )
+    summary = await _train(session, options, trio.Event(), lambda event: None)
+    assert summary["in_flight_reached"] == carried_at_most
+    assert most[0] == carried_at_most
+    assert workers == set(range(carried_at_most))
+    assert summary["steps"] + summary["stale_steps"] >= 12
