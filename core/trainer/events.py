@@ -54,6 +54,8 @@ class TrainingProgressed(_Event):
     #: the gradient noise scale so far, in sequences (the critical batch's order;
     #: core/trainer/noise_scale.py), of the trainer-side layers; None: not yet known
     noise_scale: float | None = None
+    #: batches carried at once now
+    in_flight: int = 1
 
 
 class ExpertsNote(_Event):

@@ -82,6 +82,12 @@ class TrainingProgress:
                     f"loss {loss_text(event.loss)}  {event.samples_per_s:.1f} samples/s  "
                     f"{event.volunteers} volunteers answering  "
                     f"versions {event.version_min}-{event.version_max}"
+                    + (f"  {event.in_flight} in flight" if event.in_flight > 1 else "")
+                    + (
+                        f"  noise scale ~{event.noise_scale:.0f}"
+                        if event.noise_scale is not None
+                        else ""
+                    )
                 ),
             )
         elif isinstance(event, ExpertsNote):

@@ -572,6 +572,7 @@ async def _train(
                     stale_steps=state.stale_steps,
                     answered_by=dict(view["answered_by"]),
                     noise_scale=session.noise.sequences,
+                    in_flight=carrying,
                 )
             )
             losses.clear()
