@@ -23,7 +23,7 @@ from core.experts.uid import Grid
 from core.moe import beams
 from core.moe.beams import Routing
 from core.moe.client import ExpertServerRef
-from net import DhtNode, PeerID, RecordRejected
+from net import DhtError, DhtNode, PeerID, RecordRejected
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,8 @@ class _Cached:
 class FinderStatistics:
     lookups: int = 0
     cache_hits: int = 0
+    #: expired answers served while a fresh one was looked up behind them (keep_fresh)
+    stale_hits: int = 0
 
 
 @dataclass
@@ -119,6 +121,9 @@ class ExpertFinder:
     project: str
     grid: Grid
     cache_ttl: float = 5.0
+    #: with ``keep_fresh`` running, an answer up to this long past its ``cache_ttl`` is
+    #: still served while a fresh one is looked up behind it
+    stale_s: float = 60.0
     #: A server that failed a call is skipped for this long (doubling on repeat failures
     #: until it answers again: skip_after_failure).
     failure_backoff: float = 5.0
@@ -130,6 +135,9 @@ class ExpertFinder:
     #: servers not called (a failed audit), until when (trio's clock; inf: never
     #: again): their declarations are ignored
     excluded: dict[PeerID, float] = field(default_factory=dict)
+    #: names to look up again behind the answers served (keep_fresh's queue)
+    _refresh: trio.MemorySendChannel[str] | None = None
+    _refreshing: set[str] = field(default_factory=set)
 
     def exclude(self, peer_id: PeerID, seconds: float = math.inf) -> None:
         """Do not call ``peer_id`` for ``seconds`` (never again by default), nor route to
@@ -177,19 +185,57 @@ class ExpertFinder:
         self._cache.clear()
 
     async def _records(self, name: str) -> list[tuple[bytes, PeerID]]:
-        """(value, author) of the live records under ``name``, cached for cache_ttl."""
+        """(value, author) of the live records under ``name``, cached for cache_ttl (and
+        served up to stale_s longer while keep_fresh looks them up again)."""
         now = trio.current_time()
         hit = self._cache.get(name)
         if hit is not None and hit.expires > now:
             self.stats.cache_hits += 1
             return hit.value
+        if hit is not None and self._refresh is not None and now < hit.expires + self.stale_s:
+            if name not in self._refreshing:
+                self._refreshing.add(name)
+                self._refresh.send_nowait(name)  # unbounded: one per name at most
+            self.stats.stale_hits += 1
+            return hit.value
+        return await self._look_up(name)
+
+    async def _look_up(self, name: str) -> list[tuple[bytes, PeerID]]:
         self.stats.lookups += 1
         records = await self.dht.get(expert_key(self.project, name))
         values = [
             (r.value, r.author_peer_id) for r in records if not self.is_excluded(r.author_peer_id)
         ]
-        self._cache[name] = _Cached(values, now + self.cache_ttl)
+        self._cache[name] = _Cached(values, trio.current_time() + self.cache_ttl)
         return values
+
+    async def keep_fresh(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Until cancelled: look up again, behind the answers served, the names whose
+        cached answers expired, so that a trainer's batches do not wait for lookups they
+        made before (behind 100 ms links, a layer's lookups took ~0.5 s of a batch: the
+        emulated swarm, 32 volunteers). A name is looked up no more often than without
+        it; an answer past stale_s, or forgotten (a failure), is waited for."""
+        send, receive = trio.open_memory_channel[str](math.inf)
+        self._refresh = send
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                async for name in receive:
+                    nursery.start_soon(self._look_up_behind, name)
+        finally:
+            self._refresh = None
+            self._refreshing.clear()
+
+    async def _look_up_behind(self, name: str) -> None:
+        try:
+            await self._look_up(name)
+        except DhtError as exc:  # a lookup that failed: the next use waits for one
+            log.info("could not look up %s again: %s", name, exc)
+            self._cache.pop(name, None)
+        finally:
+            self._refreshing.discard(name)
 
     async def alive_next(self, prefix: str) -> frozenset[int]:
         """Coordinates that follow ``prefix`` in some live server's declaration."""

@@ -391,6 +391,9 @@ async def train_on(
             await nursery.start(auditor.run)
             await nursery.start(weights.watch)
         nursery.start_soon(_watch_experts, peer, signed.manifest, report)
+        # the layers' finders serve expired lookups while they look again behind them
+        for finder in {id(m.finder): m.finder for m in session.mixtures()}.values():
+            await nursery.start(finder.keep_fresh)
         allowed = {str(p) for p in aggregator_peers(peer, signed.manifest)}
 
         async def newest(uid: str) -> int | None:

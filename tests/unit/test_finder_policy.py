@@ -95,3 +95,60 @@ async def test_a_failure_looks_again_for_the_servers_of_what_the_failed_server_s
     assert [s.peer_id for s in await finder.servers("ffn.0")] == [newcomer]
     assert [s.peer_id for s in await finder.servers("ffn.1")] == [other]
     assert dht.reads == reads + 1  # what the failed server did not declare stays cached
+
+
+class _SlowRecords(_Records):
+    """A DHT whose every read takes a second (round trips behind slow links)."""
+
+    async def get(self, key: object) -> list[object]:
+        import trio
+
+        await trio.sleep(1.0)
+        return await super().get(key)
+
+
+async def test_with_keep_fresh_an_expired_answer_is_served_while_a_fresh_one_is_fetched(
+    autojump_clock,
+):
+    from types import SimpleNamespace
+
+    import trio
+
+    from core.experts.records import SERVING, ExpertAnnouncement, expert_key
+    from core.experts.uid import Grid
+    from core.moe.finder import ExpertFinder
+    from net import Identity, PeerID
+
+    dht = _SlowRecords()
+    finder = ExpertFinder(dht=dht, project="p", grid=Grid("ffn", (2,)), cache_ttl=5.0, stale_s=60.0)  # type: ignore[arg-type]
+    first, second = (Identity.generate().peer_id for _ in range(2))
+
+    def declare(*authors: object) -> None:
+        value = ExpertAnnouncement("ffn.0", SERVING, 0, "00" * 32, 0.0, 8).encode()
+        dht.held[expert_key("p", "ffn.0")] = [
+            SimpleNamespace(value=value, author_peer_id=a) for a in authors
+        ]
+
+    async def timed_servers() -> tuple[set[PeerID], float]:
+        start = trio.current_time()
+        servers = {s.peer_id for s in await finder.servers("ffn.0")}  # ranked: any order
+        return servers, trio.current_time() - start
+
+    declare(first)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(finder.keep_fresh)
+        assert await timed_servers() == ({first}, 1.0)  # nothing cached: waited for
+        declare(first, second)
+        await trio.sleep(10.0)  # expired
+        assert await timed_servers() == ({first}, 0.0)  # served stale, at once...
+        assert await timed_servers() == ({first}, 0.0)  # (one lookup behind, not two)
+        await trio.sleep(1.5)
+        assert dht.reads == 2
+        assert await timed_servers() == ({first, second}, 0.0)  # ...and fresh after it
+        assert finder.stats.stale_hits == 2
+        await trio.sleep(100.0)  # past stale_s: waited for again
+        assert await timed_servers() == ({first, second}, 1.0)
+        nursery.cancel_scope.cancel()
+    # without keep_fresh, an expired answer is waited for
+    await trio.sleep(10.0)
+    assert await timed_servers() == ({first, second}, 1.0)
