@@ -51,10 +51,19 @@ class TrunkSharing:
         self.sent = 0
         self.accepted = 0
         self.rebased = 0
+        #: set once training ended and its last change is in a version taken (settle)
+        self._settled = trio.Event()
 
     def stepped(self, samples: int) -> None:
         """The session applied a step of ``samples`` sequences."""
         self.sync.stepped(samples)
+
+    async def settle(self) -> None:
+        """After the last step: send what is left and wait (the caller bounds it) until
+        a version holding it is taken (``run`` sends and takes it)."""
+        self.sync.finishing = True
+        if not self.sync.settled():
+            await self._settled.wait()
 
     async def run(self) -> None:
         """Until cancelled: send what is due, take what is new."""
@@ -69,6 +78,8 @@ class TrunkSharing:
                     await self._rebase(record)
             except (FetchError, WeightsError) as exc:
                 log.info("could not take a new version of the trunk: %s", exc)
+            if self.sync.finishing and self.sync.settled():
+                self._settled.set()
             await trio.sleep(CHECK_SECONDS)
 
     async def _send(self) -> None:

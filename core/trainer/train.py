@@ -15,7 +15,7 @@ import logging
 import math
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -635,7 +635,16 @@ async def _train(
             "waiting up to %.0f s for the experts' round after the last step",
             options.final_round_wait_s,
         )
+        waited = trio.current_time()
         settled = await await_next_round(served, newest, options.final_round_wait_s, pull_s)
+        if sharing is not None:  # and the trunk: a version holding this trainer's last change
+            left = options.final_round_wait_s - (trio.current_time() - waited)
+            with trio.move_on_after(max(0.0, left)) as scope:
+                await sharing.settle()
+            trunk_settled = not scope.cancelled_caught
+            if not trunk_settled:
+                log.info("the trunk had no version holding this trainer's last change in time")
+            settled = replace(settled, applied=settled.applied and trunk_settled)
         final = None  # the weights changed since any evaluation made before
     if final is None:
         final = await _evaluate(session)

@@ -116,8 +116,18 @@ class TrunkSync:
         self.steps += 1
         self.samples += samples
 
+    #: training ended: what is left is sent whatever its steps (the final evaluation
+    #: waits for a version that holds it)
+    finishing: bool = False
+
     def due(self) -> bool:
-        return self.sent is None and self.steps >= self.sync_every and self.samples > 0
+        enough = self.steps >= self.sync_every or self.finishing
+        return self.sent is None and enough and self.samples > 0
+
+    def settled(self) -> bool:
+        """Every change trained here is in a version taken (nothing to send, none sent
+        and waiting for its version)."""
+        return self.sent is None and self.samples == 0
 
     def take(self, copy: Params) -> tuple[Params, int, int]:
         """The change to send now (``anchor - copy``), the version it is based on and the

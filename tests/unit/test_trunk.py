@@ -135,6 +135,21 @@ def _trunk_change(
     )
 
 
+def test_when_training_ends_the_rest_is_sent_and_settled_once_a_version_holds_it():
+    sync = TrunkSync(sync_every=3, anchor=_w(0.0))
+    assert sync.settled()  # nothing trained
+    sync.stepped(16)
+    assert not sync.due()
+    assert not sync.settled()  # one step not shared yet
+    sync.finishing = True
+    assert sync.due()  # the rest goes, whatever its steps
+    sync.take(_w(-1.0))
+    assert not sync.settled()  # sent, and no version holds it yet
+    sync.accepted(0)
+    sync.took(_w(3.0), 1)
+    assert sync.settled()
+
+
 def test_the_aggregator_applies_the_sum_of_the_trainers_changes_once_each_sent_one(tmp_path):
     core = _core(tmp_path)
     before = snapshot(core.modules[TRUNK_UID])
