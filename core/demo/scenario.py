@@ -475,6 +475,9 @@ async def _run(
                 "5",
                 "--in-flight",
                 str(options.in_flight),
+                # the final loss after the experts' round that applies the last steps
+                "--final-round-wait",
+                str(2 * options.round_seconds + 10),
                 "-l",
                 places.trainer_listen(),
             ],
