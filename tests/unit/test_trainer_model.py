@@ -373,7 +373,6 @@ async def test_batches_in_flight_ramp_up_with_the_noise_scale(
     corpus, tmp_path, noise_scale: float, carried_at_most: int
 ) -> None:
     import threading
-    import time
 
     from core.trainer.train import TrainerOptions, _train
 
@@ -384,19 +383,21 @@ async def test_batches_in_flight_ramp_up_with_the_noise_scale(
     )
     # the estimate as it would stand (its own tests: tests/unit/test_noise_scale.py)
     session.noise = FixedNoiseScale(16, known=noise_scale)
-    lock, now, most, workers = threading.Lock(), [0], [0], set()
+    changed, now, most, workers = threading.Condition(), [0], [0], set()
     step_on = session.step_on
 
     def counted(worker: int) -> StepResult | None:
-        with lock:
+        with changed:
             now[0] += 1
             most[0] = max(most[0], now[0])
             workers.add(worker)
+            changed.notify_all()
+            if session.state.step > 0:  # the ramp may widen after a step: let it, or not
+                changed.wait_for(lambda: most[0] >= carried_at_most, timeout=30.0)
         try:
-            time.sleep(0.05)  # long enough for the other workers to start one
             return step_on(worker)
         finally:
-            with lock:
+            with changed:
                 now[0] -= 1
 
     session.step_on = counted  # type: ignore[method-assign]
