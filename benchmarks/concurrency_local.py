@@ -42,6 +42,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.demo import DemoOptions
+from core.project.manifest import TrainerOptimizerKind
 from core.trainer.data import Corpus, load_corpus, sample_batch, validation_batches
 from core.trainer.model import (
     CharLanguageModel,
@@ -49,6 +50,7 @@ from core.trainer.model import (
     build_model,
     language_model_loss,
 )
+from core.trainer.optimizers import TrainerOptimizer
 from core.trainer.trunk import Params, TrunkSync, rebase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,7 +89,7 @@ def _share_experts(source: CharLanguageModel, target: CharLanguageModel) -> None
 class _Trainer:
     model: CharLanguageModel
     replica: CharLanguageModel
-    optimizer: torch.optim.Optimizer
+    optimizer: TrainerOptimizer
     sync: TrunkSync
     waiting: deque[Params] = field(default_factory=deque)
     last_update: Params | None = None
@@ -103,13 +105,15 @@ def train(
     outer_learning_rate: float = 1.0,
     outer_momentum: float = 0.5,
     sync_every: int = 2,
+    optimizer: TrainerOptimizerKind = "adamw",
+    learning_rate: float | None = None,
 ) -> float:
     """Validation loss after ``steps`` batches applied (all trainers together; the
     batches still in flight at the end are dropped, as the swarm's run drops them)."""
     m, weights_seed = demo_model()
     spec = m.expert_spec()
     options = DemoOptions()
-    lr = options.learning_rate
+    lr = learning_rate or options.learning_rate
     first = build_model(
         m,
         lambda _i, grid: LocalMixtureOfExperts(
@@ -127,12 +131,13 @@ def train(
             _Trainer(
                 model,
                 replica,
-                torch.optim.Adam(list(_trunk(model).values()), lr=lr),
+                TrainerOptimizer(model, optimizer, lr, among=_trunk(model).values()),
                 TrunkSync(sync_every=sync_every, anchor=_snapshot(model)),
             )
         )
     experts = [p for n, p in first.named_parameters() if ".experts." in n]
-    expert_optimizer = torch.optim.Adam(experts, lr=lr)
+    # the experts at the demo's rate whatever the trainer's (the manifest sets theirs)
+    expert_optimizer = torch.optim.Adam(experts, lr=options.learning_rate)
     # the aggregator's trunk and its outer optimizer
     names = list(_trunk(first))
     shared = [nn.Parameter(p.detach().clone()) for p in _trunk(first).values()]
@@ -230,6 +235,13 @@ def main() -> None:
     parser.add_argument("--delay", type=int, default=2, help="batches a trunk change travels")
     parser.add_argument("--outer-learning-rate", type=float, default=1.0)
     parser.add_argument("--outer-momentum", type=float, default=DemoOptions.trunk_outer_momentum)
+    parser.add_argument(
+        "--optimizer",
+        choices=["adamw", "muon"],
+        default="adamw",
+        help="the trainer-side layers' (the reference's too; experts: Adam)",
+    )
+    parser.add_argument("--lr", type=float, default=None, help="default: the demo's")
     args = parser.parse_args()
     torch.set_num_threads(1)
     corpus = load_corpus()
@@ -244,6 +256,8 @@ def main() -> None:
                 delay=args.delay,
                 outer_learning_rate=args.outer_learning_rate,
                 outer_momentum=args.outer_momentum,
+                optimizer=args.optimizer,
+                learning_rate=args.lr,
             )
             for seed in args.seeds
         ]
@@ -261,6 +275,8 @@ def main() -> None:
             "seeds": args.seeds,
             "outer_momentum": args.outer_momentum,
             "outer_learning_rate": args.outer_learning_rate,
+            "optimizer": args.optimizer,
+            "learning_rate": args.lr or DemoOptions.learning_rate,
             "reference_loss": round(reference, 4),
             "loss": round(loss, 4),
             "loss_ratio": round(loss / reference, 4),

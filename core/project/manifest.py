@@ -301,8 +301,16 @@ class ScheduleSection(_Strict):
         )
 
 
+#: the trainer-side layers' optimizer (core/trainer/optimizers.py): AdamW for all, or
+#: Muon for the hidden matrices and AdamW for the rest
+TrainerOptimizerKind = Literal["adamw", "muon"]
+
+
 class TrainingSection(_Strict):
+    #: the experts' optimizer, at the aggregators
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
+    #: the trainer-side layers' optimizer, at each trainer
+    trainer_optimizer: TrainerOptimizerKind = "adamw"
     learning_rate: Annotated[float, Field(gt=0, le=10)] = 1e-3
     contribution_samples: Annotated[int, Field(ge=1)] = 512
     contribution_seconds: Annotated[float, Field(gt=0)] = 30.0

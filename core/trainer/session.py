@@ -42,14 +42,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.checkpoints import CheckpointStore, load_optimizer_state, optimizer_state
+from core.checkpoints import CheckpointStore
 from core.moe.client import ExpertCallError
 from core.moe.mixture import MoEError, RemoteMixtureOfExperts
+from core.project.manifest import TrainerOptimizerKind
 from core.project.schedule import Schedule
 from core.trainer.batches import Batches, CorpusBatches
 from core.trainer.data import Corpus
 from core.trainer.model import TrainerModel
 from core.trainer.noise_scale import NoiseScale, gradient_sample
+from core.trainer.optimizers import TrainerOptimizer
 from core.trainer.trunk import Params, rebase, snapshot
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,9 @@ class SessionSettings:
     #: the manifest's [training.schedule]: the rate's warmup and decay by step, weight
     #: decay (AdamW's, decoupled) and the clipping norm (None: constant, ``clip_norm``)
     schedule: Schedule | None = None
+    #: AdamW for every trainer-side parameter, or Muon for the hidden matrices
+    #: (core/trainer/optimizers.py)
+    optimizer: TrainerOptimizerKind = "adamw"
 
     def trainer_schedule(self) -> Schedule:
         return self.schedule or Schedule(clip_norm=self.clip_norm)
@@ -137,11 +142,8 @@ class TrainingSession:
             else data
         )
         self.schedule = settings.trainer_schedule()
-        # AdamW: with no weight decay, Adam's very steps
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=settings.learning_rate,
-            weight_decay=self.schedule.weight_decay,
+        self.optimizer = TrainerOptimizer(
+            model, settings.optimizer, settings.learning_rate, self.schedule.weight_decay
         )
         self.state = SessionState()
         #: Why the last evaluation gave no loss ("" before any failed).
@@ -355,7 +357,7 @@ class TrainingSession:
             return
         with self._lock:  # batches in flight wait: the weights must not move meanwhile
             tensors = {f"m/{k}": v.detach().cpu() for k, v in self.model.state_dict().items()}
-            opt = optimizer_state(self.optimizer, "o", tensors)
+            opt = self.optimizer.state(tensors)
             s = self.state
             meta = {
                 "format": CHECKPOINT_FORMAT,
@@ -388,7 +390,13 @@ class TrainingSession:
             return False
         weights = {k[2:]: v for k, v in tensors.items() if k.startswith("m/")}
         self.model.load_state_dict(weights)
-        load_optimizer_state(self.optimizer, meta["optimizer"], "o", tensors)
+        if not self.optimizer.load(meta["optimizer"], tensors):
+            log.warning(
+                "checkpoint %d was trained with another trainer optimizer than %s: its "
+                "weights go on, its moments start afresh",
+                number,
+                self.optimizer.kind,
+            )
         if "data" in meta:
             self.batches.load_state_dict(meta["data"])
         elif "rng" in tensors:  # a checkpoint of before the data's cursor had a place

@@ -39,7 +39,7 @@ from core.project.assignment import expert_assignment
 from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
 from core.project.distribution import ProjectNotFound, aggregator_peers, find_manifest
-from core.project.manifest import Manifest
+from core.project.manifest import Manifest, ModelSection
 from core.project.owner import aggregator_statistics, why_experts_wait
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
@@ -114,6 +114,24 @@ class TrainerOptions:
     #: scale grows (core/trainer/concurrency.py); False: ``in_flight`` from the start
     ramp_in_flight: bool = False
 
+    def backward_timeout(self) -> float:
+        """A backward call computes twice a forward's rows: twice its deadline."""
+        return 2 * self.forward_timeout
+
+
+def mixture_config(model: ModelSection, options: TrainerOptions) -> MoEConfig:
+    """The mixtures' deadlines, the same as their callers': a layer's backward pass may
+    take as long as one call's (twice a forward's). Before, the layer gave up after
+    MoEConfig's 20 s whatever ``forward_timeout`` said: with 2 batches in flight on 4
+    slow volunteers every backward pass took longer, and every step failed."""
+    return MoEConfig(
+        k_best=model.k_best,
+        k_min=model.k_min,
+        forward_timeout=options.forward_timeout,
+        timeout_after_k_min=options.timeout_after_k_min,
+        backward_timeout=options.backward_timeout(),
+    )
+
 
 def resolve_device(name: str) -> str:
     """``auto`` -> "cuda" when torch sees a GPU, else "cpu"; other names are checked."""
@@ -165,12 +183,7 @@ def remote_model(
     ``auditor``, a share of the answers is recomputed, and who fails is never called
     again."""
     m = signed.manifest.model
-    config = MoEConfig(
-        k_best=m.k_best,
-        k_min=m.k_min,
-        forward_timeout=options.forward_timeout,
-        timeout_after_k_min=options.timeout_after_k_min,
-    )
+    config = mixture_config(m, options)
     portal = Portal.current()
     signer = ReceiptSigner(identity, signed.project_id)
     grids = m.grids()
@@ -182,7 +195,7 @@ def remote_model(
         ExpertCaller(
             peer.rpc,
             forward_timeout=options.forward_timeout,
-            backward_timeout=2 * options.forward_timeout,
+            backward_timeout=options.backward_timeout(),
             receipts=signer,
             codecs=m.wire.codecs(),
             dtype=m.expert_spec().torch_dtype,
@@ -357,6 +370,7 @@ async def train_on(
             device=resolve_device(options.device),
             in_flight=options.in_flight,
             schedule=signed.manifest.training.schedule.schedule(),
+            optimizer=signed.manifest.training.trainer_optimizer,
         ),
         options.workdir / "checkpoints",
         replica=build,

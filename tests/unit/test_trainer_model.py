@@ -30,7 +30,7 @@ from core.trainer.model import (
 )
 from core.trainer.noise_scale import NoiseScale
 from core.trainer.session import SessionSettings, StepResult, TrainingSession
-from core.trainer.train import check_trainer, resolve_device
+from core.trainer.train import TrainerOptions, check_trainer, mixture_config, resolve_device
 from net import Identity
 
 
@@ -416,3 +416,14 @@ async def test_batches_in_flight_ramp_up_with_the_noise_scale(
     assert most[0] == carried_at_most
     assert workers == set(range(carried_at_most))
     assert summary["steps"] + summary["stale_steps"] >= 12
+
+
+@pytest.mark.parametrize("forward_timeout", [10.0, 60.0])
+def test_a_layers_backward_pass_may_take_as_long_as_its_calls(tmp_path, forward_timeout):
+    """The layer's deadline follows ``forward_timeout`` as the callers' does (at 4 slow
+    volunteers with 2 batches in flight a layer's backward pass took over MoEConfig's
+    fixed 20 s, well within its calls' 120 s, and every step failed)."""
+    options = TrainerOptions(project="p", workdir=tmp_path, forward_timeout=forward_timeout)
+    config = mixture_config(manifest().model, options)
+    assert config.forward_timeout == forward_timeout
+    assert config.backward_timeout == options.backward_timeout() == 2 * forward_timeout
