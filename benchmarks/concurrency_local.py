@@ -110,6 +110,37 @@ def train(
 ) -> float:
     """Validation loss after ``steps`` batches applied (all trainers together; the
     batches still in flight at the end are dropped, as the swarm's run drops them)."""
+    return curve(
+        corpus,
+        steps,
+        arrangement,
+        seed=seed,
+        delay=delay,
+        outer_learning_rate=outer_learning_rate,
+        outer_momentum=outer_momentum,
+        sync_every=sync_every,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+    )[-1][1]
+
+
+def curve(
+    corpus: Corpus,
+    steps: int,
+    arrangement: Arrangement,
+    *,
+    seed: int,
+    delay: int = 2,
+    outer_learning_rate: float = 1.0,
+    outer_momentum: float = 0.5,
+    sync_every: int = 2,
+    optimizer: TrainerOptimizerKind = "adamw",
+    learning_rate: float | None = None,
+    eval_every: int = 0,
+    eval_batches: int = 8,
+) -> list[tuple[int, float]]:
+    """(samples applied, validation loss of the first trainer's model) every
+    ``eval_every`` batches applied (0: at the end only), the start's included."""
     m, weights_seed = demo_model()
     spec = m.expert_spec()
     options = DemoOptions()
@@ -149,8 +180,19 @@ def train(
     changes: dict[int, Params] = {}
     published: list[tuple[int, int, Params]] = []  # (batch, version, weights)
     generator = torch.Generator().manual_seed(seed)
-    evaluation = validation_batches(corpus.validation, options.batch_size, first.context, 8)
+    evaluation = validation_batches(
+        corpus.validation, options.batch_size, first.context, eval_batches
+    )
     stale = arrangement.in_flight - 1
+
+    def evaluate() -> float:
+        model = trainers[0].model
+        model.eval()
+        with torch.no_grad():
+            losses = [float(language_model_loss(model(x), y)) for x, y in evaluation]
+        return sum(losses) / len(losses)
+
+    out: list[tuple[int, float]] = [(0, evaluate())] if eval_every else []
     applied = 0
     batch = -1
     while applied < steps:
@@ -210,16 +252,15 @@ def train(
         t.optimizer.zero_grad(set_to_none=True)
         t.last_update = {n: p.detach() - before[n] for n, p in params.items()}
         applied += 1
+        if eval_every and applied % eval_every == 0 and applied < steps:
+            out.append((applied * options.batch_size, evaluate()))
         if len(trainers) > 1:
             t.sync.stepped(options.batch_size)
             if t.sync.due():
                 delta, _, _ = t.sync.take(_snapshot(t.model))
                 arriving.append((batch + delay, batch % len(trainers), delta))
-    model = trainers[0].model
-    model.eval()
-    with torch.no_grad():
-        losses = [float(language_model_loss(model(x), y)) for x, y in evaluation]
-    return sum(losses) / len(losses)
+    out.append((applied * options.batch_size, evaluate()))
+    return out
 
 
 def main() -> None:

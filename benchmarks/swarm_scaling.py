@@ -48,6 +48,9 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks
 
+from concurrency_local import Arrangement
+from concurrency_local import curve as local_curve
+from time_to_loss import efficiency, loss_at, mean_curve, samples_to
 from trainer_local import bytes_ratio, demo_model, train
 
 from core.demo.emulated import EmulationOptions, run_emulated
@@ -90,7 +93,129 @@ def samples_for(run: Run, batch_size: int, least: int = 320) -> int:
 GOALS = [Run(4, 100, 1, 2), Run(16, 100, 1, 3), Run(32, 100, 2, 3)]
 
 
-def measure(options: EmulationOptions) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Target:
+    """L*: the synchronous one-process reference's validation loss after ``samples``
+    (the mean of its seeds, at its best learning rate), on the trainers' held-out
+    batches."""
+
+    loss: float
+    samples: int
+    learning_rate: float
+    optimizer: str
+    seeds: tuple[int, ...]
+    eval_every: int
+
+
+def reference_target(
+    samples: int, seeds: list[int], rates: list[float], optimizer: str, eval_every: int
+) -> tuple[Target, dict[str, Any]]:
+    """The target and the line that says how it was found (every rate's loss)."""
+    corpus = load_corpus(STDLIB)
+    steps = samples // EmulationOptions.batch_size
+    eval_batches = TrainerOptions(project="", workdir=Path()).eval_batches
+    losses: dict[float, float] = {}
+    curves: dict[float, list[tuple[float, float]]] = {}
+    for rate in rates:
+        runs = [
+            train(
+                corpus,
+                steps,
+                eval_batches=eval_batches,
+                eval_every=eval_every,
+                seed=seed,
+                learning_rate=rate,
+                optimizer=optimizer,  # type: ignore[arg-type]
+            )["curve"]
+            for seed in seeds
+        ]
+        curves[rate] = mean_curve([[(a, b) for a, b in c] for c in runs])
+        losses[rate] = loss_at(curves[rate], samples)
+    best = min(losses, key=lambda r: losses[r])
+    target = Target(losses[best], samples, best, optimizer, tuple(seeds), eval_every)
+    line = {
+        "target_loss": round(target.loss, 4),
+        "target_samples": samples,
+        "optimizer": optimizer,
+        "learning_rate": best,
+        "losses_by_learning_rate": {str(r): round(v, 4) for r, v in losses.items()},
+        "seeds": seeds,
+        "curve": [[int(a), round(b, 4)] for a, b in curves[best]],
+    }
+    return target, line
+
+
+def swarm_curve(
+    evaluations: list[tuple[int, int, float, float]], trainers: int, batch_size: int
+) -> list[tuple[float, float]]:
+    """The trainers' evaluations as one curve: a trainer's step s stands for s x
+    trainers batches of the whole swarm; the trainers' losses at one step averaged,
+    of each trainer its last evaluation at that step (the final one, after the experts'
+    round, comes after the periodic one)."""
+    last: dict[tuple[int, int], float] = {}
+    for trainer, step, loss, _ in evaluations:
+        last[(trainer, step)] = loss
+    by_step: dict[int, list[float]] = {}
+    for (_, step), loss in sorted(last.items(), key=lambda kv: kv[0][1]):
+        by_step.setdefault(step, []).append(loss)
+    return [
+        (step * trainers * batch_size, sum(v) / len(v))
+        for step, v in sorted(by_step.items())
+        if len(v) == trainers and all(math.isfinite(x) for x in v)
+    ]
+
+
+def time_to_target(
+    options: EmulationOptions, target: Target, curve: list[tuple[float, float]], rate: float
+) -> dict[str, Any]:
+    """The swarm's samples and seconds to L*, its sample and scaling efficiency, and
+    the same-concurrency guard: the local emulation of its trainers x batches in flight
+    (benchmarks/concurrency_local.py, the target's seeds) against the swarm."""
+    capacity = options.volunteers * options.samples_per_s
+    needed = samples_to(curve, target.loss)
+    sample_eff = efficiency(target.samples, needed)
+    corpus = load_corpus(STDLIB)
+    local_steps = int(max(curve[-1][0], target.samples)) // options.batch_size
+    local = mean_curve(
+        [
+            local_curve(
+                corpus,
+                local_steps,
+                Arrangement(options.trainers, options.in_flight),
+                seed=seed,
+                optimizer=target.optimizer,  # type: ignore[arg-type]
+                learning_rate=target.learning_rate,
+                eval_every=target.eval_every,
+                eval_batches=TrainerOptions(project="", workdir=Path()).eval_batches,
+            )
+            for seed in target.seeds
+        ]
+    )
+    local_needed = samples_to(local, target.loss)
+    return {
+        "target_loss": round(target.loss, 4),
+        "target_samples": target.samples,
+        "curve": [[int(a), round(b, 4)] for a, b in curve],
+        "samples_to_target": None if needed is None else round(needed, 1),
+        "seconds_to_target": None if needed is None else round(needed / rate, 1),
+        "sample_efficiency": _round(sample_eff),
+        "scaling_efficiency": _round(None if sample_eff is None else rate / capacity * sample_eff),
+        "local_same_concurrency_samples_to_target": (
+            None if local_needed is None else round(local_needed, 1)
+        ),
+        # the swarm against the local emulation of the same concurrency: what the
+        # swarm itself adds (rounds, late and dropped calls, the wire)
+        "same_concurrency_efficiency": _round(
+            None if needed is None or local_needed is None else local_needed / needed
+        ),
+    }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def measure(options: EmulationOptions, target: Target | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="moehome-scaling-") as tmp:
         out = trio.run(run_emulated, options, Path(tmp))
     capacity = options.volunteers * options.samples_per_s
@@ -102,6 +227,8 @@ def measure(options: EmulationOptions) -> dict[str, Any]:
         load_corpus(STDLIB),
         options.samples // options.batch_size,
         eval_batches=TrainerOptions(project="", workdir=Path()).eval_batches,
+        learning_rate=options.trainer_learning_rate,
+        optimizer=options.demo.trainer_optimizer,  # type: ignore[arg-type]
     )["loss"]
     forward, late, backward = (
         sum(c[key] for c in calls) for key in ("forward_rows", "late_rows", "backward_rows")
@@ -112,9 +239,16 @@ def measure(options: EmulationOptions) -> dict[str, Any]:
     utilization = out["samples_per_s"] / capacity
     used = (forward + 2 * backward) / full
     wire_ratio = max(c["activation_bytes_ratio"] for c in calls)
+    reached: dict[str, Any] = {}
+    if target is not None:
+        curve = swarm_curve(out["evaluations"], options.trainers, options.batch_size)
+        reached = time_to_target(options, target, curve, out["samples_per_s"])
     return {
         "volunteers": options.volunteers,
         "delay_ms": options.delay_ms,
+        "speed": options.samples_per_s,
+        "optimizer": options.demo.trainer_optimizer,
+        "learning_rate": options.trainer_learning_rate or options.demo.learning_rate,
         "slow": options.slow,
         "slow_delay_ms": options.slow_delay_ms,
         "upload_mbit": options.upload_mbit,
@@ -151,6 +285,7 @@ def measure(options: EmulationOptions) -> dict[str, Any]:
         "reference_loss": round(reference, 4),
         "loss_ratio": round(loss / reference, 4),
         "seconds": round(out["seconds"], 1),
+        **reached,
     }
 
 
@@ -232,6 +367,35 @@ def summary(
         out["activation_loss_ratio"] = local["loss_ratio"]
     if demo is not None:
         out["demo_delay_ratio"] = demo["ratio"]
+    out.update(time_to_loss_summary(lines))
+    return out
+
+
+def time_to_loss_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's time-to-loss keys, of the lines that measured them (at 100 ms, the
+    best line of each size by its scaling efficiency)."""
+    measured = [x for x in lines if "scaling_efficiency" in x and x["delay_ms"] == 100.0]
+    out: dict[str, Any] = {}
+    best: dict[int, dict[str, Any]] = {}
+    for x in measured:
+        v = x["volunteers"]
+        if v not in best or (x["scaling_efficiency"] or 0) > (best[v]["scaling_efficiency"] or 0):
+            best[v] = x
+    for v in (4, 16, 32):
+        if v in best:
+            out[f"scaling_efficiency_{v}v"] = best[v]["scaling_efficiency"]
+    if 4 in best and 32 in best:
+        small, large = best[4]["seconds_to_target"], best[32]["seconds_to_target"]
+        out["time_to_loss_speedup_32v_vs_4v"] = (
+            round(small / large, 2) if small is not None and large is not None else None
+        )
+    guards = [x["same_concurrency_efficiency"] for x in measured]
+    if guards:
+        known = [g for g in guards if g is not None]
+        out["same_concurrency_efficiency_min"] = min(known) if len(known) == len(guards) else None
+    if measured:
+        out["target_loss"] = measured[0]["target_loss"]
+        out["target_samples"] = measured[0]["target_samples"]
     return out
 
 
@@ -296,6 +460,29 @@ def main() -> None:
         default=2,
         help="processes hosting the volunteers (0: the benchmark's own)",
     )
+    parser.add_argument(
+        "--target-samples",
+        type=int,
+        default=0,
+        help="time to the same loss: L* is the one-process reference's loss after this "
+        "many samples (issue 41: 1600); the trainers evaluate every --eval-every steps "
+        "and each line says when they reached L* (0: not measured)",
+    )
+    parser.add_argument("--eval-every", type=int, default=10, help="trainer steps")
+    parser.add_argument("--reference-seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument(
+        "--reference-rates",
+        type=float,
+        nargs="+",
+        default=[1e-3, 3e-3, 1e-2],
+        help="the reference's learning rates tried; the swarm's trainers take the best",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=["adamw", "muon"],
+        default="adamw",
+        help="the trainer-side layers' ([training] trainer_optimizer), the reference's too",
+    )
     parser.add_argument("--local-steps", type=int, default=200)
     parser.add_argument("--demo-pairs", type=int, default=2)
     parser.add_argument("--skip-local", action="store_true")
@@ -329,8 +516,23 @@ def main() -> None:
         slow_delay_ms=args.slow_ms,
         announce_seconds=args.announce_seconds,
         volunteer_processes=args.volunteer_processes,
-        demo=DemoOptions(rule=args.rule, trunk_outer_momentum=args.trunk_momentum),
+        demo=DemoOptions(
+            rule=args.rule,
+            trunk_outer_momentum=args.trunk_momentum,
+            trainer_optimizer=args.optimizer,
+        ),
     )
+    target = None
+    if args.target_samples:
+        target, reference = reference_target(
+            args.target_samples,
+            args.reference_seeds,
+            args.reference_rates,
+            args.optimizer,
+            args.eval_every,
+        )
+        print(json.dumps({"benchmark": "swarm_scaling", "reference": reference}), flush=True)
+        base = replace(base, eval_every=args.eval_every, trainer_learning_rate=target.learning_rate)
     lines = []
     for run in runs:
         options = replace(
@@ -341,7 +543,7 @@ def main() -> None:
             in_flight=run.in_flight,
             samples=args.samples or samples_for(run, base.batch_size),
         )
-        line = measure(options)
+        line = measure(options, target)
         print(json.dumps({"benchmark": "swarm_scaling", **line}), flush=True)
         lines.append(line)
     local = demo = None

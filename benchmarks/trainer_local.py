@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.demo import DemoOptions, demo_manifest
 from core.experts import activations
 from core.experts.activations import WireCodecs
-from core.project.manifest import ModelSection, load_manifest
+from core.project.manifest import ModelSection, TrainerOptimizerKind, load_manifest
 from core.trainer.data import Corpus, load_corpus
 from core.trainer.model import LocalMixtureOfExperts, build_model
 from core.trainer.session import SessionSettings, TrainingSession
@@ -54,7 +54,14 @@ def train(
     codecs: WireCodecs | None = None,
     in_flight: int = 1,
     eval_batches: int = 8,
+    eval_every: int = 0,
+    seed: int = 0,
+    learning_rate: float | None = None,
+    optimizer: TrainerOptimizerKind = "adamw",
 ) -> dict[str, Any]:
+    """The validation loss after ``steps`` batches; with ``eval_every``, also every that
+    many steps (``curve``: [samples, loss] pairs, the start's included). ``seed`` draws
+    the batches; the weights are the demo's whatever it is."""
     m, seed = demo_model()
     spec = m.expert_spec()
     model = build_model(
@@ -76,17 +83,25 @@ def train(
         SessionSettings(
             project="local",
             batch_size=options.batch_size,
-            learning_rate=options.learning_rate,
+            learning_rate=learning_rate or options.learning_rate,
             eval_batches=eval_batches,
             in_flight=in_flight,
+            seed=seed,
+            optimizer=optimizer,
         ),
     )
+    curve: list[list[float]] = []
+    if eval_every:
+        curve.append([0, session.evaluate()])
     started = time.perf_counter()
     free = list(range(in_flight))
 
     def carry(worker: int) -> int:
         session.step_on(worker)
         return worker
+
+    if eval_every and in_flight > 1:
+        raise ValueError("evaluations along the way: one batch at a time")
 
     with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
         running: set[concurrent.futures.Future[int]] = set()
@@ -101,8 +116,15 @@ def train(
                 running, return_when=concurrent.futures.FIRST_COMPLETED
             )
             free.extend(f.result() for f in done)
+            step = session.state.step
+            if eval_every and step % eval_every == 0 and step < steps:
+                curve.append([session.state.samples, session.evaluate()])
+    loss = session.evaluate()
+    if eval_every:
+        curve.append([session.state.samples, loss])
     return {
-        "loss": session.evaluate(),
+        "loss": loss,
+        "curve": curve,
         "steps": session.state.step,
         "stale_dropped": session.state.stale_steps,
         "staleness": {str(k): v for k, v in sorted(session.state.staleness.items())},

@@ -37,7 +37,7 @@ from core.project.keys import OwnerKey
 from core.project.publish import prepare, serve_project
 from core.roles.aggregator import aggregate
 from core.trainer.data import STDLIB, load_corpus
-from core.trainer.events import TrainerEvent, TrainingProgressed
+from core.trainer.events import Evaluated, TrainerEvent, TrainingProgressed
 from core.trainer.train import TrainerOptions, train_on
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,11 @@ class EmulationOptions:
     attackers: int = 0
     attack: str = "sign-flip"
     seed: int = 0
+    #: each trainer evaluates every so many of its steps (0: at its start and end only);
+    #: the run's ``evaluations`` list them
+    eval_every: int = 0
+    #: the trainers' learning rate (None: the demo's, which the experts' is too)
+    trainer_learning_rate: float | None = None
     demo: DemoOptions = field(default_factory=DemoOptions)
 
     def rows_per_sample(self) -> int:
@@ -106,6 +111,8 @@ async def run_emulated(
     started = time.monotonic()
     progress: list[tuple[float, int]] = []  # (time, samples so far, all trainers)
     trained = [0] * options.trainers
+    #: (trainer, its step, validation loss, seconds since the start) of every evaluation
+    evaluations: list[tuple[int, int, float, float]] = []
     summaries: list[dict[str, Any]] = []
     round_seconds = options.round_samples / (options.volunteers * options.samples_per_s)
     demo = replace(
@@ -188,6 +195,8 @@ async def run_emulated(
                 if isinstance(event, TrainingProgressed):
                     trained[i] = event.samples
                     progress.append((time.monotonic(), sum(trained)))
+                elif isinstance(event, Evaluated):
+                    evaluations.append((i, event.step, event.loss, time.monotonic() - started))
                 if report is not None:
                     report({"trainer": i, **event.model_dump()})
 
@@ -203,7 +212,8 @@ async def run_emulated(
                     steps=steps,
                     batch_size=options.batch_size,
                     log_every=1,
-                    eval_every=10**9,
+                    eval_every=options.eval_every or 10**9,
+                    learning_rate=options.trainer_learning_rate or options.demo.learning_rate,
                     checkpoint_every=10**9,
                     seed=options.seed + i,
                     forward_timeout=60.0,
@@ -231,6 +241,7 @@ async def run_emulated(
         "samples_per_s": steady_rate(progress),
         "seconds": time.monotonic() - started,
         "trainers": summaries,
+        "evaluations": evaluations,
         "attackers": volunteers[: options.attackers],
         "slow": [volunteers[v] for v in slow],
     }

@@ -45,6 +45,9 @@ class DemoOptions:
     #: so each aggregation round compares several volunteers' gradients
     experts_per_volunteer: int = 16
     learning_rate: float = 3e-3
+    #: the manifest's ``[training] trainer_optimizer``: the trainer-side layers' (adamw
+    #: or muon: core/trainer/optimizers.py)
+    trainer_optimizer: str = "adamw"
     #: the manifest's rounds: volunteers contribute every so many seconds (or 2048
     #: samples), the aggregator steps every so many (or 6144 samples)
     contribution_seconds: float = 4.0

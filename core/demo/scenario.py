@@ -219,6 +219,7 @@ gradients = "{gradients}"
 
 [training]
 optimizer = "adam"
+trainer_optimizer = "{options.trainer_optimizer}"
 learning_rate = {options.learning_rate}
 contribution_samples = 2048
 contribution_seconds = {options.contribution_seconds}

@@ -240,6 +240,9 @@ class LocalGridMixture(nn.Module):
     search over the grid, then the softmax over the chosen scores); without it, the top
     k of all experts' logits (the same experts, vectorized)."""
 
+    #: its experts stand for volunteers' (core/trainer/optimizers.py: Muon leaves them)
+    stands_for_volunteers = True
+
     def __init__(
         self,
         gate: GridGate,

@@ -138,6 +138,9 @@ class LocalMixtureOfExperts(nn.Module):
     """A mixture whose experts all live in this process and are all alive: the reference
     for the swarm. Same gating, same beam search, same softmax over the chosen experts."""
 
+    #: its experts stand for volunteers' (core/trainer/optimizers.py: Muon leaves them)
+    stands_for_volunteers = True
+
     def __init__(
         self,
         *,

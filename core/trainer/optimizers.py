@@ -3,13 +3,13 @@ matrices with AdamW for the rest (``[training] trainer_optimizer``).
 
 Muon (Jordan et al., 2024; torch.optim.Muon) orthogonalizes each matrix's momentum with
 a few Newton-Schulz iterations. It is used the way its authors and Moonshot's "Muon is
-Scalable for LLM Training" use it: on 2-D weights inside the network; embeddings, the
-output layer (they map tokens, not hidden features), vectors (norms, biases) stay on
-AdamW. Its step is scaled as Moonshot's (``match_rms_adamw``): an update of the same RMS
-as AdamW's, so one learning rate and weight decay serve both. Why here: the issue that
-asked for it measured Muon on the demo's model at 2.167 against Adam's 2.323 after the
-same samples, and 3 batches in flight on Muon cost 1.12 of synchronous Muon where Adam's
-cost more (decision 013 has this project's own figures).
+Scalable for LLM Training" use it: on 2-D weights inside the network. Embeddings and the
+output layer (they map tokens, not hidden features) and vectors (norms, biases) stay on
+AdamW, and so do a reference run's local experts (the swarm's are the aggregators').
+Its step is scaled as Moonshot's (``match_rms_adamw``): an update of the same RMS as
+AdamW's, so one learning rate and weight decay serve both. Why: on the demo's model it
+reached a lower loss than AdamW at the same samples, synchronous and with batches in
+flight (docs/decisions/013-time-to-loss.md).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ TRAINER_OPTIMIZERS: tuple[str, ...] = get_args(TrainerOptimizerKind)
 
 def vocabulary_parameters(model: nn.Module) -> set[int]:
     """Ids of the parameters that map tokens: every embedding's and the output layer's
-    (``get_output_embeddings()`` of a Hugging Face model, else a module named ``head``)."""
+    (``get_output_embeddings()`` of a Hugging Face model, else the module named
+    ``lm_head`` or ``head``)."""
     out: set[int] = set()
     for module in model.modules():
         if isinstance(module, nn.Embedding):
@@ -37,10 +38,24 @@ def vocabulary_parameters(model: nn.Module) -> set[int]:
     get_output = getattr(model, "get_output_embeddings", None)
     if callable(get_output):
         output = get_output()
-    if output is None:
-        output = getattr(model, "head", None)
+    for name in ("lm_head", "head"):  # this project's families
+        if output is None:
+            output = getattr(model, name, None)
     if isinstance(output, nn.Module):
         out.update(id(p) for p in output.parameters())
+    return out
+
+
+def local_expert_parameters(model: nn.Module) -> set[int]:
+    """Ids of the experts' parameters of local mixtures (the reference runs; a mixture
+    says so with ``stands_for_volunteers``): they stand for the volunteers' experts,
+    which the aggregators train with the manifest's ``[training] optimizer``, so Muon
+    does not take them."""
+    out: set[int] = set()
+    for module in model.modules():
+        experts = getattr(module, "experts", None)
+        if getattr(module, "stands_for_volunteers", False) and isinstance(experts, nn.Module):
+            out.update(id(p) for p in experts.parameters())
     return out
 
 
@@ -49,13 +64,13 @@ def muon_split(
 ) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
     """(the hidden matrices, for Muon; every other trainable parameter, for AdamW), of
     ``among`` (default: all of ``model``'s)."""
-    vocabulary = vocabulary_parameters(model)
+    kept = vocabulary_parameters(model) | local_expert_parameters(model)
     matrices: list[nn.Parameter] = []
     rest: list[nn.Parameter] = []
     for p in model.parameters() if among is None else among:
         if not p.requires_grad:
             continue
-        if p.ndim == 2 and id(p) not in vocabulary:
+        if p.ndim == 2 and id(p) not in kept:
             matrices.append(p)
         else:
             rest.append(p)

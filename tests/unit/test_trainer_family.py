@@ -219,3 +219,29 @@ def test_a_data_source_may_carry_its_weight_in_the_mixture(given, path, weight):
     spec = parse_source(given)
     assert spec.path == Path(path)
     assert spec.weight == weight
+
+
+def test_a_mixtral_trainer_on_muon_keeps_token_maps_and_local_experts_on_adamw(tmp_path):
+    from core.trainer.optimizers import muon_split
+
+    m = manifest()
+    model = local_model(m)
+    names = {id(p): n for n, p in model.named_parameters()}
+    matrices, rest = muon_split(model)
+    on_muon = {names[id(p)] for p in matrices}
+    on_adamw = {names[id(p)] for p in rest}
+    assert any("q_proj" in n for n in on_muon)
+    assert any("o_proj" in n for n in on_muon)
+    assert any("gate" in n for n in on_muon)  # the grid gate's matrices
+    assert not any("embed_tokens" in n or "lm_head" in n or ".experts." in n for n in on_muon)
+    assert any("embed_tokens" in n for n in on_adamw)
+    assert any(".experts." in n for n in on_adamw)
+    session = TrainingSession(
+        model,
+        batches_of(m, byte_shards(tmp_path / "shards"), tmp_path)[0],
+        SessionSettings(project="p", batch_size=4, eval_batches=1, optimizer="muon"),
+    )
+    before = session.evaluate()
+    for _ in range(5):
+        assert session.train_step() is not None
+    assert session.evaluate() < before

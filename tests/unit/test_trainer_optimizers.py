@@ -54,12 +54,15 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_tokens_maps_and_vectors():
     assert all(
         model.get_parameter(n).ndim == 1
         for n in on_adamw - {"embed.weight", "position.weight", "head.weight"}
+        if ".experts." not in n
     )
-    # attention's projections, the gates, the local experts' matrices: Muon
+    # attention's projections and the gates: Muon; the local experts stand for the
+    # volunteers', which the aggregators train with the manifest's optimizer
     assert "attention.0.attn.in_proj_weight" in on_muon
     assert "attention.1.attn.out_proj.weight" in on_muon
     assert "mixtures.0.proj.weight" in on_muon
-    assert "mixtures.1.experts.3.fc2.weight" in on_muon
+    assert "mixtures.1.experts.3.fc2.weight" in on_adamw
+    assert not any(".experts." in n for n in on_muon)
     assert len(vocabulary_parameters(model)) == 4
 
 
