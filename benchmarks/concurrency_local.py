@@ -107,6 +107,8 @@ def train(
     sync_every: int = 2,
     optimizer: TrainerOptimizerKind = "adamw",
     learning_rate: float | None = None,
+    expert_round: int = 1,
+    expert_rate_scale: float = 1.0,
 ) -> float:
     """Validation loss after ``steps`` batches applied (all trainers together; the
     batches still in flight at the end are dropped, as the swarm's run drops them)."""
@@ -121,6 +123,8 @@ def train(
         sync_every=sync_every,
         optimizer=optimizer,
         learning_rate=learning_rate,
+        expert_round=expert_round,
+        expert_rate_scale=expert_rate_scale,
     )[-1][1]
 
 
@@ -138,9 +142,13 @@ def curve(
     learning_rate: float | None = None,
     eval_every: int = 0,
     eval_batches: int = 8,
+    expert_round: int = 1,
+    expert_rate_scale: float = 1.0,
 ) -> list[tuple[int, float]]:
     """(samples applied, validation loss of the first trainer's model) every
-    ``eval_every`` batches applied (0: at the end only), the start's included."""
+    ``eval_every`` batches applied (0: at the end only), the start's included. The
+    experts step every ``expert_round`` batches (an aggregator's round) at the demo's
+    rate times ``expert_rate_scale``."""
     m, weights_seed = demo_model()
     spec = m.expert_spec()
     options = DemoOptions()
@@ -168,7 +176,8 @@ def curve(
         )
     experts = [p for n, p in first.named_parameters() if ".experts." in n]
     # the experts at the demo's rate whatever the trainer's (the manifest sets theirs)
-    expert_optimizer = torch.optim.Adam(experts, lr=options.learning_rate)
+    expert_optimizer = torch.optim.Adam(experts, lr=options.learning_rate * expert_rate_scale)
+    expert_batches = 0
     # the aggregator's trunk and its outer optimizer
     names = list(_trunk(first))
     shared = [nn.Parameter(p.detach().clone()) for p in _trunk(first).values()]
@@ -234,8 +243,16 @@ def curve(
         loss = language_model_loss(t.replica(x), y)
         t.replica.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
-        expert_optimizer.step()
-        expert_optimizer.zero_grad(set_to_none=True)
+        # the experts step once a round, on the mean of its batches' gradients (the
+        # aggregator's round); their gradients sum in .grad meanwhile
+        expert_batches += 1
+        if expert_batches == expert_round:
+            for p in experts:
+                if p.grad is not None:
+                    p.grad.div_(expert_round)
+            expert_optimizer.step()
+            expert_optimizer.zero_grad(set_to_none=True)
+            expert_batches = 0
         t.waiting.append({n: p.grad.clone() for n, p in _trunk(t.replica).items()})  # type: ignore[union-attr]
         if len(t.waiting) <= stale:
             continue
@@ -283,11 +300,26 @@ def main() -> None:
         help="the trainer-side layers' (the reference's too; experts: Adam)",
     )
     parser.add_argument("--lr", type=float, default=None, help="default: the demo's")
+    parser.add_argument(
+        "--expert-round",
+        type=int,
+        default=1,
+        help="batches per expert step (the aggregators' rounds; the reference's too)",
+    )
+    parser.add_argument(
+        "--expert-rate-scale", type=float, default=1.0, help="the experts' rate, x the demo's"
+    )
+    parser.add_argument(
+        "--reference-expert-round",
+        type=int,
+        default=1,
+        help="the reference's batches per expert step (1: every batch)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     corpus = load_corpus()
 
-    def mean_loss(arrangement: Arrangement) -> float:
+    def mean_loss(arrangement: Arrangement, expert_round: int, rate_scale: float) -> float:
         losses = [
             train(
                 corpus,
@@ -299,14 +331,16 @@ def main() -> None:
                 outer_momentum=args.outer_momentum,
                 optimizer=args.optimizer,
                 learning_rate=args.lr,
+                expert_round=expert_round,
+                expert_rate_scale=rate_scale,
             )
             for seed in args.seeds
         ]
         return sum(losses) / len(losses)
 
-    reference = mean_loss(Arrangement(1, 1))
+    reference = mean_loss(Arrangement(1, 1), args.reference_expert_round, 1.0)
     for arrangement in args.arrangements:
-        loss = mean_loss(arrangement)
+        loss = mean_loss(arrangement, args.expert_round, args.expert_rate_scale)
         line = {
             "benchmark": "concurrency_local",
             "trainers": arrangement.trainers,
@@ -318,6 +352,9 @@ def main() -> None:
             "outer_learning_rate": args.outer_learning_rate,
             "optimizer": args.optimizer,
             "learning_rate": args.lr or DemoOptions.learning_rate,
+            "expert_round": args.expert_round,
+            "expert_rate_scale": args.expert_rate_scale,
+            "reference_expert_round": args.reference_expert_round,
             "reference_loss": round(reference, 4),
             "loss": round(loss, 4),
             "loss_ratio": round(loss / reference, 4),

@@ -44,3 +44,48 @@ def test_mean_curve_and_efficiency():
     assert samples_to([], 1.0) is None
     assert efficiency(1600, 3200) == 0.5
     assert efficiency(1600, None) is None
+
+
+def test_two_trainers_evaluations_make_one_curve_of_the_swarms_samples():
+    from swarm_scaling import swarm_curve
+
+    evaluations = [  # (trainer, its step, loss, seconds)
+        (0, 0, 5.0, 1.0),
+        (1, 0, 5.2, 1.1),
+        (0, 10, 3.0, 50.0),
+        (1, 10, float("nan"), 51.0),  # the swarm could not answer: not a point
+        (0, 20, 2.6, 90.0),
+        (1, 20, 2.8, 91.0),
+        (0, 20, 2.4, 120.0),  # the final evaluation, after the experts' round
+        (1, 20, 2.6, 121.0),
+    ]
+    assert swarm_curve(evaluations, trainers=2, batch_size=16) == [
+        (0, pytest.approx(5.1)),
+        (640, pytest.approx(2.5)),
+    ]
+
+
+def test_the_summary_takes_each_sizes_best_line_at_100_ms():
+    from swarm_scaling import time_to_loss_summary
+
+    def line(v: int, e: float | None, guard: float | None, ms: float = 100.0) -> dict:
+        return {
+            "volunteers": v,
+            "delay_ms": ms,
+            "scaling_efficiency": e,
+            "same_concurrency_efficiency": guard,
+            "target_loss": 2.5,
+            "target_samples": 1600,
+        }
+
+    lines = [line(4, 0.7, 0.95), line(4, 0.6, 0.99), line(32, 0.4, 0.9), line(32, 0.9, 0.1, 0)]
+    out = time_to_loss_summary(lines)
+    assert out["scaling_efficiency_4v"] == 0.7
+    assert out["scaling_efficiency_32v"] == 0.4
+    assert "scaling_efficiency_16v" not in out
+    assert out["time_to_loss_speedup_32v_vs_4v"] == pytest.approx(8 * 0.4 / 0.7, abs=0.01)
+    assert out["same_concurrency_efficiency_min"] == 0.9  # of the 100 ms lines
+    # a line that never reached L* leaves the figures it decides unknown
+    out = time_to_loss_summary([line(4, None, None), line(32, 0.4, 0.9)])
+    assert out["time_to_loss_speedup_32v_vs_4v"] is None
+    assert out["same_concurrency_efficiency_min"] is None
