@@ -5,6 +5,8 @@ summary with the activation codec and the demo's slow-link ratio measured beside
     python benchmarks/swarm_scaling.py [--runs V:MS:T:F ...] [--grid] [--samples N]
                                        [--speed 0.125] [--wire q4z] [--skip-local]
                                        [--skip-demo] [--slow N --slow-ms 250]
+                                       [--target-samples 1600 --eval-every 10]
+                                       [--optimizer muon]
 
 ``--runs``: configurations as volunteers:delay_ms:trainers:in_flight (default: the
 goals' sizes, 4, 16 and 32 volunteers at 100 ms); ``--grid``: every volunteers (4, 8,
@@ -24,6 +26,21 @@ float32's; the loss after the run beside the one-process reference trained on as
 samples (same initial weights, float32, experts updated every step). With 2 or more
 trainers, they share their trainer-side layers through the aggregator
 (core/trainer/trunk.py), and the loss is their mean.
+
+Time to the same loss (``--target-samples 1600``, issue 41): first the one-process
+reference at each ``--reference-rates`` over ``--reference-seeds`` (one ``reference``
+line); L* is its mean validation loss after the target's samples at its best rate, which
+the swarm's trainers then take. Each trainer evaluates every ``--eval-every`` steps, and
+each configuration's line adds ``curve`` (samples, loss), ``samples_to_target``,
+``sample_efficiency`` (the target's samples over those), ``scaling_efficiency``
+(utilization x that), ``seconds_to_target``, and ``same_concurrency_efficiency``: the
+local emulation of the same trainers x batches in flight (benchmarks/concurrency_local.py,
+the same seeds and rate) over the swarm's samples to L*. The summary's
+``scaling_efficiency_{4,16,32}v``, ``time_to_loss_speedup_32v_vs_4v`` (8 x E32 / E4: time
+to L* at the same speed per volunteer) and ``same_concurrency_efficiency_min`` come from
+the 100 ms lines. A run must train past L* for its figures (``--samples``); with
+``--speed`` above the default, runs end sooner and utilization is lower (a batch's
+latency weighs more against its compute).
 
 Then, unless skipped: ``local`` (benchmarks/trainer_local.py: the wire codec against
 float32 on the same batches, in this process) and ``demo`` (``moehome demo --steps 40``
@@ -338,6 +355,55 @@ def demo_delay(pairs: int, steps: int) -> dict[str, Any]:
     }
 
 
+def demo_run(slow: bool, steps: int, in_flight: int, eval_every: int, optimizer: str) -> Any:
+    """``moehome demo``'s summary (its defaults, 4 volunteers; ``slow``: every one 100
+    ms late)."""
+    command = [sys.executable, "-m", "core.cli", "demo", "--steps", str(steps), "--json"]
+    command += ["--in-flight", str(in_flight), "--eval-every", str(eval_every)]
+    command += ["--trainer-optimizer", optimizer]
+    if slow:
+        command += ["--slow", "4", "--slow-ms", "100"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def demo_seconds_to(run: dict[str, Any], target: float) -> float | None:
+    """Seconds of training a demo run needed to reach ``target``: its samples to it
+    (its evaluations' curve) at its rate."""
+    batch = run["samples"] / max(run["steps"], 1)
+    curve = [(step * batch, loss) for step, loss in run["evaluations"]]
+    needed = samples_to(curve, target)
+    return None if needed is None else needed / run["samples_per_s"]
+
+
+def demo_time_to_loss(
+    steps: int, slow_steps: int, in_flights: list[int], eval_every: int, optimizer: str
+) -> dict[str, Any]:
+    """The demo's time to the same loss, every volunteer 100 ms late against none, each
+    at its best batches in flight: L is the no-delay demo's loss after ``steps`` at its
+    best setting; the late demo trains up to ``slow_steps`` to reach it."""
+    fast = {f: demo_run(False, steps, f, eval_every, optimizer) for f in in_flights}
+    target = min(run["final_loss"] for run in fast.values())
+    fast_s = {f: demo_seconds_to(run, target) for f, run in fast.items()}
+    slow = {f: demo_run(True, slow_steps, f, eval_every, optimizer) for f in in_flights}
+    slow_s = {f: demo_seconds_to(run, target) for f, run in slow.items()}
+    best_fast = min(s for s in fast_s.values() if s is not None)
+    reached = [s for s in slow_s.values() if s is not None]
+    return {
+        "steps": steps,
+        "slow_steps": slow_steps,
+        "optimizer": optimizer,
+        "target_loss": round(target, 4),
+        "seconds_to_target": {str(f): _round(s) for f, s in fast_s.items()},
+        "seconds_to_target_100ms": {str(f): _round(s) for f, s in slow_s.items()},
+        "samples_per_s": {str(f): round(r["samples_per_s"], 2) for f, r in fast.items()},
+        "samples_per_s_100ms": {str(f): round(r["samples_per_s"], 2) for f, r in slow.items()},
+        "final_loss": {str(f): round(r["final_loss"], 4) for f, r in fast.items()},
+        "final_loss_100ms": {str(f): round(r["final_loss"], 4) for f, r in slow.items()},
+        "ratio": round(best_fast / min(reached), 3) if reached else None,
+    }
+
+
 def summary(
     lines: list[dict[str, Any]], local: dict[str, Any] | None, demo: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -365,8 +431,10 @@ def summary(
             "swarm_activation_bytes_ratio", local["bytes_ratio"]
         )
         out["activation_loss_ratio"] = local["loss_ratio"]
-    if demo is not None:
+    if demo is not None and "samples_per_s_100ms" in demo and "target_loss" not in demo:
         out["demo_delay_ratio"] = demo["ratio"]
+    if demo is not None and "target_loss" in demo:
+        out["demo_time_to_loss_ratio_100ms"] = demo["ratio"]
     out.update(time_to_loss_summary(lines))
     return out
 
@@ -489,6 +557,13 @@ def main() -> None:
     )
     parser.add_argument("--local-steps", type=int, default=200)
     parser.add_argument("--demo-pairs", type=int, default=2)
+    parser.add_argument(
+        "--demo-time-to-loss",
+        action="store_true",
+        help="the demo's time to the no-delay demo's step-200 loss, 100 ms against none, "
+        "each at its best of --demo-in-flight (instead of its rate)",
+    )
+    parser.add_argument("--demo-in-flight", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--skip-demo", action="store_true")
     parser.add_argument(
@@ -554,7 +629,10 @@ def main() -> None:
     if not args.skip_local:
         local = local_codec(args.wire, args.local_steps)
         print(json.dumps({"benchmark": "swarm_scaling", "local": local}), flush=True)
-    if not args.skip_demo:
+    if not args.skip_demo and args.demo_time_to_loss:
+        demo = demo_time_to_loss(200, 300, args.demo_in_flight, 20, args.optimizer)
+        print(json.dumps({"benchmark": "swarm_scaling", "demo": demo}), flush=True)
+    elif not args.skip_demo:
         demo = demo_delay(args.demo_pairs, 40)
         print(json.dumps({"benchmark": "swarm_scaling", "demo": demo}), flush=True)
     print(json.dumps(summary(lines, local, demo)), flush=True)

@@ -131,6 +131,16 @@ def demo(
             "aggregator recompute (default: the manifest's 0.05).",
         ),
     ] = None,
+    eval_every: Annotated[
+        int, typer.Option(min=1, help="The trainer evaluates every this many steps.")
+    ] = 100,
+    trainer_optimizer: Annotated[
+        str,
+        typer.Option(
+            help="The trainer-side layers' optimizer: adamw, or muon (hidden matrices; "
+            "AdamW for the rest)."
+        ),
+    ] = "adamw",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Train a small language model on a local swarm: a bootstrap peer, the owner
@@ -187,7 +197,12 @@ def demo(
         in_flight=in_flight,
         wire=wire,
         relay_circuit_mib=relay_circuit_mib,
+        eval_every=eval_every,
+        trainer_optimizer=trainer_optimizer,
     )
+    if trainer_optimizer not in ("adamw", "muon"):
+        typer.echo(f"error: --trainer-optimizer {trainer_optimizer}: adamw or muon", err=True)
+        raise typer.Exit(2)
     if architecture not in ("mixtral", "byte"):
         typer.echo(f"error: --architecture {architecture}: mixtral or byte", err=True)
         raise typer.Exit(2)

@@ -105,6 +105,7 @@ def test_node_selftest_checks_device_libp2p_and_an_expert(tmp_path, monkeypatch)
         (["demo", "--attack", "nonsense"], "--attack must be one of sign-flip, alie"),
         (["demo", "--slow", "5", "--volunteers", "4"], "--slow cannot exceed --volunteers"),
         (["demo", "--rule", "avg"], "--rule must be one of"),
+        (["demo", "--trainer-optimizer", "lion"], "--trainer-optimizer lion: adamw or muon"),
         (["node", "--attack", "nonsense"], "--attack must be one of"),
     ],
 )
