@@ -44,17 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.demo import DemoOptions
 from core.project.manifest import TrainerOptimizerKind
 from core.trainer.data import Corpus, load_corpus, sample_batch, validation_batches
-from core.trainer.model import (
-    CharLanguageModel,
-    LocalMixtureOfExperts,
-    build_model,
-    language_model_loss,
-)
+from core.trainer.model import TrainerModel
 from core.trainer.optimizers import TrainerOptimizer
 from core.trainer.trunk import Params, TrunkSync, rebase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainer_local import demo_model
+from trainer_local import demo_model, reference_model
 
 
 @dataclass(frozen=True)
@@ -78,17 +73,19 @@ def _snapshot(model: nn.Module) -> Params:
     return {n: p.detach().clone() for n, p in _trunk(model).items()}
 
 
-def _share_experts(source: CharLanguageModel, target: CharLanguageModel) -> None:
-    for a, b in zip(source.mixtures, target.mixtures, strict=True):
-        assert isinstance(a, LocalMixtureOfExperts)
-        assert isinstance(b, LocalMixtureOfExperts)
+def _local_mixtures(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if getattr(m, "stands_for_volunteers", False)]
+
+
+def _share_experts(source: TrainerModel, target: TrainerModel) -> None:
+    for a, b in zip(_local_mixtures(source), _local_mixtures(target), strict=True):
         b.experts = a.experts
 
 
 @dataclass
 class _Trainer:
-    model: CharLanguageModel
-    replica: CharLanguageModel
+    model: TrainerModel
+    replica: TrainerModel
     optimizer: TrainerOptimizer
     sync: TrunkSync
     waiting: deque[Params] = field(default_factory=deque)
@@ -150,16 +147,9 @@ def curve(
     experts step every ``expert_round`` batches (an aggregator's round) at the demo's
     rate times ``expert_rate_scale``."""
     m, weights_seed = demo_model()
-    spec = m.expert_spec()
     options = DemoOptions()
     lr = learning_rate or options.learning_rate
-    first = build_model(
-        m,
-        lambda _i, grid: LocalMixtureOfExperts(
-            in_features=m.hidden, grid=grid, spec=spec, k_best=m.k_best, weights_seed=weights_seed
-        ),
-        seed=weights_seed,
-    )
+    first = reference_model(m, weights_seed)
     trainers: list[_Trainer] = []
     for _ in range(arrangement.trainers):
         model = first if not trainers else copy.deepcopy(first)
@@ -198,7 +188,7 @@ def curve(
         model = trainers[0].model
         model.eval()
         with torch.no_grad():
-            losses = [float(language_model_loss(model(x), y)) for x, y in evaluation]
+            losses = [float(model.objective(x, y)[1]) for x, y in evaluation]
         return sum(losses) / len(losses)
 
     out: list[tuple[int, float]] = [(0, evaluate())] if eval_every else []
@@ -240,7 +230,7 @@ def curve(
                     q.add_(t.last_update[name], alpha=stale)
         x, y = sample_batch(corpus.train, options.batch_size, first.context, generator)
         t.replica.train()
-        loss = language_model_loss(t.replica(x), y)
+        loss, _ = t.replica.objective(x, y)  # with a family's load-balancing term
         t.replica.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         # the experts step once a round, on the mean of its batches' gradients (the

@@ -27,24 +27,65 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.demo import DemoOptions, demo_manifest
 from core.experts import activations
 from core.experts.activations import WireCodecs
+from core.experts.registry import build_expert
+from core.experts.uid import Grid
+from core.families.mixtral import LocalGridMixture
+from core.families.routing import GridGate
 from core.project.manifest import ModelSection, TrainerOptimizerKind, load_manifest
+from core.project.publish import seed_for
 from core.trainer.data import Corpus, load_corpus
-from core.trainer.model import LocalMixtureOfExperts, build_model
+from core.trainer.family import build_family_model
+from core.trainer.model import LocalMixtureOfExperts, TrainerModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
 
 
-def demo_model() -> tuple[ModelSection, int]:
+def demo_model(architecture: str = DemoOptions.architecture) -> tuple[ModelSection, int]:
+    """The demo's model section and weights' seed (its default architecture: the one
+    ``moehome demo`` and the emulated swarm train, on bytes)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "demo.toml"
-        path.write_text(demo_manifest(DemoOptions(), ("0" * 64, ""), "0" * 64))
+        options = DemoOptions(architecture=architecture)
+        path.write_text(demo_manifest(options, ("0" * 64, ""), "0" * 64))
         manifest = load_manifest(path)
     return manifest.model, manifest.weights.seed
+
+
+def reference_model(m: ModelSection, seed: int, codecs: WireCodecs | None = None) -> TrainerModel:
+    """The model a trainer of ``m`` trains, its experts local (the same initial weights
+    as the published ones, the same routing): a Mixtral-family model for a family
+    project, the byte model otherwise. ``codecs`` (the byte model's local mixtures
+    alone emulate the wire) round activations and gradients as the wire would."""
+    spec = m.expert_spec()
+    if m.architecture != "byte":
+        if codecs is not None:
+            raise ValueError("wire codecs are emulated on the byte model only")
+
+        def block(_layer: int, grid: Grid) -> nn.Module:
+            experts = [build_expert(spec, seed=seed_for(seed, str(uid))) for uid in grid]
+            return LocalGridMixture(
+                GridGate(m.hidden, grid.shape), experts, m.k_best, beam_search=True
+            )
+
+        return build_family_model(m, block, seed=seed)
+    return build_model(
+        m,
+        lambda _i, grid: LocalMixtureOfExperts(
+            in_features=m.hidden,
+            grid=grid,
+            spec=spec,
+            k_best=m.k_best,
+            weights_seed=seed,
+            codecs=codecs,
+        ),
+        seed=seed,
+    )
 
 
 def train(
@@ -62,20 +103,8 @@ def train(
     """The validation loss after ``steps`` batches; with ``eval_every``, also every that
     many steps (``curve``: [samples, loss] pairs, the start's included). ``seed`` draws
     the batches; the weights are the demo's whatever it is."""
-    m, seed = demo_model()
-    spec = m.expert_spec()
-    model = build_model(
-        m,
-        lambda _i, grid: LocalMixtureOfExperts(
-            in_features=m.hidden,
-            grid=grid,
-            spec=spec,
-            k_best=m.k_best,
-            weights_seed=seed,
-            codecs=codecs,
-        ),
-        seed=seed,
-    )
+    m, seed = demo_model("byte" if codecs is not None else DemoOptions.architecture)
+    model = reference_model(m, seed, codecs)
     options = DemoOptions()
     session = TrainingSession(
         model,
@@ -88,6 +117,9 @@ def train(
             in_flight=in_flight,
             seed=seed,
             optimizer=optimizer,
+            # the experts as the aggregators train them: Adam at the manifest's rate,
+            # whatever the trainer's
+            local_expert_rate=options.learning_rate,
         ),
     )
     curve: list[list[float]] = []

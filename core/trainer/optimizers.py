@@ -88,14 +88,26 @@ class TrainerOptimizer:
         lr: float,
         weight_decay: float = 0.0,
         among: Iterable[nn.Parameter] | None = None,
+        local_expert_rate: float | None = None,
     ) -> None:
-        """``among``: the parameters to train (default: all of ``model``'s)."""
+        """``among``: the parameters to train (default: all of ``model``'s).
+        ``local_expert_rate``: a reference run's local experts on their own Adam at this
+        fixed rate, as the aggregators train the volunteers' (the manifest's rate), out
+        of the groups whose rate the trainer's schedule sets."""
         among = list(model.parameters() if among is None else among)
         if kind not in TRAINER_OPTIMIZERS:
             raise ValueError(f"trainer optimizer {kind!r}: one of {', '.join(TRAINER_OPTIMIZERS)}")
         self.kind = kind
         #: (checkpoint prefix, optimizer)
         self.parts: list[tuple[str, torch.optim.Optimizer]] = []
+        #: the local experts' own (not scheduled by the trainer)
+        self.experts: torch.optim.Optimizer | None = None
+        if local_expert_rate is not None:
+            local = local_expert_parameters(model)
+            experts = [p for p in among if id(p) in local and p.requires_grad]
+            among = [p for p in among if id(p) not in local]
+            if experts:
+                self.experts = torch.optim.Adam(experts, lr=local_expert_rate)
         if kind == "muon":
             matrices, rest = muon_split(model, among)
             if matrices:
@@ -115,10 +127,15 @@ class TrainerOptimizer:
             params = [p for p in among if p.requires_grad]
         # AdamW: with no weight decay, Adam's very steps
         self.parts.insert(0, ("o", torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)))
+        if self.experts is not None:
+            self.parts.append(("ex", self.experts))
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return [group for _, opt in self.parts for group in opt.param_groups]
+        """The groups whose rate the trainer's schedule sets (not the local experts')."""
+        return [
+            group for _, opt in self.parts if opt is not self.experts for group in opt.param_groups
+        ]
 
     def __iter__(self) -> Iterator[torch.optim.Optimizer]:
         return (opt for _, opt in self.parts)

@@ -82,6 +82,9 @@ class SessionSettings:
     #: AdamW for every trainer-side parameter, or Muon for the hidden matrices
     #: (core/trainer/optimizers.py)
     optimizer: TrainerOptimizerKind = "adamw"
+    #: a reference run's local experts on Adam at this fixed rate, as the aggregators
+    #: train the volunteers' (None: with the trainer-side layers)
+    local_expert_rate: float | None = None
 
     def trainer_schedule(self) -> Schedule:
         return self.schedule or Schedule(clip_norm=self.clip_norm)
@@ -143,7 +146,11 @@ class TrainingSession:
         )
         self.schedule = settings.trainer_schedule()
         self.optimizer = TrainerOptimizer(
-            model, settings.optimizer, settings.learning_rate, self.schedule.weight_decay
+            model,
+            settings.optimizer,
+            settings.learning_rate,
+            self.schedule.weight_decay,
+            local_expert_rate=settings.local_expert_rate,
         )
         self.state = SessionState()
         #: Why the last evaluation gave no loss ("" before any failed).

@@ -175,3 +175,25 @@ def test_a_checkpoint_of_before_the_choice_loads_as_adamw(corpus):
     assert torch.equal(
         opt.state_dict()["state"][0]["exp_avg"], old.state_dict()["state"][0]["exp_avg"]
     )
+
+
+def test_a_references_local_experts_keep_the_aggregators_rate(corpus):
+    """As the aggregators train the volunteers' experts (the manifest's rate), whatever
+    rate the trainer's layers are tuned to."""
+    session = TrainingSession(
+        local_model(),
+        corpus,
+        SessionSettings(
+            project="p", batch_size=4, learning_rate=1e-2, optimizer="muon", local_expert_rate=3e-3
+        ),
+    )
+    experts = session.optimizer.experts
+    assert experts is not None
+    names = {id(p): n for n, p in session.model.named_parameters()}
+    on_experts = {names[id(p)] for g in experts.param_groups for p in g["params"]}
+    assert on_experts == {n for n in names.values() if ".experts." in n}
+    scheduled = {id(p) for g in session.optimizer.param_groups for p in g["params"]}
+    assert scheduled.isdisjoint(id(p) for g in experts.param_groups for p in g["params"])
+    assert session.train_step() is not None
+    assert experts.param_groups[0]["lr"] == 3e-3
+    assert all(g["lr"] == 1e-2 for g in session.optimizer.param_groups)
