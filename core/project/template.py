@@ -31,8 +31,9 @@ gradients = "q8"
 
 {data}[training]
 optimizer = "adam"                 # sgd, adam or adamw, run by the aggregators
-trainer_optimizer = "muon"         # the trainers' own layers: muon (hidden matrices; AdamW
-                                   #   for embeddings, head and vectors) or adamw
+trainer_optimizer = "adamw"        # the trainers' own layers: adamw, or muon (hidden
+                                   #   matrices; AdamW for embeddings, head, vectors): on
+                                   #   the demo's model better at its own rate (--lr 1e-2)
 learning_rate = 0.001
 contribution_samples = 512         # a volunteer sends its gradients every N samples...
 contribution_seconds = 30.0        # ...or every T seconds
