@@ -192,7 +192,9 @@ def time_to_target(
     needed = samples_to(curve, target.loss)
     sample_eff = efficiency(target.samples, needed)
     corpus = load_corpus(STDLIB)
-    local_steps = int(max(curve[-1][0], target.samples)) // options.batch_size
+    # twice the swarm's samples: the local emulation of the same concurrency may need
+    # more than the swarm did (it carries every batch from the start; a ramp does not)
+    local_steps = 2 * int(max(curve[-1][0], target.samples)) // options.batch_size
     local = mean_curve(
         [
             local_curve(
