@@ -35,6 +35,7 @@ import sys
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -92,37 +93,11 @@ class _Trainer:
     last_update: Params | None = None
 
 
-def train(
-    corpus: Corpus,
-    steps: int,
-    arrangement: Arrangement,
-    *,
-    seed: int,
-    delay: int = 2,
-    outer_learning_rate: float = 1.0,
-    outer_momentum: float = 0.5,
-    sync_every: int = 2,
-    optimizer: TrainerOptimizerKind = "adamw",
-    learning_rate: float | None = None,
-    expert_round: int = 1,
-    expert_rate_scale: float = 1.0,
-) -> float:
+def train(corpus: Corpus, steps: int, arrangement: Arrangement, **options: Any) -> float:
     """Validation loss after ``steps`` batches applied (all trainers together; the
-    batches still in flight at the end are dropped, as the swarm's run drops them)."""
-    return curve(
-        corpus,
-        steps,
-        arrangement,
-        seed=seed,
-        delay=delay,
-        outer_learning_rate=outer_learning_rate,
-        outer_momentum=outer_momentum,
-        sync_every=sync_every,
-        optimizer=optimizer,
-        learning_rate=learning_rate,
-        expert_round=expert_round,
-        expert_rate_scale=expert_rate_scale,
-    )[-1][1]
+    batches still in flight at the end are dropped, as the swarm's run drops them);
+    ``options``: :func:`curve`'s."""
+    return curve(corpus, steps, arrangement, **options)[-1][1]
 
 
 def curve(

@@ -8,32 +8,15 @@ import logging
 import pytest
 import torch
 
-from core.project.manifest import parse_manifest
 from core.trainer.data import Corpus, load_corpus
-from core.trainer.model import CharLanguageModel, LocalMixtureOfExperts, build_model
+from core.trainer.model import CharLanguageModel
 from core.trainer.optimizers import TrainerOptimizer, muon_split, vocabulary_parameters
 from core.trainer.session import SessionSettings, TrainingSession
-
-MODEL = {
-    "hidden": 32,
-    "context": 16,
-    "mixture_layers": 2,
-    "grid": [2, 2],
-    "k_best": 2,
-    "expert": {"kind": "ffn", "hidden": 32, "inner": 64},
-}
+from tests.unit import test_trainer_model as trainer_model_test
 
 
 def local_model(seed: int = 0) -> CharLanguageModel:
-    section = parse_manifest({"project": {"name": "t"}, "model": MODEL}).model
-    spec = section.expert_spec()
-    return build_model(
-        section,
-        lambda _i, grid: LocalMixtureOfExperts(
-            in_features=section.hidden, grid=grid, spec=spec, k_best=section.k_best, weights_seed=3
-        ),
-        seed=seed,
-    )
+    return trainer_model_test.local_model(trainer_model_test.manifest(), seed)
 
 
 @pytest.fixture(scope="module")
