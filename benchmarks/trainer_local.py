@@ -103,8 +103,8 @@ def train(
     """The validation loss after ``steps`` batches; with ``eval_every``, also every that
     many steps (``curve``: [samples, loss] pairs, the start's included). ``seed`` draws
     the batches; the weights are the demo's whatever it is."""
-    m, seed = demo_model("byte" if codecs is not None else DemoOptions.architecture)
-    model = reference_model(m, seed, codecs)
+    m, weights_seed = demo_model("byte" if codecs is not None else DemoOptions.architecture)
+    model = reference_model(m, weights_seed, codecs)
     options = DemoOptions()
     session = TrainingSession(
         model,
