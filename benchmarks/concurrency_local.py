@@ -46,7 +46,7 @@ from core.demo import DemoOptions
 from core.project.manifest import TrainerOptimizerKind
 from core.trainer.data import Corpus, load_corpus, sample_batch, validation_batches
 from core.trainer.model import TrainerModel
-from core.trainer.optimizers import TrainerOptimizer
+from core.trainer.optimizers import TrainerOptimizer, local_mixtures
 from core.trainer.trunk import Params, TrunkSync, rebase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,12 +74,8 @@ def _snapshot(model: nn.Module) -> Params:
     return {n: p.detach().clone() for n, p in _trunk(model).items()}
 
 
-def _local_mixtures(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if getattr(m, "stands_for_volunteers", False)]
-
-
 def _share_experts(source: TrainerModel, target: TrainerModel) -> None:
-    for a, b in zip(_local_mixtures(source), _local_mixtures(target), strict=True):
+    for a, b in zip(local_mixtures(source), local_mixtures(target), strict=True):
         b.experts = a.experts
 
 

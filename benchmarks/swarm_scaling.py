@@ -108,6 +108,8 @@ def samples_for(run: Run, batch_size: int, least: int = 320) -> int:
 
 
 GOALS = [Run(4, 100, 1, 2), Run(16, 100, 1, 3), Run(32, 100, 2, 3)]
+#: the trainers' held-out batches (TrainerOptions' count): the references evaluate on them
+EVAL_BATCHES = TrainerOptions(project="", workdir=Path()).eval_batches
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,6 @@ def reference_target(
     """The target and the line that says how it was found (every rate's loss)."""
     corpus = load_corpus(STDLIB)
     steps = samples // EmulationOptions.batch_size
-    eval_batches = TrainerOptions(project="", workdir=Path()).eval_batches
     losses: dict[float, float] = {}
     curves: dict[float, list[tuple[float, float]]] = {}
     for rate in rates:
@@ -138,7 +139,7 @@ def reference_target(
             train(
                 corpus,
                 steps,
-                eval_batches=eval_batches,
+                eval_batches=EVAL_BATCHES,
                 eval_every=eval_every,
                 seed=seed,
                 learning_rate=rate,
@@ -205,7 +206,7 @@ def time_to_target(
                 optimizer=target.optimizer,  # type: ignore[arg-type]
                 learning_rate=target.learning_rate,
                 eval_every=target.eval_every,
-                eval_batches=TrainerOptions(project="", workdir=Path()).eval_batches,
+                eval_batches=EVAL_BATCHES,
             )
             for seed in target.seeds
         ]
@@ -241,11 +242,10 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
     summaries = out["trainers"]
     calls = [s["calls"] for s in summaries]
     loss = sum(s["final_loss"] for s in summaries) / len(summaries)
-    # the trainers' evaluation: the same held-out batches (TrainerOptions' count)
     reference = train(
         load_corpus(STDLIB),
         options.samples // options.batch_size,
-        eval_batches=TrainerOptions(project="", workdir=Path()).eval_batches,
+        eval_batches=EVAL_BATCHES,
         learning_rate=options.trainer_learning_rate,
         optimizer=options.demo.trainer_optimizer,  # type: ignore[arg-type]
     )["loss"]
@@ -334,11 +334,7 @@ def local_codec(wire: str, steps: int) -> dict[str, Any]:
 
 
 def demo_rate(slow: bool, steps: int) -> float:
-    command = [sys.executable, "-m", "core.cli", "demo", "--steps", str(steps), "--json"]
-    if slow:
-        command += ["--slow", "4", "--slow-ms", "100"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
-    rate: float = json.loads(done.stdout.strip().splitlines()[-1])["samples_per_s"]
+    rate: float = demo_run(slow, steps)["samples_per_s"]
     return rate
 
 
@@ -357,12 +353,23 @@ def demo_delay(pairs: int, steps: int) -> dict[str, Any]:
     }
 
 
-def demo_run(slow: bool, steps: int, in_flight: int, eval_every: int, optimizer: str) -> Any:
-    """``moehome demo``'s summary (its defaults, 4 volunteers; ``slow``: every one 100
-    ms late)."""
+def demo_run(
+    slow: bool,
+    steps: int,
+    in_flight: int | None = None,
+    eval_every: int | None = None,
+    optimizer: str | None = None,
+) -> Any:
+    """``moehome demo``'s summary (its defaults but for what is given, 4 volunteers;
+    ``slow``: every one 100 ms late)."""
     command = [sys.executable, "-m", "core.cli", "demo", "--steps", str(steps), "--json"]
-    command += ["--in-flight", str(in_flight), "--eval-every", str(eval_every)]
-    command += ["--trainer-optimizer", optimizer]
+    for flag, value in (
+        ("--in-flight", in_flight),
+        ("--eval-every", eval_every),
+        ("--trainer-optimizer", optimizer),
+    ):
+        if value is not None:
+            command += [flag, str(value)]
     if slow:
         command += ["--slow", "4", "--slow-ms", "100"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)

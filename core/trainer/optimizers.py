@@ -46,16 +46,21 @@ def vocabulary_parameters(model: nn.Module) -> set[int]:
     return out
 
 
+def local_mixtures(model: nn.Module) -> list[nn.Module]:
+    """The local mixtures of a reference run (each says so with ``stands_for_volunteers``;
+    its ``experts`` stand for the volunteers'), in order."""
+    return [m for m in model.modules() if getattr(m, "stands_for_volunteers", False)]
+
+
 def local_expert_parameters(model: nn.Module) -> set[int]:
-    """Ids of the experts' parameters of local mixtures (the reference runs; a mixture
-    says so with ``stands_for_volunteers``): they stand for the volunteers' experts,
-    which the aggregators train with the manifest's ``[training] optimizer``, so Muon
-    does not take them."""
+    """Ids of the experts' parameters of local mixtures: they stand for the volunteers'
+    experts, which the aggregators train with the manifest's ``[training] optimizer``,
+    so Muon does not take them."""
     out: set[int] = set()
-    for module in model.modules():
-        experts = getattr(module, "experts", None)
-        if getattr(module, "stands_for_volunteers", False) and isinstance(experts, nn.Module):
-            out.update(id(p) for p in experts.parameters())
+    for mixture in local_mixtures(model):
+        experts = mixture.experts
+        assert isinstance(experts, nn.Module)
+        out.update(id(p) for p in experts.parameters())
     return out
 
 
