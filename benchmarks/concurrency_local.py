@@ -85,8 +85,19 @@ class _Trainer:
     replica: TrainerModel
     optimizer: TrainerOptimizer
     sync: TrunkSync
-    waiting: deque[Params] = field(default_factory=deque)
+    #: gradients in flight, each with the copy's update count when it was computed
+    waiting: deque[tuple[Params, int]] = field(default_factory=deque)
     last_update: Params | None = None
+    #: updates the copy has taken: its own steps and the other trainers' steps that
+    #: came with the versions it rebased onto
+    updates: int = 0
+    #: the samples behind the version the copy last took (every trainer's)
+    version_samples: int = 0
+    #: the other trainers' update per step, from the last rebase (for the prediction)
+    others_update: Params | None = None
+    #: the other trainers' updates that landed between a gradient's computing and its
+    #: applying, the recent mean (how far ahead to predict them)
+    others_ahead: float = 0.0
 
 
 def train(corpus: Corpus, steps: int, arrangement: Arrangement, **options: Any) -> float:
@@ -112,11 +123,22 @@ def curve(
     eval_batches: int = 8,
     expert_round: int = 1,
     expert_rate_scale: float = 1.0,
+    count_others: bool = False,
+    predict_others: bool = False,
+    others_ahead: float | None = None,
+    others_staleness: float = 0.0,
+    expert_lag: int = 0,
 ) -> list[tuple[int, float]]:
     """(samples applied, validation loss of the first trainer's model) every
     ``eval_every`` batches applied (0: at the end only), the start's included. The
     experts step every ``expert_round`` batches (an aggregator's round) at the demo's
-    rate times ``expert_rate_scale``."""
+    rate times ``expert_rate_scale``.
+
+    Staleness between trainers: ``count_others`` counts the other trainers' steps that
+    reach a trainer's copy (with a version it rebases onto) between a gradient's
+    computing and its applying in the staleness-aware rate, beside its own;
+    ``predict_others`` keeps the own prediction across a rebase and predicts the others'
+    updates too (their last rebase's jump per step, times as many as landed lately)."""
     m, weights_seed = demo_model()
     options = DemoOptions()
     lr = learning_rate or options.learning_rate
@@ -139,6 +161,7 @@ def curve(
     # the experts at the demo's rate whatever the trainer's (the manifest sets theirs)
     expert_optimizer = torch.optim.Adam(experts, lr=options.learning_rate * expert_rate_scale)
     expert_batches = 0
+    rounds: deque[list[torch.Tensor | None]] = deque()
     # the aggregator's trunk and its outer optimizer
     names = list(_trunk(first))
     shared = [nn.Parameter(p.detach().clone()) for p in _trunk(first).values()]
@@ -146,9 +169,10 @@ def curve(
         shared, lr=outer_learning_rate, momentum=outer_momentum, nesterov=outer_momentum > 0
     )
     version = 0
-    arriving: list[tuple[int, int, Params]] = []  # (batch, trainer, change)
-    changes: dict[int, Params] = {}
-    published: list[tuple[int, int, Params]] = []  # (batch, version, weights)
+    arriving: list[tuple[int, int, Params, int]] = []  # (batch, trainer, change, samples)
+    changes: dict[int, tuple[Params, int]] = {}
+    total_samples = 0  # behind the newest version
+    published: list[tuple[int, int, Params, int]] = []  # (batch, version, weights, samples)
     generator = torch.Generator().manual_seed(seed)
     evaluation = validation_batches(
         corpus.validation, options.batch_size, first.context, eval_batches
@@ -169,28 +193,38 @@ def curve(
         batch += 1
         for item in [a for a in arriving if a[0] <= batch]:
             arriving.remove(item)
-            _, who, delta = item
+            _, who, delta, samples = item
             trainers[who].sync.accepted(version)
-            changes[who] = delta
+            changes[who] = (delta, samples)
             if len(changes) == len(trainers):
                 for name, p in zip(names, shared, strict=True):
-                    p.grad = torch.stack([c[name] for c in changes.values()]).sum(dim=0)
+                    p.grad = torch.stack([c[name] for c, _ in changes.values()]).sum(dim=0)
                 outer.step()
                 outer.zero_grad(set_to_none=True)
                 version += 1
+                total_samples += sum(n for _, n in changes.values())
                 weights = {n: p.detach().clone() for n, p in zip(names, shared, strict=True)}
-                published.append((batch + delay, version, weights))
+                published.append((batch + delay, version, weights, total_samples))
                 changes = {}
         t = trainers[batch % len(trainers)]
         ready = [v for v in published if v[0] <= batch and t.sync.may_rebase(v[1])]
         if ready:
-            _, number, weights = ready[-1]
+            _, number, weights, samples = ready[-1]
+            own = t.sync.sent_samples
             base = t.sync.took(weights, number)
-            moved = rebase(_snapshot(t.model), base, weights)
+            copy_now = _snapshot(t.model)
+            moved = rebase(copy_now, base, weights)
+            # the other trainers' steps in this version beyond the last one taken
+            others = (samples - t.version_samples - own) // options.batch_size
+            t.version_samples = samples
+            t.updates += others
+            if others > 0:
+                t.others_update = {n: (moved[n] - copy_now[n]) / others for n in moved}
             with torch.no_grad():
                 for name, p in _trunk(t.model).items():
                     p.copy_(moved[name])
-            t.last_update = None
+            if not predict_others:
+                t.last_update = None
         # the gradient of this batch, on where the weights are predicted to be
         with torch.no_grad():
             for (name, p), q in zip(
@@ -199,6 +233,9 @@ def curve(
                 q.copy_(p)
                 if t.last_update is not None:
                     q.add_(t.last_update[name], alpha=stale)
+                if predict_others and t.others_update is not None:
+                    ahead = t.others_ahead if others_ahead is None else others_ahead
+                    q.add_(t.others_update[name], alpha=ahead)
         x, y = sample_batch(corpus.train, options.batch_size, first.context, generator)
         t.replica.train()
         loss, _ = t.replica.objective(x, y)  # with a family's load-balancing term
@@ -208,35 +245,43 @@ def curve(
         # aggregator's round); their gradients sum in .grad meanwhile
         expert_batches += 1
         if expert_batches == expert_round:
-            for p in experts:
-                if p.grad is not None:
-                    p.grad.div_(expert_round)
-            expert_optimizer.step()
+            rounds.append([None if p.grad is None else p.grad / expert_round for p in experts])
             expert_optimizer.zero_grad(set_to_none=True)
+            if len(rounds) > expert_lag:
+                # the round's gradients land ``expert_lag`` rounds late (computed on
+                # the weights of that many versions ago)
+                for p, g in zip(experts, rounds.popleft(), strict=True):
+                    p.grad = g
+                expert_optimizer.step()
+                expert_optimizer.zero_grad(set_to_none=True)
             expert_batches = 0
-        t.waiting.append({n: p.grad.clone() for n, p in _trunk(t.replica).items()})  # type: ignore[union-attr]
+        gradients = {n: p.grad.clone() for n, p in _trunk(t.replica).items()}  # type: ignore[union-attr]
+        t.waiting.append((gradients, t.updates))
         if len(t.waiting) <= stale:
             continue
         # the gradient of the batch carried `stale` steps ago lands now
-        gradient = t.waiting.popleft()
+        gradient, computed_at = t.waiting.popleft()
+        landed = t.updates - computed_at  # own steps (stale) and the others' since
+        t.others_ahead = 0.8 * t.others_ahead + 0.2 * (landed - stale)
         params = _trunk(t.model)
         for name, p in params.items():
             p.grad = gradient[name]
         nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         for group in t.optimizer.param_groups:
-            group["lr"] = lr / (1 + stale)
+            group["lr"] = lr / (1 + (landed if count_others else stale) + others_staleness)
         before = _snapshot(t.model)
         t.optimizer.step()
         t.optimizer.zero_grad(set_to_none=True)
         t.last_update = {n: p.detach() - before[n] for n, p in params.items()}
+        t.updates += 1
         applied += 1
         if eval_every and applied % eval_every == 0 and applied < steps:
             out.append((applied * options.batch_size, evaluate()))
         if len(trainers) > 1:
             t.sync.stepped(options.batch_size)
             if t.sync.due():
-                delta, _, _ = t.sync.take(_snapshot(t.model))
-                arriving.append((batch + delay, batch % len(trainers), delta))
+                delta, _, samples = t.sync.take(_snapshot(t.model))
+                arriving.append((batch + delay, batch % len(trainers), delta, samples))
     out.append((applied * options.batch_size, evaluate()))
     return out
 
@@ -276,11 +321,31 @@ def main() -> None:
         default=1,
         help="the reference's batches per expert step (1: every batch)",
     )
+    parser.add_argument(
+        "--count-others",
+        action="store_true",
+        help="the staleness-aware rate counts the other trainers' steps too",
+    )
+    parser.add_argument(
+        "--predict-others",
+        action="store_true",
+        help="the weight prediction carries across rebases and predicts the others' steps",
+    )
+    parser.add_argument(
+        "--expert-lag",
+        type=int,
+        default=0,
+        help="rounds an expert round's gradients land late (the reference's: none)",
+    )
+    parser.add_argument("--others-ahead", type=float, default=None)
+    parser.add_argument("--others-staleness", type=float, default=0.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     corpus = load_corpus()
 
-    def mean_loss(arrangement: Arrangement, expert_round: int, rate_scale: float) -> float:
+    def mean_loss(
+        arrangement: Arrangement, expert_round: int, rate_scale: float, expert_lag: int = 0
+    ) -> float:
         losses = [
             train(
                 corpus,
@@ -294,6 +359,11 @@ def main() -> None:
                 learning_rate=args.lr,
                 expert_round=expert_round,
                 expert_rate_scale=rate_scale,
+                count_others=args.count_others,
+                predict_others=args.predict_others,
+                others_ahead=args.others_ahead,
+                others_staleness=args.others_staleness,
+                expert_lag=expert_lag,
             )
             for seed in args.seeds
         ]
@@ -301,7 +371,7 @@ def main() -> None:
 
     reference = mean_loss(Arrangement(1, 1), args.reference_expert_round, 1.0)
     for arrangement in args.arrangements:
-        loss = mean_loss(arrangement, args.expert_round, args.expert_rate_scale)
+        loss = mean_loss(arrangement, args.expert_round, args.expert_rate_scale, args.expert_lag)
         line = {
             "benchmark": "concurrency_local",
             "trainers": arrangement.trainers,
@@ -316,6 +386,11 @@ def main() -> None:
             "expert_round": args.expert_round,
             "expert_rate_scale": args.expert_rate_scale,
             "reference_expert_round": args.reference_expert_round,
+            "expert_lag": args.expert_lag,
+            "count_others": args.count_others,
+            "predict_others": args.predict_others,
+            "others_ahead": args.others_ahead,
+            "others_staleness": args.others_staleness,
             "reference_loss": round(reference, 4),
             "loss": round(loss, 4),
             "loss_ratio": round(loss / reference, 4),

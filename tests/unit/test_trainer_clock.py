@@ -1,6 +1,7 @@
 """The trainer's loop reads time through the clock it is given (core/clock.py): its
 patience with a swarm that answers no evaluation is counted on that clock, so a test
-moves it instead of waiting."""
+moves it instead of waiting. (Trio's own clock jumps too: the loop's pause between two
+tries is trio.sleep.)"""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class SilentSwarm:
         return 2.5 if self.answer_after is not None and self.calls > self.answer_after else math.nan
 
 
-async def test_patience_with_a_silent_swarm_is_counted_on_the_trainers_clock():
+async def test_patience_with_a_silent_swarm_is_counted_on_the_trainers_clock(autojump_clock):
     clock = ManualClock()
     session = SilentSwarm(clock)
     with pytest.raises(UserFacingError, match="answered no evaluation for 30 s"):
@@ -38,7 +39,7 @@ async def test_patience_with_a_silent_swarm_is_counted_on_the_trainers_clock():
     assert session.calls == 4
 
 
-async def test_the_first_answer_within_patience_ends_the_wait():
+async def test_the_first_answer_within_patience_ends_the_wait(autojump_clock):
     clock = ManualClock()
     session = SilentSwarm(clock, answer_after=2)
     assert await _evaluate_until_answered(cast(Any, session), trio.Event(), 30.0, clock) == 2.5
