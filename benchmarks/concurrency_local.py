@@ -10,8 +10,9 @@ emulation isolates that cost, deterministically, without threads or a swarm:
 
 - the trainers take the batches in turn; one with N in flight computes each gradient on
   its weights moved on by N-1 times its last update (the session's weight prediction)
-  and applies it N-1 of its own steps later at ``lr / N`` (the staleness-aware rate at
-  the steady staleness N-1), clipped as the session clips;
+  and applies it N-1 of its own steps later at the session's rate for that staleness
+  (``optimizers.stale_rate``: ``lr / N`` on AdamW, ``lr`` on Muon), clipped as the
+  session clips;
 - with several trainers, the trunk meets as core/trainer/trunk.py says (TrunkSync and
   rebase are the real code): a change every ``sync_every`` steps, arriving ``delay``
   batches later; the aggregator's rule, the sum of every trainer's change with an outer
@@ -46,7 +47,7 @@ from core.demo import DemoOptions
 from core.project.manifest import TrainerOptimizerKind
 from core.trainer.data import Corpus, load_corpus, sample_batch, validation_batches
 from core.trainer.model import TrainerModel
-from core.trainer.optimizers import TrainerOptimizer, local_mixtures
+from core.trainer.optimizers import TrainerOptimizer, local_mixtures, stale_rate
 from core.trainer.trunk import Params, TrunkSync, rebase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -128,6 +129,7 @@ def curve(
     others_ahead: float | None = None,
     others_staleness: float = 0.0,
     expert_lag: int = 0,
+    staleness_power: float | None = None,
 ) -> list[tuple[int, float]]:
     """(samples applied, validation loss of the first trainer's model) every
     ``eval_every`` batches applied (0: at the end only), the start's included. The
@@ -268,7 +270,12 @@ def curve(
             p.grad = gradient[name]
         nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         for group in t.optimizer.param_groups:
-            group["lr"] = lr / (1 + (landed if count_others else stale) + others_staleness)
+            k = (landed if count_others else stale) + others_staleness
+            group["lr"] = (
+                stale_rate(optimizer, lr, round(k))
+                if staleness_power is None
+                else lr / (1 + k) ** staleness_power
+            )
         before = _snapshot(t.model)
         t.optimizer.step()
         t.optimizer.zero_grad(set_to_none=True)
@@ -337,6 +344,13 @@ def main() -> None:
         default=0,
         help="rounds an expert round's gradients land late (the reference's: none)",
     )
+    parser.add_argument(
+        "--staleness-power",
+        type=float,
+        default=None,
+        help="a gradient k updates old is applied at lr / (1 + k) ** this (default: as the "
+        "session, core/trainer/optimizers.py stale_rate)",
+    )
     parser.add_argument("--others-ahead", type=float, default=None)
     parser.add_argument("--others-staleness", type=float, default=0.0)
     args = parser.parse_args()
@@ -364,6 +378,7 @@ def main() -> None:
                 others_ahead=args.others_ahead,
                 others_staleness=args.others_staleness,
                 expert_lag=expert_lag,
+                staleness_power=args.staleness_power,
             )
             for seed in args.seeds
         ]
@@ -387,6 +402,7 @@ def main() -> None:
             "expert_rate_scale": args.expert_rate_scale,
             "reference_expert_round": args.reference_expert_round,
             "expert_lag": args.expert_lag,
+            "staleness_power": args.staleness_power,
             "count_others": args.count_others,
             "predict_others": args.predict_others,
             "others_ahead": args.others_ahead,

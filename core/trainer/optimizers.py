@@ -26,6 +26,23 @@ from core.project.manifest import TrainerOptimizerKind
 TRAINER_OPTIMIZERS: tuple[str, ...] = get_args(TrainerOptimizerKind)
 
 
+def stale_rate(kind: TrainerOptimizerKind, rate: float, staleness: int) -> float:
+    """The rate at which a gradient computed ``staleness`` updates ago is applied.
+
+    AdamW: ``rate / (1 + staleness)`` (staleness-aware rate, Zhang et al. 2016). Muon: the
+    full rate. Both beside the weight prediction (core/trainer/session.py), measured with
+    benchmarks/concurrency_local.py on the demo's Mixtral model (200 steps of 16, seeds
+    1-3; validation loss, the one-at-a-time reference 1.958 on Muon, 2.101 on AdamW):
+    Muon at 1e-2 with 3 in flight 2.278 divided, 2.177 at ``rate / sqrt(1 + k)``, 2.119
+    at the full rate (2 in flight: 2.139 against 2.002; 6: 2.437 against 2.393); AdamW
+    at 3e-3 with 3 in flight 2.346 divided, 2.346 at the square root, 2.652 at the full
+    rate. (Muon's step has a set size, whatever the gradient's: the prediction keeps
+    the three in flight apart, and shrinking each step only slows the weights.)"""
+    if staleness < 0:
+        raise ValueError(f"staleness {staleness} < 0")
+    return rate if kind == "muon" else rate / (1 + staleness)
+
+
 def vocabulary_parameters(model: nn.Module) -> set[int]:
     """Ids of the parameters that map tokens: every embedding's and the output layer's
     (``get_output_embeddings()`` of a Hugging Face model, else the module named

@@ -23,7 +23,8 @@ from the asynchronous-SGD literature, cut that cost: a replica starts from where
 master is *predicted* to be when its gradients arrive (the master's last update, once
 per batch ahead of it: SpecTrain-style weight prediction), and a gradient ``k`` updates
 old is applied with the rate divided by ``1 + k`` (staleness-aware rate). Two in flight:
-2.42 (+4%); four: 2.63 (+13%). docs/decisions/009-throughput.md has the table.
+2.42 (+4%); four: 2.63 (+13%). docs/decisions/009-throughput.md has the table. On Muon
+the full rate does better than the divided one (``optimizers.stale_rate``; decision 013).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from core.trainer.batches import Batches, CorpusBatches
 from core.trainer.data import Corpus
 from core.trainer.model import TrainerModel
 from core.trainer.noise_scale import NoiseScale, gradient_sample
-from core.trainer.optimizers import TrainerOptimizer
+from core.trainer.optimizers import TrainerOptimizer, stale_rate
 from core.trainer.trunk import Params, rebase, snapshot
 
 log = logging.getLogger(__name__)
@@ -252,11 +253,11 @@ class TrainingSession:
                     master.grad = p.grad
             if self.schedule.clip_norm > 0:
                 nn.utils.clip_grad_norm_(self.model.parameters(), self.schedule.clip_norm)
-            # the schedule's rate at this step; a stale gradient moves the weights less
-            # (staleness-aware rate)
+            # the schedule's rate at this step; on AdamW a stale gradient moves the
+            # weights less (staleness-aware rate; optimizers.stale_rate)
             rate = self.schedule.rate(self.settings.learning_rate, self.state.step)
             for group in self.optimizer.param_groups:
-                group["lr"] = rate / (1 + staleness)
+                group["lr"] = stale_rate(self.optimizer.kind, rate, staleness)
             before = [p.detach().clone() for p in self.model.parameters()] if self._replicas else []
             self.optimizer.step()
             if self._replicas:

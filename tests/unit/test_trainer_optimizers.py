@@ -10,7 +10,12 @@ import torch
 
 from core.trainer.data import Corpus, load_corpus
 from core.trainer.model import CharLanguageModel
-from core.trainer.optimizers import TrainerOptimizer, muon_split, vocabulary_parameters
+from core.trainer.optimizers import (
+    TrainerOptimizer,
+    muon_split,
+    stale_rate,
+    vocabulary_parameters,
+)
 from core.trainer.session import SessionSettings, TrainingSession
 from tests.unit import test_trainer_model as trainer_model_test
 
@@ -180,3 +185,40 @@ def test_a_references_local_experts_keep_the_aggregators_rate(corpus):
     assert session.train_step() is not None
     assert experts.param_groups[0]["lr"] == 3e-3
     assert all(g["lr"] == 1e-2 for g in session.optimizer.param_groups)
+
+
+@pytest.mark.parametrize(
+    ("kind", "staleness", "rate"),
+    [
+        ("adamw", 0, 1e-2),
+        ("adamw", 1, 5e-3),
+        ("adamw", 3, 2.5e-3),
+        ("muon", 0, 1e-2),
+        ("muon", 1, 1e-2),
+        ("muon", 3, 1e-2),
+    ],
+)
+def test_a_stale_gradient_is_slowed_on_adamw_and_not_on_muon(kind, staleness, rate):
+    assert stale_rate(kind, 1e-2, staleness) == pytest.approx(rate)
+
+
+def test_a_negative_staleness_is_a_mistake():
+    with pytest.raises(ValueError, match="< 0"):
+        stale_rate("adamw", 1e-2, -1)
+
+
+@pytest.mark.parametrize(("kind", "divided_by"), [("adamw", 2), ("muon", 1)])
+def test_the_session_applies_a_gradient_one_update_late_at_its_optimizers_rate(
+    corpus, kind, divided_by
+):
+    settings = SessionSettings(
+        project="p", batch_size=4, eval_batches=1, in_flight=2, optimizer=kind
+    )
+    session = TrainingSession(local_model(), corpus, settings)
+    first, second = trainer_model_test._two_batches_at_once(session)
+    assert (first.staleness, second.staleness) == (0, 1)
+    # the rates the last (late) update was made at
+    expected = session.schedule.rate(settings.learning_rate, 1) / divided_by
+    assert [g["lr"] for g in session.optimizer.param_groups] == pytest.approx(
+        [expected] * len(session.optimizer.param_groups)
+    )
