@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from core.aggregator.compact import state_dtype as compact_state_dtype
+from core.aggregator.credit import DAY_SECONDS, CreditLedger, day_of, round_grants
 from core.aggregator.heap import release_free_memory
 from core.aggregator.journal import Journal, Location, tensor_from_record, tensor_record
 from core.aggregator.optimizer import CompactAdam
@@ -93,6 +94,9 @@ class AggregatorSettings:
     #: the share of accepted contributions audited (core/aggregator/auditor.py); > 0
     #: keeps the weights of the last ``staleness_bound`` + 1 versions for recomputing
     contribution_audit_rate: float = 0.0
+    #: a project ban takes back the credit of the days this far before it (the work
+    #: audits stand behind; a ban by strikes takes back its ``ban_window``'s days)
+    credit_revoke_seconds: float = DAY_SECONDS
     #: the experts' learning-rate schedule (over each expert's versions), weight decay
     #: and clipping (the manifest's [training.expert_schedule]); not the trunk's
     expert_schedule: Schedule = field(default_factory=Schedule)
@@ -142,6 +146,10 @@ class AggregatorCore:
         self.seen_batches: set[bytes] = set()
         self.applied: set[bytes] = set()
         self.stats = AggregatorStatistics()
+        #: credit per contributor per day (core/aggregator/credit.py), and per uid the
+        #: last version whose round's grants it holds (a restart grants the rest once)
+        self.credit = CreditLedger()
+        self.credited: dict[str, int] = {}
         # per contributor (hex key), bounded: identities are free to make
         self.strikes = Strikes(
             max_invalid=settings.max_invalid,
@@ -405,6 +413,8 @@ class AggregatorCore:
         strikes = self.strikes.strike(who, now)
         if strikes:
             self.stats.banned_peers += 1
+            wall = self.clock.wall()
+            self._revoke(who, wall - self.settings.ban_window, wall)
             log.warning(
                 "banning %s for %.0f s after %d invalid contributions",
                 who[:16],
@@ -417,6 +427,8 @@ class AggregatorCore:
         on, and drop what it has pending. Returns the contributions dropped."""
         who = public_key.hex()
         self.strikes.project_banned.add(who)
+        wall = self.clock.wall()
+        self._revoke(who, wall - self.settings.credit_revoke_seconds, wall)
         dropped = 0
         for uid, pending in self.pending.items():
             kept = [p for p in pending if p.contributor != who]
@@ -429,6 +441,14 @@ class AggregatorCore:
         if dropped:
             log.warning("dropped %d pending contributions of banned %s", dropped, who[:16])
         return dropped
+
+    def _revoke(self, who: str, start: float, end: float) -> None:
+        """A ban takes back ``who``'s credit of the days from ``start`` to ``end``
+        (wall seconds); kept with the next state saved."""
+        taken = self.credit.revoke(who, day_of(start), day_of(end))
+        if taken:
+            log.warning("took back %.0f credit of banned %s", taken, who[:16])
+            self._save_state()
 
     def prune(self, now: float) -> None:
         """Forget strikes and bans that ended (called now and then)."""
@@ -481,6 +501,7 @@ class AggregatorCore:
             total, samples = per_contributor.get(p.contributor, (torch.zeros_like(flat), 0))
             per_contributor[p.contributor] = (total + flat, samples + p.samples)
         means = {who: total / samples for who, (total, samples) in per_contributor.items()}
+        samples_of = {who: samples for who, (_, samples) in per_contributor.items()}
         aggregate, kept = self.rules[uid].combine(
             means, self.robust[uid], self.versions[uid], self._sibling_scale()
         )
@@ -505,7 +526,11 @@ class AggregatorCore:
         self.applied.update(nonces)
         self.pending[uid] = [p for p in self.pending[uid] if p.held]
         self.stats.rounds += 1
-        self._save_round(uid, nonces)
+        # the trunk's contributors are the project's trainers: no credit
+        grants = {} if uid == TRUNK_UID else round_grants(samples_of, kept)
+        day = day_of(self.clock.wall())
+        self._grant(uid, self.versions[uid], day, grants)
+        self._save_round(uid, nonces, day, grants)
         for p in pending:
             self._settled(p)
         self._drop_settled_segments()
@@ -548,16 +573,27 @@ class AggregatorCore:
         }
         return tensors, meta
 
-    def _save_round(self, uid: str, nonces: list[bytes]) -> None:
+    def _grant(self, uid: str, version: int, day: int, grants: dict[str, float]) -> None:
+        """Book the credit of ``uid``'s round that made ``version`` (once)."""
+        if version <= self.credited.get(uid, 0):
+            return
+        self.credit.grant(grants, day)
+        self.credited[uid] = version
+
+    def _save_round(
+        self, uid: str, nonces: list[bytes], day: int, grants: dict[str, float]
+    ) -> None:
         """What a round of ``uid`` changed, durably: its file (with the nonces it
-        applied, so that a restart between the two writes applies none twice), then a
-        round record in the journal (the nonces stay known once that file is replaced
-        again), then the small state."""
+        applied, so that a restart between the two writes applies none twice, and the
+        credit it granted, so that a restart grants it once), then a round record in the
+        journal (the nonces and grants stay known once that file is replaced again),
+        then the small state."""
         tensors, meta = self._uid_state(uid)
         meta["applied"] = [n.hex() for n in nonces]
+        meta["credit"] = [day, grants]
         self.round_bytes_written += self.files.save(uid, tensors, meta)
         before = self._journal.bytes_written
-        self._journal.append(["a", uid, self.versions[uid], nonces])
+        self._journal.append(["a", uid, self.versions[uid], nonces, day, grants])
         self.round_bytes_written += self._journal.bytes_written - before
         self._save_state()
 
@@ -569,6 +605,8 @@ class AggregatorCore:
             "saved_at": [where.segment, where.offset],
             "stats": save_statistics(self.stats),
             "strikes": self.strikes.save(),
+            "credit": self.credit.save(),
+            "credited": dict(self.credited),
         }
         self.round_bytes_written += self._state_file.save(state)
         self._state_saved_at = where
@@ -592,6 +630,8 @@ class AggregatorCore:
 
     def _recover(self) -> None:
         loaded = False
+        #: per uid, the credit of the round that wrote its file: (version, [day, grants])
+        round_credit: dict[str, tuple[int, list[Any]]] = {}
         for uid, module in self.modules.items():
             found = self.files.load(uid)
             if found is None:
@@ -602,6 +642,8 @@ class AggregatorCore:
             self.robust[uid] = load_round_state(meta["robust"], "r", tensors)
             self.versions[uid] = int(meta["version"])
             self.applied.update(bytes.fromhex(n) for n in meta.get("applied", []))
+            if meta.get("credit"):
+                round_credit[uid] = (self.versions[uid], meta["credit"])
             loaded = True
         if not loaded and (self.folder / "checkpoints" / "CURRENT").exists():
             self._recover_legacy(CheckpointStore(self.folder / "checkpoints"))
@@ -613,6 +655,8 @@ class AggregatorCore:
             saved_at = Location(*state["saved_at"])
             self.stats = load_statistics(state["stats"])
             self.strikes.load(state.get("strikes", {}))
+            self.credit = CreditLedger.load(state.get("credit", {}))
+            self.credited = {str(u): int(v) for u, v in state.get("credited", {}).items()}
         replayed = 0
         for where, record in self._journal.records():
             kind = record[0]
@@ -622,6 +666,8 @@ class AggregatorCore:
             if kind == "a":  # a round applied these (its uid's file may be newer)
                 for nonce in record[3]:
                     self._forget_applied(record[1], nonce)
+                if len(record) > 5:  # and granted this credit (rounds since 2026-11-27)
+                    self._grant(record[1], int(record[2]), int(record[4]), record[5])
                 continue
             if kind != "c":
                 continue
@@ -638,6 +684,10 @@ class AggregatorCore:
             # volunteer retries its reveal for a while
             self._remember(c, where, parts if len(record) > 3 and record[3] is True else None)
             replayed += 1
+        # a round whose file was written and whose journal record was not (a kill
+        # between the two): its credit is in the file
+        for uid, (version, (day, grants)) in round_credit.items():
+            self._grant(uid, version, int(day), grants)
         if loaded or replayed:
             log.info(
                 "recovered at versions %s with %d pending contributions", self.versions, replayed

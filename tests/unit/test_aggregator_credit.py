@@ -1,0 +1,192 @@
+"""Credit (core/aggregator/credit.py): granted at rounds for the samples the receipts bind
+times the share the robust rule kept, booked per day, durable across a kill -9 at any
+point of a round, taken back by bans."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.aggregator import credit as credit_module
+from core.aggregator.core import AggregatorCore
+from core.aggregator.credit import EARLIER, CreditLedger, day_of, round_grants
+from core.aggregator.rounds import RoundRule
+from core.aggregator.verify import Rejected
+from net import Identity
+from tests.unit.test_aggregator_core import UID, contribution, make_core, settings
+
+
+@pytest.mark.parametrize(
+    ("samples", "kept", "grants"),
+    [
+        ({"a": 4, "b": 8}, {"a": 1.0, "b": 1.0}, {"a": 4.0, "b": 8.0}),
+        ({"a": 4, "b": 8}, {"a": 0.5, "b": 1.0}, {"a": 2.0, "b": 8.0}),
+        # thrown away by the rule, or not reported by it: nothing
+        ({"a": 4, "b": 8}, {"a": 0.0, "b": 1.0}, {"b": 8.0}),
+        ({"a": 4, "b": 8}, {"b": 1.0}, {"b": 8.0}),
+        # a share is a share: out of [0, 1] is clamped
+        ({"a": 4}, {"a": 1.7}, {"a": 4.0}),
+        ({"a": 4}, {"a": -0.3}, {}),
+        ({"a": 0}, {"a": 1.0}, {}),
+    ],
+)
+def test_a_round_grants_samples_times_the_share_kept(samples, kept, grants):
+    assert round_grants(samples, kept) == pytest.approx(grants)
+
+
+def test_the_ledger_books_per_day_and_a_ban_takes_back_the_days_it_covers():
+    ledger = CreditLedger()
+    ledger.grant({"a": 4.0, "b": 2.0}, day=100)
+    ledger.grant({"a": 6.0}, day=101)
+    ledger.grant({"a": 1.0}, day=103)
+    assert ledger.total("a") == 11.0
+    assert ledger.on_day("a", 101) == 6.0
+    assert list(ledger.totals()) == ["a", "b"]
+    assert ledger.revoke("a", 101, 102) == 6.0
+    assert ledger.total("a") == 5.0
+    assert ledger.revoked == {"a": 6.0}
+    assert ledger.revoke("a", 101, 102) == 0.0  # taken once
+    again = CreditLedger.load(ledger.save())
+    assert again == ledger
+
+
+def test_a_long_lived_volunteers_oldest_days_are_summed_and_the_smallest_forgotten(
+    monkeypatch,
+):
+    monkeypatch.setattr(credit_module, "MAX_DAYS", 3)
+    monkeypatch.setattr(credit_module, "MAX_CONTRIBUTORS", 2)
+    ledger = CreditLedger()
+    for day in range(5):
+        ledger.grant({"a": 1.0}, day)
+    assert ledger.days["a"] == {EARLIER: 3.0, 3: 1.0, 4: 1.0}
+    assert ledger.total("a") == 5.0
+    ledger.grant({"b": 2.0}, 4)
+    ledger.grant({"c": 0.5}, 4)  # a third: the smallest total goes
+    assert set(ledger.days) == {"a", "b"}
+
+
+def test_day_of_is_the_utc_day():
+    assert day_of(0.0) == 0
+    assert day_of(86_399.9) == 0
+    assert day_of(86_400.0) == 1
+
+
+class _Recording:
+    """A round rule that remembers the shares it kept (the rule itself is frozen)."""
+
+    def __init__(self, rule: RoundRule) -> None:
+        self.rule = rule
+        self.kept: dict[str, float] = {}
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.rule, name)
+
+    def combine(self, *args, **kwargs):
+        aggregate, kept = self.rule.combine(*args, **kwargs)
+        self.kept.update(kept)
+        return aggregate, kept
+
+
+def _round_with_kept(core: AggregatorCore, monkeypatch) -> dict[str, float]:
+    """Run a round of UID; the shares its robust rule kept."""
+    recording = _Recording(core.rules[UID])
+    monkeypatch.setitem(core.rules, UID, recording)
+    core.run_round(UID)
+    return recording.kept
+
+
+def test_a_rounds_credit_is_what_the_receipts_and_the_robust_rule_justify(tmp_path, monkeypatch):
+    core = make_core(settings(), tmp_path)
+    honest = [Identity.from_seed(bytes([i]) * 32) for i in range(4)]
+    for i, v in enumerate(honest):
+        core.submit(*contribution(core, v, scale=1.0 + 0.01 * i, samples=4 + i))
+    attacker = Identity.from_seed(b"x" * 32)
+    core.submit(*contribution(core, attacker, scale=-500.0, samples=16))
+    kept = _round_with_kept(core, monkeypatch)
+    day = day_of(core.clock.wall())
+    for i, v in enumerate(honest):
+        assert core.credit.on_day(v.public_key.hex(), day) == pytest.approx(
+            (4 + i) * kept[v.public_key.hex()]
+        )
+    # the robust rule kept less of the outlier, so it earned less than its 16 samples
+    mallory = attacker.public_key.hex()
+    assert kept[mallory] < 0.5
+    assert core.credit.total(mallory) == pytest.approx(16 * kept[mallory])
+    assert core.credit.total(mallory) < 8
+
+
+def _fill(core: AggregatorCore, volunteers: list[Identity]) -> None:
+    for v in volunteers:
+        core.submit(*contribution(core, v, samples=4))
+
+
+@pytest.mark.parametrize(
+    "dies", [None, "between_its_file_and_the_journal", "between_the_journal_and_the_state"]
+)
+def test_credit_survives_a_kill_at_any_point_of_a_round_and_is_granted_once(
+    tmp_path, monkeypatch, dies
+):
+    volunteers = [Identity.from_seed(bytes([i]) * 32) for i in range(3)]
+    core = make_core(settings(), tmp_path)
+    _fill(core, volunteers)
+    core.run_round(UID)  # a first round, saved whole
+    first = {v.public_key.hex(): core.credit.total(v.public_key.hex()) for v in volunteers}
+    assert all(c > 0 for c in first.values())
+    _fill(core, volunteers)
+
+    def die(*_args: object, **_kwargs: object) -> None:
+        raise SystemExit("killed")
+
+    if dies == "between_its_file_and_the_journal":
+        monkeypatch.setattr(core._journal, "append", die)
+    elif dies == "between_the_journal_and_the_state":
+        monkeypatch.setattr(core, "_save_state", die)
+    if dies is None:
+        core.run_round(UID)
+    else:
+        with pytest.raises(SystemExit):
+            core.run_round(UID)
+    core.close()  # kill -9: nothing else is written
+    monkeypatch.undo()
+
+    again = make_core(settings(), tmp_path)
+    assert again.versions[UID] == 2
+    for v in volunteers:
+        who = v.public_key.hex()
+        assert again.credit.total(who) == pytest.approx(2 * first[who])
+    again.close()
+    # and once more: a restart after the recovery grants nothing again
+    third = make_core(settings(), tmp_path)
+    for v in volunteers:
+        who = v.public_key.hex()
+        assert third.credit.total(who) == pytest.approx(2 * first[who])
+
+
+def test_a_ban_by_strikes_takes_back_the_credit_of_its_window(tmp_path):
+    core = make_core(settings(max_invalid=2), tmp_path)
+    mallory, honest = Identity.from_seed(b"m" * 32), Identity.from_seed(b"h" * 32)
+    core.submit(*contribution(core, mallory, samples=4))
+    core.submit(*contribution(core, honest, samples=4))
+    core.run_round(UID)
+    assert core.credit.total(mallory.public_key.hex()) > 0
+    for _ in range(2):
+        msg, parts = contribution(core, mallory, version=1)
+        with pytest.raises(Rejected, match="payload_mismatch"):
+            core.submit(msg, [p * 2 for p in parts])
+    assert core.credit.total(mallory.public_key.hex()) == 0
+    assert core.credit.revoked[mallory.public_key.hex()] > 0
+    assert core.credit.total(honest.public_key.hex()) > 0
+    core.close()
+    # taken back for good
+    again = make_core(settings(max_invalid=2), tmp_path)
+    assert again.credit.total(mallory.public_key.hex()) == 0
+
+
+def test_a_project_ban_takes_back_the_credit_of_the_day_before_it(tmp_path):
+    core = make_core(settings(), tmp_path)
+    mallory, honest = Identity.from_seed(b"m" * 32), Identity.from_seed(b"h" * 32)
+    core.submit(*contribution(core, mallory, samples=4))
+    core.submit(*contribution(core, honest, samples=4))
+    core.run_round(UID)
+    core.ban_contributor(mallory.public_key)
+    assert core.credit.total(mallory.public_key.hex()) == 0
+    assert core.credit.total(honest.public_key.hex()) > 0
