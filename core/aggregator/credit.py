@@ -19,12 +19,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from core.protocol.credit import EARLIER_DAY
+
 #: contributors whose credit is kept; past it the smallest total is forgotten
 MAX_CONTRIBUTORS: Final = 10_000
 #: days kept per contributor (the oldest are summed into one, ``EARLIER``)
 MAX_DAYS: Final = 90
-#: the day under which what is older than ``MAX_DAYS`` days is kept, summed
-EARLIER: Final = -1
+#: the day under which what is older than ``MAX_DAYS`` days is kept, summed (statements
+#: carry it so: core/protocol/credit.py)
+EARLIER: Final = EARLIER_DAY
 
 DAY_SECONDS: Final = 86_400.0
 

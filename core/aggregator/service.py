@@ -30,6 +30,7 @@ from core.protocol.aggregator_methods import (
     AggregatorReport,
 )
 from core.protocol.contributions import TRUNK_UID, Contribution, MessageError
+from core.protocol.credit import CREDIT, CreditStatement
 from core.protocol.refusals import SLOW_DOWN, Refusal, is_offence
 from core.protocol.versions import version_key
 from net import (
@@ -99,6 +100,7 @@ class AggregatorService:
             peer.rpc.register(REVEAL, self.auditor.reveal)
         peer.rpc.register(CONTRIBUTE, self._contribute, screen=self._screen)
         peer.rpc.register(STATS, self._stats)
+        peer.rpc.register(CREDIT, self._credit)
         peer.rpc.register(REFEREE, self._referee)
         self._trainers = frozenset(peer_id_from_public_key(k) for k in core.settings.trainers)
         # a referee's recomputations, one at a time beside the rounds
@@ -298,6 +300,28 @@ class AggregatorService:
 
     async def _stats(self, ctx: CallContext) -> Reply:
         return Reply(self.statistics().model_dump())
+
+    async def _credit(self, ctx: CallContext) -> Reply:
+        """This aggregator's signed statement of a contributor's credit (anyone may ask:
+        credit is public, and a statement proves only what it says)."""
+        key = ctx.request.meta.get("contributor")
+        if not isinstance(key, bytes) or len(key) != 32:
+            raise BadRequest("a credit request names a contributor's 32-byte public key")
+        statement = await trio.to_thread.run_sync(self.credit_statement, key, limiter=self._engine)
+        return Reply({"statement": statement.encode()})
+
+    def credit_statement(self, contributor: bytes) -> CreditStatement:
+        """(Holding the engine.) What this aggregator's books say ``contributor`` earned."""
+        who = contributor.hex()
+        ledger = self.core.credit
+        return CreditStatement.sign(
+            self.peer.identity,
+            self.core.settings.project,
+            contributor,
+            dict(ledger.days.get(who, {})),
+            ledger.revoked.get(who, 0.0),
+            self.core.clock.wall(),
+        )
 
     def statistics(self) -> AggregatorReport:
         s = self.core.stats

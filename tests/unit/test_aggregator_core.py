@@ -61,6 +61,7 @@ def contribution(
     *,
     samples: int = 4,
     signer: Identity = TRAINER,
+    project: str = "p1",
 ):
     """``who``'s gradient sums, every value ``scale``, behind one receipt of ``signer``
     for ``samples``."""
@@ -68,10 +69,10 @@ def contribution(
     c = codec("fp32")
     grads = {n: torch.full((p.numel(),), scale) for n, p in module.named_parameters()}
     parts = [part for n in grads for part in c.encode(grads[n])]
-    receipts = [Receipt.sign(signer, "p1", uid, version, [], [], samples)]
+    receipts = [Receipt.sign(signer, project, uid, version, [], [], samples)]
     msg = Contribution.create(
         who,
-        project="p1",
+        project=project,
         uid=uid,
         base_version=version,
         codec="fp32",

@@ -1,0 +1,146 @@
+"""Credit statements: an aggregator's signed word of what a contributor earned, per UTC
+day, on the rounds it ran (core/aggregator/credit.py says how credit is granted and
+taken back). A volunteer collects one from each of the project's aggregators and can
+show them to anyone: each is checked against the manifest's aggregator keys alone.
+
+agg.credit  meta {contributor: its 32-byte public key} -> meta {statement: bytes}
+
+Canonical msgpack, bounded decoding, a signature over exact bytes, as receipts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from core.protocol.fields import MessageError
+from core.protocol.fields import bounded_int as _int
+from core.protocol.fields import exact_bytes as _bytes
+from core.protocol.fields import short_str as _str
+from net.codec import pack, unpack_bounded
+from net.identity import Identity, verify_signature
+
+CREDIT: Final = "agg.credit"
+_DOMAIN: Final = "moehome-credit/1"
+#: days one statement lists (an aggregator's ledger keeps fewer: credit.MAX_DAYS, plus
+#: the day that sums the older ones)
+MAX_STATEMENT_DAYS: Final = 1024
+MAX_STATEMENT_BYTES: Final = 64 * 1024
+#: the day under which a ledger sums the days it no longer lists one by one
+EARLIER_DAY: Final = -1
+
+
+def _credit(x: Any, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise MessageError(f"{what} must be a number")
+    value = float(x)
+    if not math.isfinite(value) or value < 0:
+        raise MessageError(f"{what} must be finite and >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class CreditStatement:
+    project: str
+    #: the contributor's Ed25519 public key (its node's identity)
+    contributor: bytes
+    #: (UTC day, credit) in increasing days; day -1 sums the days before those listed
+    days: tuple[tuple[int, float], ...]
+    #: credit taken back by bans
+    revoked: float
+    #: when the aggregator stated it (unix seconds)
+    issued: float
+    aggregator: bytes
+    signature: bytes = b""
+
+    @property
+    def total(self) -> float:
+        return sum(c for _, c in self.days)
+
+    def payload(self) -> bytes:
+        return pack(
+            [
+                _DOMAIN,
+                self.project,
+                self.contributor,
+                [[d, c] for d, c in self.days],
+                self.revoked,
+                self.issued,
+                self.aggregator,
+            ]
+        )
+
+    @classmethod
+    def sign(
+        cls,
+        aggregator: Identity,
+        project: str,
+        contributor: bytes,
+        days: dict[int, float],
+        revoked: float,
+        issued: float,
+    ) -> CreditStatement:
+        unsigned = cls(
+            project,
+            contributor,
+            tuple(sorted((int(d), float(c)) for d, c in days.items())),
+            float(revoked),
+            float(issued),
+            aggregator.public_key,
+        )
+        return replace(unsigned, signature=aggregator.sign(unsigned.payload()))
+
+    def verify(self) -> bool:
+        return verify_signature(self.aggregator, self.payload(), self.signature)
+
+    def to_obj(self) -> list[Any]:
+        return [
+            self.project,
+            self.contributor,
+            [[d, c] for d, c in self.days],
+            self.revoked,
+            self.issued,
+            self.aggregator,
+            self.signature,
+        ]
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> CreditStatement:
+        if not isinstance(obj, list) or len(obj) != 7:
+            raise MessageError("a credit statement is a list of 7 fields")
+        raw_days = obj[2]
+        if not isinstance(raw_days, list) or len(raw_days) > MAX_STATEMENT_DAYS:
+            raise MessageError(f"days must be a list of at most {MAX_STATEMENT_DAYS}")
+        days: list[tuple[int, float]] = []
+        for entry in raw_days:
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise MessageError("a day is [day, credit]")
+            day = -1 if entry[0] == EARLIER_DAY else _int(entry[0], "day", 2**31)
+            if days and day <= days[-1][0]:
+                raise MessageError("days must increase")
+            days.append((day, _credit(entry[1], "credit")))
+        issued = _credit(obj[4], "issued")
+        return cls(
+            _str(obj[0], "project"),
+            _bytes(obj[1], 32, "contributor"),
+            tuple(days),
+            _credit(obj[3], "revoked"),
+            issued,
+            _bytes(obj[5], 32, "aggregator"),
+            _bytes(obj[6], 64, "signature"),
+        )
+
+    def encode(self) -> bytes:
+        return pack(self.to_obj())
+
+    @classmethod
+    def decode(cls, data: bytes) -> CreditStatement:
+        if len(data) > MAX_STATEMENT_BYTES:
+            raise MessageError(f"a credit statement is at most {MAX_STATEMENT_BYTES} bytes")
+        try:
+            return cls.from_obj(unpack_bounded(data, MAX_STATEMENT_BYTES))
+        except MessageError:
+            raise
+        except Exception as exc:  # msgpack's errors on garbage
+            raise MessageError(f"not a credit statement: {exc}") from exc

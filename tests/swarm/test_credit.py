@@ -1,0 +1,58 @@
+"""Credit over the network (issue 42): a volunteer asks the project's aggregators for
+their signed statements (agg.credit) on real peers, and the proof they make verifies
+with the file alone, with the credit the aggregator's books hold."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from core.aggregator.core import AggregatorCore
+from core.aggregator.service import AggregatorService
+from core.namespaces import moehome_validator
+from core.project.credit_proof import collect_statements, proof_bytes, verify_proof
+from core.project.signed import SignedManifest
+from core.protocol.credit import CREDIT
+from net import Identity, RemoteError
+from net.testing import open_swarm
+from tests.unit.test_aggregator_core import contribution, settings
+from tests.unit.test_credit_proof import signed_manifest
+
+
+async def test_a_volunteer_proves_the_credit_its_aggregator_granted(tmp_path):
+    async with (
+        open_swarm(2, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        aggregator, volunteer = swarm.peers
+        signed: SignedManifest = signed_manifest([aggregator.identity])
+        core = AggregatorCore(settings(project=signed.project_id), tmp_path / "agg")
+        others = [Identity.from_seed(bytes([i]) * 32) for i in range(2)]
+        for who in [volunteer.identity, *others]:
+            core.submit(*contribution(core, who, samples=8, project=signed.project_id))
+        core.run_round("ffn0.0.0")
+        granted = core.credit.total(volunteer.identity.public_key.hex())
+        assert granted > 0
+        await nursery.start(AggregatorService(aggregator, core).run)
+
+        statements, missing = await collect_statements(
+            volunteer, signed, volunteer.identity.public_key
+        )
+        assert missing == {}
+        verified = verify_proof(proof_bytes(signed, volunteer.identity.public_key, statements))
+        assert verified.total == pytest.approx(granted)
+        # somebody who never contributed: a statement of nothing, not an error
+        nobody = Identity.generate().public_key
+        statements, _ = await collect_statements(volunteer, signed, nobody)
+        assert verify_proof(proof_bytes(signed, nobody, statements)).total == 0
+        # a malformed request is refused by name
+        with pytest.raises(RemoteError, match="32-byte"):
+            await volunteer.rpc.call(aggregator.peer_id, CREDIT, {"contributor": b"x"})
+        # under another project's manifest that lists the same aggregator (another
+        # owner's key: another project id), its statement is not about that project
+        other = signed_manifest([aggregator.identity])
+        assert other.project_id != signed.project_id
+        _, missing = await collect_statements(volunteer, other, volunteer.identity.public_key)
+        assert list(missing.values()) == ["its statement did not verify"]
+        core.close()
+        nursery.cancel_scope.cancel()

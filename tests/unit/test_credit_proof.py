@@ -1,0 +1,135 @@
+"""Credit statements and proofs (core/protocol/credit.py, core/project/credit_proof.py):
+a proof verifies with the file alone, and a forged or altered one fails with a reason."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from core.project.credit_proof import ProofError, proof_bytes, verify_proof
+from core.project.keys import OwnerKey
+from core.project.manifest import parse_manifest
+from core.project.signed import SignedManifest
+from core.protocol.credit import CreditStatement, MessageError
+from net import Identity
+from net.codec import pack, unpack_bounded
+
+AGGREGATORS = [Identity.from_seed(bytes([100 + i]) * 32) for i in range(2)]
+VOLUNTEER = Identity.from_seed(b"v" * 32)
+
+
+def signed_manifest(aggregators: list[Identity] = AGGREGATORS) -> SignedManifest:
+    m = parse_manifest(
+        {
+            "project": {"name": "credit"},
+            "model": {
+                "hidden": 32,
+                "context": 16,
+                "mixture_layers": 1,
+                "grid": [2, 2],
+                "k_best": 2,
+                "expert": {"kind": "ffn", "hidden": 32, "inner": 64},
+            },
+            "aggregators": [{"key": a.public_key.hex()} for a in aggregators],
+        }
+    )
+    return SignedManifest.create(m, OwnerKey.generate(), (), "0" * 64)
+
+
+SIGNED = signed_manifest()
+
+
+def statement(
+    aggregator: Identity = AGGREGATORS[0],
+    days: dict[int, float] | None = None,
+    contributor: bytes = VOLUNTEER.public_key,
+    project: str | None = None,
+) -> CreditStatement:
+    return CreditStatement.sign(
+        aggregator,
+        project or SIGNED.project_id,
+        contributor,
+        days if days is not None else {20_000: 12.0, 20_001: 3.5},
+        revoked=0.0,
+        issued=1.8e9,
+    )
+
+
+def test_a_statement_round_trips_and_verifies():
+    s = statement(days={-1: 100.0, 20_000: 12.0})
+    again = CreditStatement.decode(s.encode())
+    assert again == s
+    assert again.verify()
+    assert again.total == 112.0
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda o: o[:6], "7 fields"),
+        (lambda o: [*o[:2], [[2, 1.0], [1, 1.0]], *o[3:]], "increase"),
+        (lambda o: [*o[:2], [[1, -1.0]], *o[3:]], ">= 0"),
+        (lambda o: [*o[:2], [[1, float("nan")]], *o[3:]], "finite"),
+        (lambda o: [*o[:2], [[1, 1.0]] * 2000, *o[3:]], "at most"),
+        (lambda o: [o[0], b"short", *o[2:]], "contributor"),
+    ],
+)
+def test_a_malformed_statement_is_refused_by_name(change, error):
+    obj = unpack_bounded(statement().encode(), 1 << 20)
+    with pytest.raises(MessageError, match=error):
+        CreditStatement.decode(pack(change(obj)))
+
+
+def test_garbage_is_not_a_statement():
+    with pytest.raises(MessageError):
+        CreditStatement.decode(b"\xc1garbage")
+    with pytest.raises(MessageError, match="at most"):
+        CreditStatement.decode(b"\x00" * (1 << 17))
+
+
+def test_a_proof_verifies_from_the_file_alone_and_adds_the_aggregators_up():
+    both = [statement(AGGREGATORS[0]), statement(AGGREGATORS[1], {20_001: 4.0})]
+    verified = verify_proof(proof_bytes(SIGNED, VOLUNTEER.public_key, both))
+    assert verified.project_id == SIGNED.project_id
+    assert verified.project_name == "credit"
+    assert verified.total == 12.0 + 3.5 + 4.0
+    assert verified.per_day() == {20_000: 12.0, 20_001: 7.5}
+    assert verified.to_obj()["contributor"] == VOLUNTEER.public_key.hex()
+
+
+def _altered(s: CreditStatement) -> CreditStatement:
+    """The same signature over more credit than was signed."""
+    return replace(s, days=((20_000, 1e9),))
+
+
+OUTSIDER = Identity.from_seed(b"o" * 32)
+
+
+@pytest.mark.parametrize(
+    ("statements", "contributor", "error"),
+    [
+        ([_altered(statement())], VOLUNTEER.public_key, "does not verify"),
+        ([statement(OUTSIDER)], VOLUNTEER.public_key, "not an aggregator"),
+        ([statement(contributor=OUTSIDER.public_key)], VOLUNTEER.public_key, "another contributor"),
+        ([statement(project="f" * 32)], VOLUNTEER.public_key, "another project"),
+        ([statement(), statement()], VOLUNTEER.public_key, "two statements"),
+    ],
+)
+def test_a_forged_or_altered_proof_fails_with_its_reason(statements, contributor, error):
+    with pytest.raises(ProofError, match=error):
+        verify_proof(proof_bytes(SIGNED, contributor, statements))
+
+
+def test_a_proof_under_another_manifest_or_no_proof_at_all_fails():
+    # an outsider's own manifest naming itself an aggregator: another project id
+    theirs = signed_manifest([OUTSIDER])
+    with pytest.raises(ProofError, match="another project"):
+        verify_proof(proof_bytes(theirs, VOLUNTEER.public_key, [statement(OUTSIDER)]))
+    # a manifest whose signature is broken
+    broken = replace(SIGNED, serial=SIGNED.serial + 1)
+    with pytest.raises(ProofError, match="does not verify"):
+        verify_proof(proof_bytes(broken, VOLUNTEER.public_key, [statement()]))
+    for junk in (b"", b"\xc1", pack({"format": "something else"}), pack([1, 2])):
+        with pytest.raises(ProofError, match="not a credit proof"):
+            verify_proof(junk)
