@@ -11,7 +11,8 @@ from core.project.credit_proof import ProofError, proof_bytes, verify_proof
 from core.project.keys import OwnerKey
 from core.project.manifest import parse_manifest
 from core.project.signed import SignedManifest
-from core.protocol.credit import CreditStatement, MessageError
+from core.protocol.credit import CreditStatement
+from core.protocol.fields import MessageError
 from net import Identity
 from net.codec import pack, unpack_bounded
 
