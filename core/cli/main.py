@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from core.cli.common import settings
+from core.cli.credit import credit_app
 from core.cli.demo import demo_app
 from core.cli.models import register_model_commands
 from core.cli.owner import aggregator_app, owner_app
@@ -36,6 +37,7 @@ app.add_typer(demo_app)
 app.add_typer(swarm_app)
 register_model_commands(owner_app)
 app.add_typer(owner_app, name="owner")
+app.add_typer(credit_app, name="credit")
 app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(dht_app, name="dht")
 app.add_typer(experts_app, name="experts")

@@ -134,3 +134,32 @@ def test_a_proof_under_another_manifest_or_no_proof_at_all_fails():
     for junk in (b"", b"\xc1", pack({"format": "something else"}), pack([1, 2])):
         with pytest.raises(ProofError, match="not a credit proof"):
             verify_proof(junk)
+
+
+def test_credit_verify_says_what_a_proof_proves_and_fails_a_forged_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from core.cli import app
+
+    runner = CliRunner()
+    good = tmp_path / "good.proof"
+    good.write_bytes(proof_bytes(SIGNED, VOLUNTEER.public_key, [statement()]))
+    result = runner.invoke(app, ["credit", "verify", str(good)])
+    assert result.exit_code == 0, result.output
+    assert "credit: 15.5 from 1 aggregator(s)" in result.output
+    assert "verified" in result.output
+    result = runner.invoke(app, ["credit", "verify", str(good), "--json"])
+    assert result.exit_code == 0
+    assert '"total": 15.5' in result.output
+    # a proof of another project than the one asked about
+    result = runner.invoke(app, ["credit", "verify", str(good), "--project", "f" * 32])
+    assert result.exit_code == 1
+    assert f"is of project {SIGNED.project_id}" in result.output
+    forged = tmp_path / "forged.proof"
+    forged.write_bytes(proof_bytes(SIGNED, VOLUNTEER.public_key, [_altered(statement())]))
+    result = runner.invoke(app, ["credit", "verify", str(forged)])
+    assert result.exit_code == 1
+    assert "error: statement 0's signature does not verify" in result.output
+    result = runner.invoke(app, ["credit", "verify", str(tmp_path / "missing.proof")])
+    assert result.exit_code == 2
+    assert "cannot read" in result.output

@@ -1,0 +1,113 @@
+"""``moehome credit``: what this computer's node earned in a project, signed by the
+project's aggregators, written as a proof anyone can check with ``moehome credit
+verify`` (core/project/credit_proof.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import partial
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from core.cli.common import BootstrapOpt, data_folder, one_line_errors, run_async, settings
+
+credit_app = typer.Typer(help="Credit: verified work, signed by a project's aggregators.")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _day(day: int) -> str:
+    if day < 0:
+        return "earlier"
+    return time.strftime("%Y-%m-%d", time.gmtime(day * 86_400))
+
+
+def _print(verified: object, as_json: bool) -> None:
+    from core.project.credit_proof import VerifiedCredit
+
+    assert isinstance(verified, VerifiedCredit)
+    if as_json:
+        typer.echo(json.dumps(verified.to_obj(), indent=2))
+        return
+    typer.echo(f"project {verified.project_name} ({verified.project_id})")
+    typer.echo(f"contributor {verified.contributor.hex()}")
+    typer.echo(
+        f"credit: {verified.total:,.1f} from {len(verified.statements)} aggregator(s)"
+        + (f", {verified.revoked:,.1f} taken back by bans" if verified.revoked else "")
+    )
+    for day, credit in verified.per_day().items():
+        typer.echo(f"  {_day(day)}  {credit:,.1f}")
+
+
+@credit_app.callback(invoke_without_command=True)
+def credit(
+    ctx: typer.Context,
+    project: Annotated[
+        str | None, typer.Option(help="The project id (an invite's or `moehome join`'s).")
+    ] = None,
+    proof: Annotated[
+        Path | None, typer.Option(help="Write the proof here (default: credit-<project>.proof).")
+    ] = None,
+    bootstrap: BootstrapOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """This computer's credit in a project, as its aggregators sign it; writes a proof."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if project is None:
+        typer.echo("error: name the project: moehome credit --project ID", err=True)
+        raise typer.Exit(2)
+    from core.paths import identity_path
+    from core.project.credit_proof import proof_bytes, verify_proof
+    from core.roles.credit import collect_credit
+    from net.identity import IdentityError, load
+
+    path = identity_path(settings.data_dir, "node")
+    try:
+        contributor = load(path).public_key
+    except (FileNotFoundError, IdentityError) as exc:
+        typer.echo(f"error: no node key at {path} ({exc}): run the node first", err=True)
+        raise typer.Exit(2) from exc
+    signed, statements, missing = run_async(
+        partial(collect_credit, contributor, project, bootstrap or [], data_folder())
+    )
+    for key, why in missing.items():
+        typer.echo(f"aggregator {key[:16]} gave no statement: {why}", err=True)
+    data = proof_bytes(signed, contributor, statements)
+    with one_line_errors():
+        verified = verify_proof(data)
+    target = proof or Path(f"credit-{project[:16]}.proof")
+    target.write_bytes(data)
+    _print(verified, as_json)
+    if not as_json:
+        typer.echo(f"proof: {target} (check it anywhere: moehome credit verify {target})")
+
+
+@credit_app.command("verify")
+def credit_verify(
+    file: Annotated[Path, typer.Argument(help="A proof written by `moehome credit`.")],
+    project: Annotated[
+        str | None,
+        typer.Option(help="Fail unless the proof is of this project id (a proof is of its own)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a credit proof with nothing but the file (the owner's and aggregators' keys)."""
+    from core.project.credit_proof import verify_proof
+
+    with one_line_errors():
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            typer.echo(f"error: cannot read {file}: {exc.strerror}", err=True)
+            raise typer.Exit(2) from exc
+        verified = verify_proof(data)
+    if project is not None and verified.project_id != project:
+        typer.echo(f"error: the proof is of project {verified.project_id}, not {project}", err=True)
+        raise typer.Exit(1)
+    _print(verified, as_json)
+    if not as_json:
+        typer.echo("verified: signed by the project's owner and its aggregators")
