@@ -498,7 +498,37 @@ async def _run(
             summary["generated"] = await sample_text(
                 swarm, project, agg_addr, workdir, places.prefix("owner")
             )
+    with console.status("asking the aggregator for each volunteer's credit"):
+        credit = await volunteer_credit(swarm, project, agg_addr, places)
+    for v in summary["per_volunteer"]:
+        v["credit"] = credit.get(v["name"])
     return summary
+
+
+async def volunteer_credit(
+    swarm: Swarm, project: str, bootstrap: str, places: Places
+) -> dict[str, float | None]:
+    """Each volunteer's credit as its own ``moehome credit`` proves it (its node's key,
+    the aggregator's signed statement, verified), by volunteer name; None where the
+    command failed (its log says why). The proofs stay in the volunteers' folders."""
+    out: dict[str, float | None] = {}
+    volunteers = [p for p in swarm.procs if p.public_key and p.name.startswith("volunteer-")]
+
+    async def one(proc: Proc) -> None:
+        proof = swarm.folder(proc.name) / "credit.proof"
+        args = ["credit", "--project", project, "-b", bootstrap, "--proof", str(proof), "--json"]
+        prefix = places.prefix(proc.where) if proc.where else []
+        try:
+            text = await swarm.run_to_end(proc.name, args, prefix)
+            out[proc.name] = float(json.loads(text)["total"])
+        except (UserFacingError, ValueError, KeyError) as exc:
+            log.warning("no credit for %s: %s", proc.name, exc)
+            out[proc.name] = None
+
+    async with trio.open_nursery() as nursery:
+        for proc in volunteers:
+            nursery.start_soon(one, proc)
+    return out
 
 
 async def _follow_trainer(

@@ -112,7 +112,7 @@ def demo_summary(
     }
 
 
-_FIGURES = ("expert answers", "accepted", "rejected", "influence")
+_FIGURES = ("expert answers", "accepted", "rejected", "influence", "credit")
 
 
 def _nan(x: Any) -> bool:
@@ -167,7 +167,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         console.print(f"[bold red]banned[/] from the project: {peer[-8:]}: {why}")
     table = Table(title="volunteers")
     nat = summary.get("nat", False)
-    columns = ["name", "role", "expert answers", "accepted", "rejected", "influence"]
+    columns = ["name", "role", "expert answers", "accepted", "rejected", "influence", "credit"]
     if nat:  # where it ran, and how the trainer (in another home) reached it at the end
         columns[2:2] = ["home", "reached"]
     for column in columns:
@@ -176,7 +176,9 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         rejected_v = ", ".join(f"{k} {n}" for k, n in sorted(v["rejected"].items())) or "-"
         influence = "-" if v["influence"] is None else f"{100 * v['influence']:.1f}%"
         role = v["role"] + (" [bold red](excluded: failed an audit)[/]" if v["excluded"] else "")
+        credit = "-" if v.get("credit") is None else f"{v['credit']:,.1f}"
         row = [v["name"], role, str(v["answers"]), str(v["accepted"]), rejected_v, influence]
+        row.append(credit)
         if nat:
             row[2:2] = [v["where"], v["reached"]]
         table.add_row(*row)
@@ -191,7 +193,10 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         )
     console.print(
         "influence: the share of a volunteer's gradient the robust rule kept, averaged over "
-        "rounds (poisoned gradients are clipped to a small share)"
+        "rounds (poisoned gradients are clipped to a small share); credit: the samples of "
+        "its contributions that reached a round, times that share, as the aggregator "
+        "signed it (each volunteer's proof: credit.proof in its folder; check one with "
+        "moehome credit verify)"
     )
     if summary.get("generated"):
         console.print("\n[bold]the trained model[/], exported and sampled (owner export, generate)")

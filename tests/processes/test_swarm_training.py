@@ -76,6 +76,10 @@ async def test_four_volunteers_train_the_model(tmp_path_factory):
     assert audited["passed"] > 0, audited
     assert audited["failed"] == 0, audited
     assert not s["banned"]
+    # each volunteer's own `moehome credit` proved what the aggregator granted it
+    assert all(v["credit"] is not None and v["credit"] > 0 for v in s["per_volunteer"]), [
+        (v["name"], v["credit"]) for v in s["per_volunteer"]
+    ]
 
 
 async def test_training_goes_on_when_a_third_of_the_volunteers_die(tmp_path):
@@ -113,6 +117,9 @@ async def test_one_attacker_in_five_does_not_spoil_training(tmp_path, tmp_path_f
     assert attacker["influence"] is not None
     assert attacker["influence"] < 0.05
     assert min(v["influence"] for v in honest if v["influence"] is not None) > 0.3
+    # credit follows the share kept: the attacker's samples earned far less
+    assert attacker["credit"] is not None
+    assert attacker["credit"] < 0.5 * min(v["credit"] for v in honest)
 
 
 async def test_volunteers_whose_answers_or_gradients_are_wrong_are_caught_and_banned(
@@ -143,4 +150,8 @@ async def test_volunteers_whose_answers_or_gradients_are_wrong_are_caught_and_ba
     assert s["contribution_audits"]["failed"] > 0, s["contribution_audits"]
     assert sorted(s["banned"]) == sorted([liar["peer"], poisoner["peer"]]), s["banned"]
     assert "is not what its receipts compute" in s["banned"][poisoner["peer"]]
+    # the aggregator's own ban took back the poisoner's credit (the liar's ban is the
+    # trainer's: the aggregator honours it once it reads the project's bans)
+    assert poisoner["credit"] == 0
+    assert all(v["credit"] > 0 for v in honest)
     assert s["final_loss"] <= 1.1 * clean["final_loss"], (s["evaluations"], clean["evaluations"])
