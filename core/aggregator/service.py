@@ -333,7 +333,15 @@ class AggregatorService:
             rounds=s.rounds,
             banned_peers=s.banned_peers,
             versions=dict(self.core.versions),
-            contributors={who: c.report() for who, c in active[:MAX_CONTRIBUTORS_LISTED]},
+            contributors={
+                who: c.report().model_copy(
+                    update={
+                        "credit": self.core.credit.total(who),
+                        "credit_revoked": self.core.credit.revoked.get(who, 0.0),
+                    }
+                )
+                for who, c in active[:MAX_CONTRIBUTORS_LISTED]
+            },
             audits=None if self.auditor is None else self.auditor.stats.report(),
             pending_samples={
                 uid: self.core.pending_samples(uid) for uid in self.core.settings.uids

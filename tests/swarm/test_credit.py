@@ -12,6 +12,7 @@ from core.aggregator.service import AggregatorService
 from core.namespaces import moehome_validator
 from core.project.credit_proof import collect_statements, proof_bytes, verify_proof
 from core.project.signed import SignedManifest
+from core.protocol.aggregator_methods import STATS, AggregatorReport
 from core.protocol.credit import CREDIT
 from net import Identity, RemoteError
 from net.testing import open_swarm
@@ -41,6 +42,13 @@ async def test_a_volunteer_proves_the_credit_its_aggregator_granted(tmp_path):
         assert missing == {}
         verified = verify_proof(proof_bytes(signed, volunteer.identity.public_key, statements))
         assert verified.total == pytest.approx(granted)
+        # the owner's view (agg.stats, as `owner status --json` shows it) says the same
+        report = AggregatorReport.model_validate(
+            (await volunteer.rpc.call(aggregator.peer_id, STATS)).meta
+        )
+        assert report.contributors[volunteer.identity.public_key.hex()].credit == pytest.approx(
+            verified.total
+        )
         # somebody who never contributed: a statement of nothing, not an error
         nobody = Identity.generate().public_key
         statements, _ = await collect_statements(volunteer, signed, nobody)
