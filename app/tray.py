@@ -99,6 +99,18 @@ def device_line(status: Status | None) -> str:
     return f"Computing on: {status.device.computes_on}"
 
 
+def credit_line(status: Status | None) -> str:
+    """The menu's credit line: what the project's aggregators signed this node earned
+    ("" before their first statements, or when the node does not say)."""
+    if status is None or status.credit.checked_at is None:
+        return ""
+    c = status.credit
+    line = f"Credit: {c.today:,.0f} today, {c.total:,.0f} in all"
+    if c.aggregators < c.aggregators_listed:
+        line += f" ({c.aggregators} of {c.aggregators_listed} aggregators answered)"
+    return line
+
+
 def capitalized(text: str) -> str:
     return text[:1].upper() + text[1:]
 
@@ -267,6 +279,9 @@ class Tray(QObject):
         self.device_action = self._action("", "deviceAction")
         self.device_action.setEnabled(False)
         self.device_warning_action = self._action("", "deviceWarningAction", self.open_dashboard)
+        # the credit the project's aggregators signed; its proof in the tooltip
+        self.credit_action = self._action("", "creditAction")
+        self.credit_action.setEnabled(False)
         self.device_warning_action.setIcon(
             QApplication.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxWarning)
         )
@@ -480,6 +495,13 @@ class Tray(QObject):
         device = device_line(status)
         self.device_action.setText(device)
         self.device_action.setVisible(bool(device))
+        credit = credit_line(status)
+        self.credit_action.setText(credit)
+        self.credit_action.setVisible(bool(credit))
+        if credit and status is not None:
+            self.credit_action.setToolTip(
+                f"proof: {status.credit.proof} (check it anywhere: moehome credit verify)"
+            )
         self.device_warning_action.setText(menu_text(warning))
         self.device_warning_action.setToolTip(warning)
         self.device_warning_action.setVisible(bool(warning))

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from core.protocol.credit import EARLIER_DAY
+from core.protocol.credit import DAY_SECONDS, EARLIER_DAY, day_of
 
 #: contributors whose credit is kept; past it the smallest total is forgotten
 MAX_CONTRIBUTORS: Final = 10_000
@@ -29,12 +29,7 @@ MAX_DAYS: Final = 90
 #: carry it so: core/protocol/credit.py)
 EARLIER: Final = EARLIER_DAY
 
-DAY_SECONDS: Final = 86_400.0
-
-
-def day_of(wall_seconds: float) -> int:
-    """The UTC day (days since 1970-01-01) of a time in seconds since the epoch."""
-    return int(wall_seconds // DAY_SECONDS)
+__all__ = ["DAY_SECONDS", "CreditLedger", "day_of", "round_grants"]
 
 
 def round_grants(samples: Mapping[str, int], kept: Mapping[str, float]) -> dict[str, float]:

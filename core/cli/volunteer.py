@@ -249,6 +249,13 @@ def node_status(
         typer.echo(f"network: {status.network.reachability}")
     if status.network.advice:
         typer.echo(f"  what you can do: {status.network.advice}")
+    credit = status.credit
+    if credit.checked_at is not None:
+        typer.echo(
+            f"credit: {credit.today:,.0f} today, {credit.total:,.0f} in all, signed by "
+            f"{credit.aggregators} of {credit.aggregators_listed} aggregator(s); "
+            f"proof: {credit.proof}"
+        )
 
 
 @volunteer_app.command("pause")

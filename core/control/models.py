@@ -106,6 +106,24 @@ class Lifetime(_Sent):
     since: float | None = None
 
 
+class Credit(_Sent):
+    """This node's credit in the project it serves, as the project's aggregators signed
+    it (core/project/credit_proof.py), checked now and then."""
+
+    total: float = 0.0
+    #: credit of the current UTC day
+    today: float = 0.0
+    #: taken back by bans
+    revoked: float = 0.0
+    #: aggregators whose statements it holds, of those the manifest lists
+    aggregators: int = 0
+    aggregators_listed: int = 0
+    #: Unix time of the last statements (None: none yet)
+    checked_at: float | None = None
+    #: where the proof of it is (``moehome credit verify`` checks it)
+    proof: str = ""
+
+
 class Status(_Sent):
     state: NodeState
     #: Why, in a sentence a volunteer can read.
@@ -125,6 +143,7 @@ class Status(_Sent):
     peer_id: str = ""
     network: NetworkStatus = NetworkStatus()
     lifetime: Lifetime = Lifetime()
+    credit: Credit = Credit()
     uptime_s: float = 0
     #: Unix time the snooze ends; None when not snoozed.
     snoozed_until: float | None = None

@@ -19,8 +19,15 @@ import torch
 import trio
 
 from core.control.limits import check_project_id
+from core.control.models import (
+    Credit,
+    Lifetime,
+    PreferencesEvent,
+    ProjectSummary,
+    StateEvent,
+    Status,
+)
 from core.control.models import History as HistoryModel
-from core.control.models import Lifetime, PreferencesEvent, ProjectSummary, StateEvent, Status
 from core.control.preferences import Preferences
 from core.namespaces import moehome_validator
 from core.node.compute_device import ComputeDevice, Machine, decide, describe, this_machine
@@ -141,6 +148,7 @@ class Node:
             peer_id=str(self.identity.peer_id),
             addresses=tuple(self.peer.addrs()) if self.peer else (),
             lifetime=self._lifetime(),
+            credit=serving.credit if serving else Credit(),
             inbound_from_network=(
                 self.peer.host.admission_statistics().inbound_from_network if self.peer else 0
             ),

@@ -36,6 +36,9 @@ class NodeOptions:
     quick_benchmark: bool = False
     #: Seconds between retries after a failed join (doubles up to 10 minutes).
     join_retry: float = 15.0
+    #: Seconds between two looks at this node's credit (core/node/credit.py; the first
+    #: comes this long after serving starts).
+    credit_every_s: float = 600.0
     #: After a start or a join, how long a manifest not found yet is no error (the DHT
     #: is still being reached; the node says "starting" meanwhile).
     first_look_s: float = 60.0

@@ -21,6 +21,7 @@ from core.contributing.wiring import start_contributing
 from core.control.limits import check_project_id
 from core.control.models import (
     ContributionEvent,
+    Credit,
     ErrorEvent,
     ExpertsEvent,
     ProjectEvent,
@@ -40,6 +41,7 @@ from core.node.capacity import (
     plan_device,
 )
 from core.node.choice import choose_experts, rebalance
+from core.node.credit import check_credit
 from core.node.events import EventLog
 from core.node.governor import Governor
 from core.node.options import NodeOptions
@@ -115,6 +117,10 @@ class ProjectService:
         self._sent_before = 0
         self.outcomes: Counter[str] = Counter()
         self._scope: trio.CancelScope | None = None
+        #: this node's credit in the project, as its aggregators signed it
+        self.credit = Credit()
+        #: trio time of the next look at it (kept across rebalances)
+        self._credit_due: float | None = None
 
     def samples_done(self) -> int:
         current = self.server.samples_done() if self.server is not None else 0
@@ -134,6 +140,7 @@ class ProjectService:
             return
         self.leave(remember=False)
         self.project, self.project_error, self.banned = project, "", ""
+        self.credit, self._credit_due = Credit(), None
         self._save_project(project)
         scope = trio.CancelScope()
         self._scope = scope
@@ -239,6 +246,7 @@ class ProjectService:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(server.run)
                     await nursery.start(self._watch_bans, signed)
+                    nursery.start_soon(self._watch_credit, signed)
                     sender = await start_contributing(
                         nursery,
                         self.peer,
@@ -268,6 +276,21 @@ class ProjectService:
                 self._sent_before += sender.stats.sent if sender is not None else 0
                 self.server = self.sender = None
             self.rebalances += 1
+
+    async def _watch_credit(self, signed: SignedManifest) -> None:
+        """Now and then, this node's credit as the aggregators sign it (status, tray)."""
+        every = self.options.credit_every_s
+        while True:
+            if self._credit_due is None:
+                self._credit_due = trio.current_time() + every
+            await trio.sleep_until(self._credit_due)
+            self._credit_due = trio.current_time() + every
+            try:
+                self.credit = await check_credit(
+                    self.peer, signed, self.identity.public_key, self.options.data_dir
+                )
+            except OSError as exc:  # its proof could not be written: said, not fatal
+                log.warning("could not keep the credit proof: %s", exc)
 
     async def _watch_bans(
         self,

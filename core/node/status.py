@@ -9,6 +9,7 @@ from typing import Any
 
 from core.control.models import (
     ContributionCounts,
+    Credit,
     DeviceStatus,
     Lifetime,
     NetworkStatus,
@@ -52,6 +53,7 @@ class NodeSnapshot:
     peer_id: str = ""
     addresses: tuple[str, ...] = ()
     lifetime: Lifetime = field(default_factory=Lifetime)
+    credit: Credit = field(default_factory=Credit)
     memory_used_bytes: int = 0
     inbound_from_network: int = 0
     #: what peers' dial-backs found: "public", "private" or "unknown"
@@ -225,6 +227,7 @@ def build_status(snap: NodeSnapshot) -> Status:
         peers=snap.peers,
         peer_id=snap.peer_id,
         lifetime=snap.lifetime,
+        credit=snap.credit,
         network=network_status(snap),
         uptime_s=round(snap.uptime_s),
         snoozed_until=snap.snoozed_until,

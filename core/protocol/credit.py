@@ -29,6 +29,12 @@ MAX_STATEMENT_DAYS: Final = 1024
 MAX_STATEMENT_BYTES: Final = 64 * 1024
 #: the day under which a ledger sums the days it no longer lists one by one
 EARLIER_DAY: Final = -1
+DAY_SECONDS: Final = 86_400.0
+
+
+def day_of(wall_seconds: float) -> int:
+    """The UTC day (days since 1970-01-01) of a time in seconds since the epoch."""
+    return int(wall_seconds // DAY_SECONDS)
 
 
 def _credit(x: Any, what: str) -> float:

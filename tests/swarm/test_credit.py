@@ -10,6 +10,7 @@ import trio
 from core.aggregator.core import AggregatorCore
 from core.aggregator.service import AggregatorService
 from core.namespaces import moehome_validator
+from core.node.credit import check_credit
 from core.project.credit_proof import collect_statements, proof_bytes, verify_proof
 from core.project.signed import SignedManifest
 from core.protocol.aggregator_methods import STATS, AggregatorReport
@@ -49,6 +50,16 @@ async def test_a_volunteer_proves_the_credit_its_aggregator_granted(tmp_path):
         assert report.contributors[volunteer.identity.public_key.hex()].credit == pytest.approx(
             verified.total
         )
+        # the node's own look (core/node/credit.py): the figures, and the proof kept
+        credit = await check_credit(
+            volunteer, signed, volunteer.identity.public_key, tmp_path / "node"
+        )
+        assert credit.total == pytest.approx(granted)
+        assert credit.today == pytest.approx(granted)
+        assert (credit.aggregators, credit.aggregators_listed) == (1, 1)
+        kept = tmp_path / "node" / "credit" / f"{signed.project_id}.proof"
+        assert credit.proof == str(kept)
+        assert verify_proof(kept.read_bytes()).total == pytest.approx(granted)
         # somebody who never contributed: a statement of nothing, not an error
         nobody = Identity.generate().public_key
         statements, _ = await collect_statements(volunteer, signed, nobody)

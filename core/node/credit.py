@@ -1,0 +1,59 @@
+"""The node's credit: now and then it asks the project's aggregators for their signed
+statements about its key (core/project/credit_proof.py), keeps the proof in its data
+folder and shows the figures in its status (the tray, ``moehome status``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from core.control.models import Credit
+from core.files import replace_file
+from core.project.credit_proof import (
+    ProofError,
+    collect_statements,
+    proof_bytes,
+    verify_proof,
+)
+from core.project.signed import SignedManifest
+from core.protocol.credit import day_of
+from net import Peer
+
+log = logging.getLogger(__name__)
+
+#: seconds between two looks (credit moves with the aggregators' rounds, a minute or more)
+CHECK_EVERY_S = 600.0
+
+
+def proof_path(data_dir: Path, project: str) -> Path:
+    return data_dir / "credit" / f"{project}.proof"
+
+
+async def check_credit(
+    peer: Peer, signed: SignedManifest, contributor: bytes, data_dir: Path
+) -> Credit:
+    """The aggregators' statements about ``contributor`` now, verified as anyone would
+    verify them; the proof written where ``proof_path`` says."""
+    statements, missing = await collect_statements(peer, signed, contributor)
+    for key, why in missing.items():
+        log.info("no credit statement from aggregator %s: %s", key[:16], why)
+    data = proof_bytes(signed, contributor, statements)
+    try:
+        verified = verify_proof(data)
+    except ProofError as exc:  # collect_statements checked each: a bug of ours
+        log.warning("the credit proof does not verify: %s", exc)
+        return Credit(aggregators_listed=len(signed.manifest.aggregators))
+    path = proof_path(data_dir, signed.project_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(path, data)
+    now = time.time()
+    return Credit(
+        total=verified.total,
+        today=verified.per_day().get(day_of(now), 0.0),
+        revoked=verified.revoked,
+        aggregators=len(verified.statements),
+        aggregators_listed=len(signed.manifest.aggregators),
+        checked_at=now,
+        proof=str(path),
+    )
