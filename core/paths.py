@@ -27,7 +27,7 @@ def config_dir() -> Path:
 #: The roles that run as their own peer, each with its own key on one computer: a peer
 #: refuses to dial itself, so an owner's publisher, aggregator and trainer sharing one
 #: identity could not reach each other (and a ban of one would be a ban of all).
-ROLES = ("node", "peer", "owner", "aggregator", "trainer")
+ROLES = ("node", "peer", "owner", "aggregator", "trainer", "account")
 
 
 def identity_path(base: Path | None = None, role: str = "node") -> Path:

@@ -60,6 +60,7 @@ def credit(
     if project is None:
         typer.echo("error: name the project: moehome credit --project ID", err=True)
         raise typer.Exit(2)
+    from core.node.credit import link_for
     from core.paths import identity_path
     from core.project.credit_proof import proof_bytes, verify_proof
     from core.roles.credit import collect_credit
@@ -76,7 +77,7 @@ def credit(
     )
     for key, why in missing.items():
         typer.echo(f"aggregator {key[:16]} gave no statement: {why}", err=True)
-    data = proof_bytes(signed, contributor, statements)
+    data = proof_bytes(signed, contributor, statements, link_for(data_folder(), contributor))
     with one_line_errors():
         verified = verify_proof(data)
     target = proof or Path(f"credit-{project[:16]}.proof")
@@ -88,7 +89,7 @@ def credit(
 
 @credit_app.command("verify")
 def credit_verify(
-    file: Annotated[Path, typer.Argument(help="A proof written by `moehome credit`.")],
+    file: Annotated[Path, typer.Argument(help="A proof written by `moehome credit` or merge.")],
     project: Annotated[
         str | None,
         typer.Option(help="Fail unless the proof is of this project id (a proof is of its own)."),
@@ -96,7 +97,7 @@ def credit_verify(
     as_json: JsonOpt = False,
 ) -> None:
     """Check a credit proof with nothing but the file (the owner's and aggregators' keys)."""
-    from core.project.credit_proof import verify_proof
+    from core.project.credit_proof import AccountCredit, verify_any
 
     with one_line_errors():
         try:
@@ -104,10 +105,95 @@ def credit_verify(
         except OSError as exc:
             typer.echo(f"error: cannot read {file}: {exc.strerror}", err=True)
             raise typer.Exit(2) from exc
-        verified = verify_proof(data)
-    if project is not None and verified.project_id != project:
-        typer.echo(f"error: the proof is of project {verified.project_id}, not {project}", err=True)
+        verified = verify_any(data)
+    proofs = verified.proofs if isinstance(verified, AccountCredit) else [verified]
+    if project is not None and any(p.project_id != project for p in proofs):
+        others = sorted({p.project_id for p in proofs} - {project})
+        typer.echo(f"error: the proof is of project {', '.join(others)}, not {project}", err=True)
         raise typer.Exit(1)
+    if isinstance(verified, AccountCredit):
+        if as_json:
+            typer.echo(json.dumps(verified.to_obj(), indent=2))
+            return
+        typer.echo(
+            f"account {verified.account.hex()}: credit {verified.total:,.1f} from "
+            f"{len({p.contributor for p in proofs})} computer(s)"
+        )
+        for proof in proofs:
+            typer.echo(
+                f"  {proof.project_name} ({proof.project_id[:16]}), computer "
+                f"{proof.contributor.hex()[:16]}: {proof.total:,.1f}"
+            )
+        if not as_json:
+            typer.echo("verified: signed by the projects' owners, aggregators and the computers")
+        return
     _print(verified, as_json)
     if not as_json:
         typer.echo("verified: signed by the project's owner and its aggregators")
+
+
+@credit_app.command("link")
+def credit_link(
+    account: Annotated[
+        str | None,
+        typer.Argument(
+            help="The account key (hex) another computer printed; default: this computer's."
+        ),
+    ] = None,
+) -> None:
+    """Count this computer's credit for an account, so several computers add up."""
+    import time
+
+    from core.cli.common import load_identity
+    from core.node.credit import save_link
+    from core.paths import identity_path
+    from core.protocol.credit import AccountLink
+    from net.identity import load_or_create
+
+    if account is None:
+        key = load_or_create(identity_path(settings.data_dir, "account")).public_key
+    else:
+        try:
+            key = bytes.fromhex(account)
+        except ValueError:
+            key = b""
+        if len(key) != 32:
+            typer.echo("error: an account key is 64 hex characters", err=True)
+            raise typer.Exit(2)
+    node = load_identity(False)
+    path = save_link(data_folder(), AccountLink.sign(node, key, time.time()))
+    typer.echo(f"this computer's credit counts for account {key.hex()} ({path})")
+    if account is None:
+        typer.echo(f"on your other computers: moehome credit link {key.hex()}")
+
+
+@credit_app.command("merge")
+def credit_merge(
+    files: Annotated[list[Path], typer.Argument(help="Proofs of computers linked to one account.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Where to write the account's proof.")],
+) -> None:
+    """Gather the proofs of one account's computers (and projects) into one."""
+    from core.project.credit_proof import account_proof_bytes, verify_account_proof, verify_proof
+
+    proofs = []
+    for f in files:
+        try:
+            proofs.append(f.read_bytes())
+        except OSError as exc:
+            typer.echo(f"error: cannot read {f}: {exc.strerror}", err=True)
+            raise typer.Exit(2) from exc
+    with one_line_errors():
+        accounts = {verify_proof(p).account for p in proofs}
+        if None in accounts or len(accounts) != 1:
+            typer.echo(
+                "error: every proof must come from a computer linked to the same account "
+                "(moehome credit link), and be made after the link",
+                err=True,
+            )
+            raise typer.Exit(1)
+        account = next(iter(accounts))
+        assert account is not None
+        data = account_proof_bytes(account, proofs)
+        verified = verify_account_proof(data)
+    out.write_bytes(data)
+    typer.echo(f"account {account.hex()}: {verified.total:,.1f} in all; proof: {out}")

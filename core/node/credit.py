@@ -17,7 +17,8 @@ from core.project.credit_proof import (
     verify_proof,
 )
 from core.project.signed import SignedManifest
-from core.protocol.credit import day_of
+from core.protocol.credit import AccountLink, day_of
+from core.protocol.fields import MessageError
 from net import Peer
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,34 @@ def proof_path(data_dir: Path, project: str) -> Path:
     return data_dir / "credit" / f"{project}.proof"
 
 
+def link_path(data_dir: Path) -> Path:
+    return data_dir / "credit" / "account.link"
+
+
+def load_link(data_dir: Path) -> AccountLink | None:
+    """The account this node's credit counts for (``moehome credit link``), if any."""
+    path = link_path(data_dir)
+    try:
+        return AccountLink.decode(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, MessageError) as exc:
+        log.warning("ignoring the account link in %s: %s", path, exc)
+        return None
+
+
+def link_for(data_dir: Path, contributor: bytes) -> AccountLink | None:
+    """This node's link, if it is one of ``contributor``'s key."""
+    link = load_link(data_dir)
+    return link if link is not None and link.node == contributor else None
+
+
+def save_link(data_dir: Path, link: AccountLink) -> Path:
+    path = link_path(data_dir)
+    replace_file(path, link.encode())
+    return path
+
+
 async def check_credit(
     peer: Peer, signed: SignedManifest, contributor: bytes, data_dir: Path
 ) -> Credit:
@@ -38,7 +67,7 @@ async def check_credit(
     statements, missing = await collect_statements(peer, signed, contributor)
     for key, why in missing.items():
         log.info("no credit statement from aggregator %s: %s", key[:16], why)
-    data = proof_bytes(signed, contributor, statements)
+    data = proof_bytes(signed, contributor, statements, link_for(data_dir, contributor))
     try:
         verified = verify_proof(data)
     except ProofError as exc:  # collect_statements checked each: a bug of ours

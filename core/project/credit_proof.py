@@ -6,7 +6,12 @@ key the manifest lists as an aggregator. Credit adds up over aggregators (each k
 books of its own experts).
 
     {"format": "moehome-credit-proof/1", "manifest": <signed manifest>,
-     "contributor": <32 bytes>, "statements": [<statement>, ...]}   (msgpack)
+     "contributor": <32 bytes>, "statements": [<statement>, ...],
+     "link": <the node's AccountLink, optional>}   (msgpack)
+
+A volunteer's several computers (or projects) add up under one account: each node signs
+a link to the account key, and an account proof gathers their proofs
+(``account_proof_bytes``, ``verify_account_proof``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, Final
 from core.errors import UserFacingError
 from core.project.distribution import aggregator_peers
 from core.project.signed import ManifestRejected, SignedManifest
-from core.protocol.credit import CREDIT, CreditStatement
+from core.protocol.credit import CREDIT, AccountLink, CreditStatement
 from core.protocol.fields import MessageError
 from net import Peer, RemoteError, RpcError
 from net.codec import pack, unpack_bounded
@@ -26,6 +31,9 @@ from net.codec import pack, unpack_bounded
 log = logging.getLogger(__name__)
 
 FORMAT: Final = "moehome-credit-proof/1"
+ACCOUNT_FORMAT: Final = "moehome-credit-account/1"
+#: node proofs one account proof gathers
+MAX_ACCOUNT_PROOFS: Final = 1024
 #: a proof holds the manifest and a statement per aggregator: well under this
 MAX_PROOF_BYTES: Final = 16 * 1024 * 1024
 MAX_STATEMENTS: Final = 256
@@ -42,6 +50,8 @@ class VerifiedCredit:
     contributor: bytes
     #: per aggregator (hex key): its statement
     statements: dict[str, CreditStatement]
+    #: the account the node's credit counts for (its signed link), if any
+    account: bytes | None = None
 
     @property
     def total(self) -> float:
@@ -64,6 +74,7 @@ class VerifiedCredit:
             "project_id": self.project_id,
             "project": self.project_name,
             "contributor": self.contributor.hex(),
+            "account": None if self.account is None else self.account.hex(),
             "total": self.total,
             "revoked": self.revoked,
             "per_day": [[d, c] for d, c in self.per_day().items()],
@@ -74,16 +85,20 @@ class VerifiedCredit:
 
 
 def proof_bytes(
-    signed: SignedManifest, contributor: bytes, statements: list[CreditStatement]
+    signed: SignedManifest,
+    contributor: bytes,
+    statements: list[CreditStatement],
+    link: AccountLink | None = None,
 ) -> bytes:
-    return pack(
-        {
-            "format": FORMAT,
-            "manifest": signed.encode(),
-            "contributor": contributor,
-            "statements": [s.encode() for s in statements],
-        }
-    )
+    obj: dict[str, Any] = {
+        "format": FORMAT,
+        "manifest": signed.encode(),
+        "contributor": contributor,
+        "statements": [s.encode() for s in statements],
+    }
+    if link is not None:
+        obj["link"] = link.encode()
+    return pack(obj)
 
 
 def verify_proof(data: bytes) -> VerifiedCredit:
@@ -130,7 +145,94 @@ def verify_proof(data: bytes) -> VerifiedCredit:
         if key in statements:
             raise ProofError(f"two statements of aggregator {key[:16]}: a proof holds one each")
         statements[key] = s
-    return VerifiedCredit(signed.project_id, m.project.name, contributor, statements)
+    account = None
+    if obj.get("link") is not None:
+        raw_link = obj["link"]
+        try:
+            link = AccountLink.decode(raw_link if isinstance(raw_link, bytes) else b"")
+        except MessageError as exc:
+            raise ProofError(f"the account link is malformed: {exc}") from exc
+        if link.node != contributor or not link.verify():
+            raise ProofError("the account link is not signed by the contributor's key")
+        account = link.account
+    return VerifiedCredit(signed.project_id, m.project.name, contributor, statements, account)
+
+
+@dataclass(frozen=True)
+class AccountCredit:
+    account: bytes
+    #: each node's proof in each project, verified
+    proofs: list[VerifiedCredit]
+
+    @property
+    def total(self) -> float:
+        return sum(p.total for p in self.proofs)
+
+    def per_project(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p in self.proofs:
+            out[p.project_id] = out.get(p.project_id, 0.0) + p.total
+        return out
+
+    def to_obj(self) -> dict[str, Any]:
+        return {
+            "account": self.account.hex(),
+            "total": self.total,
+            "per_project": self.per_project(),
+            "nodes": sorted({p.contributor.hex() for p in self.proofs}),
+            "proofs": [p.to_obj() for p in self.proofs],
+        }
+
+
+def account_proof_bytes(account: bytes, proofs: list[bytes]) -> bytes:
+    """Node proofs (``proof_bytes``, each with a link to ``account``) as one."""
+    return pack({"format": ACCOUNT_FORMAT, "account": account, "proofs": proofs})
+
+
+def verify_account_proof(data: bytes) -> AccountCredit:
+    """What an account proof proves: every node proof in it verifies and links to the
+    account; one proof per node and project."""
+    if len(data) > MAX_PROOF_BYTES:
+        raise ProofError(f"a credit proof is at most {MAX_PROOF_BYTES} bytes; this is {len(data)}")
+    try:
+        obj = unpack_bounded(data, MAX_PROOF_BYTES)
+    except Exception as exc:  # msgpack's errors on garbage
+        raise ProofError(f"not a credit proof: {exc}") from exc
+    if not isinstance(obj, dict) or obj.get("format") != ACCOUNT_FORMAT:
+        raise ProofError(f"not an account's credit proof (format {ACCOUNT_FORMAT} expected)")
+    account, raw = obj.get("account"), obj.get("proofs")
+    if not isinstance(account, bytes) or len(account) != 32:
+        raise ProofError("the account key must be 32 bytes")
+    if not isinstance(raw, list) or len(raw) > MAX_ACCOUNT_PROOFS:
+        raise ProofError(f"an account proof gathers at most {MAX_ACCOUNT_PROOFS} proofs")
+    proofs: list[VerifiedCredit] = []
+    seen: set[tuple[str, bytes]] = set()
+    for i, blob in enumerate(raw):
+        if not isinstance(blob, bytes):
+            raise ProofError(f"proof {i} is not bytes")
+        try:
+            verified = verify_proof(blob)
+        except ProofError as exc:
+            raise ProofError(f"proof {i}: {exc}") from exc
+        if verified.account != account:
+            raise ProofError(f"proof {i}'s node is not linked to this account")
+        key = (verified.project_id, verified.contributor)
+        if key in seen:
+            raise ProofError(f"proof {i} counts a node's credit in a project twice")
+        seen.add(key)
+        proofs.append(verified)
+    return AccountCredit(account, proofs)
+
+
+def verify_any(data: bytes) -> VerifiedCredit | AccountCredit:
+    """A node's proof or an account's, whichever ``data`` is."""
+    try:
+        obj = unpack_bounded(data, MAX_PROOF_BYTES)
+    except Exception:  # noqa: BLE001 - verify_proof says why, in its words
+        return verify_proof(data)
+    if isinstance(obj, dict) and obj.get("format") == ACCOUNT_FORMAT:
+        return verify_account_proof(data)
+    return verify_proof(data)
 
 
 async def collect_statements(

@@ -150,3 +150,50 @@ class CreditStatement:
             raise
         except Exception as exc:  # msgpack's errors on garbage
             raise MessageError(f"not a credit statement: {exc}") from exc
+
+
+_LINK_DOMAIN: Final = "moehome-account-link/1"
+
+
+@dataclass(frozen=True)
+class AccountLink:
+    """A node's signed word: "my credit counts for this account". A volunteer's several
+    computers each sign one to the same account key, so their proofs add up under it
+    (core/project/credit_proof.py). Only the node signs: a link can give credit away,
+    never take any (the account key proves nothing by itself)."""
+
+    account: bytes  # the account's Ed25519 public key
+    node: bytes  # the node's, whose credit it claims
+    created: float  # unix seconds
+    signature: bytes = b""
+
+    def payload(self) -> bytes:
+        return pack([_LINK_DOMAIN, self.account, self.node, self.created])
+
+    @classmethod
+    def sign(cls, node: Identity, account: bytes, created: float) -> AccountLink:
+        unsigned = cls(account, node.public_key, float(created))
+        return replace(unsigned, signature=node.sign(unsigned.payload()))
+
+    def verify(self) -> bool:
+        return verify_signature(self.node, self.payload(), self.signature)
+
+    def encode(self) -> bytes:
+        return pack([self.account, self.node, self.created, self.signature])
+
+    @classmethod
+    def decode(cls, data: bytes) -> AccountLink:
+        if len(data) > 1024:
+            raise MessageError("an account link is at most 1024 bytes")
+        try:
+            obj = unpack_bounded(data, 1024)
+        except Exception as exc:  # msgpack's errors on garbage
+            raise MessageError(f"not an account link: {exc}") from exc
+        if not isinstance(obj, list) or len(obj) != 4:
+            raise MessageError("an account link is a list of 4 fields")
+        return cls(
+            _bytes(obj[0], 32, "account"),
+            _bytes(obj[1], 32, "node"),
+            _credit(obj[2], "created"),
+            _bytes(obj[3], 64, "signature"),
+        )

@@ -7,11 +7,18 @@ from dataclasses import replace
 
 import pytest
 
-from core.project.credit_proof import ProofError, proof_bytes, verify_proof
+from core.project.credit_proof import (
+    ProofError,
+    account_proof_bytes,
+    proof_bytes,
+    verify_account_proof,
+    verify_any,
+    verify_proof,
+)
 from core.project.keys import OwnerKey
 from core.project.manifest import parse_manifest
 from core.project.signed import SignedManifest
-from core.protocol.credit import CreditStatement
+from core.protocol.credit import AccountLink, CreditStatement
 from core.protocol.fields import MessageError
 from net import Identity
 from net.codec import pack, unpack_bounded
@@ -163,3 +170,110 @@ def test_credit_verify_says_what_a_proof_proves_and_fails_a_forged_one(tmp_path)
     result = runner.invoke(app, ["credit", "verify", str(tmp_path / "missing.proof")])
     assert result.exit_code == 2
     assert "cannot read" in result.output
+
+
+# ---------------------------------------------------------------- accounts
+
+ACCOUNT = Identity.from_seed(b"a" * 32)
+SECOND = Identity.from_seed(b"w" * 32)  # the volunteer's other computer
+
+
+def node_proof(node: Identity, account: bytes | None, signed: SignedManifest = SIGNED) -> bytes:
+    link = None if account is None else AccountLink.sign(node, account, 1.8e9)
+    s = CreditStatement.sign(
+        AGGREGATORS[0], signed.project_id, node.public_key, {20_000: 5.0}, 0.0, 1.8e9
+    )
+    return proof_bytes(signed, node.public_key, [s], link)
+
+
+def test_an_account_link_round_trips_and_only_the_node_signs_it():
+    link = AccountLink.sign(VOLUNTEER, ACCOUNT.public_key, 1.8e9)
+    assert AccountLink.decode(link.encode()) == link
+    assert link.verify()
+    assert not replace(link, account=SECOND.public_key).verify()
+    with pytest.raises(MessageError):
+        AccountLink.decode(b"\x93\x01\x02\x03")
+
+
+def test_two_computers_add_up_under_one_account():
+    both = [node_proof(VOLUNTEER, ACCOUNT.public_key), node_proof(SECOND, ACCOUNT.public_key)]
+    assert verify_proof(both[0]).account == ACCOUNT.public_key
+    verified = verify_account_proof(account_proof_bytes(ACCOUNT.public_key, both))
+    assert verified.total == 10.0
+    assert verified.per_project() == {SIGNED.project_id: 10.0}
+    assert verify_any(account_proof_bytes(ACCOUNT.public_key, both)) == verified
+    assert verify_any(both[0]) == verify_proof(both[0])
+
+
+@pytest.mark.parametrize(
+    ("proofs", "error"),
+    [
+        ([node_proof(VOLUNTEER, None)], "not linked to this account"),
+        ([node_proof(VOLUNTEER, SECOND.public_key)], "not linked to this account"),
+        (
+            [node_proof(VOLUNTEER, ACCOUNT.public_key)] * 2,
+            "counts a node's credit in a project twice",
+        ),
+    ],
+)
+def test_an_account_proof_takes_only_its_own_computers_once(proofs, error):
+    with pytest.raises(ProofError, match=error):
+        verify_account_proof(account_proof_bytes(ACCOUNT.public_key, proofs))
+
+
+def test_a_link_signed_by_another_key_than_the_contributors_fails():
+    forged = AccountLink.sign(SECOND, ACCOUNT.public_key, 1.8e9)  # not VOLUNTEER's key
+    s = statement()
+    with pytest.raises(ProofError, match="not signed by the contributor"):
+        verify_proof(proof_bytes(SIGNED, VOLUNTEER.public_key, [s], forged))
+
+
+def test_link_merge_and_verify_on_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from core.cli import app
+    from core.paths import identity_path
+    from net.identity import load_or_create
+
+    runner = CliRunner()
+    homes = [tmp_path / "first", tmp_path / "second"]
+    # the first computer makes the account, the second links to it
+    result = runner.invoke(app, ["--data-dir", str(homes[0]), "credit", "link"])
+    assert result.exit_code == 0, result.output
+    account = result.output.split("credit link ")[1].split()[0]
+    result = runner.invoke(app, ["--data-dir", str(homes[1]), "credit", "link", account])
+    assert result.exit_code == 0, result.output
+    # each computer's proof (as `moehome credit` writes it, with its link)
+    from core.node.credit import link_for
+
+    files = []
+    for i, home in enumerate(homes):
+        node = load_or_create(identity_path(home, "node"))
+        link = link_for(home, node.public_key)
+        assert link is not None
+        assert link.account.hex() == account
+        s = CreditStatement.sign(
+            AGGREGATORS[0], SIGNED.project_id, node.public_key, {20_000: 1.0 + i}, 0.0, 1.8e9
+        )
+        files.append(tmp_path / f"{i}.proof")
+        files[-1].write_bytes(proof_bytes(SIGNED, node.public_key, [s], link))
+    merged = tmp_path / "account.proof"
+    result = runner.invoke(app, ["credit", "merge", *map(str, files), "-o", str(merged)])
+    assert result.exit_code == 0, result.output
+    assert "3.0 in all" in result.output
+    result = runner.invoke(app, ["credit", "verify", str(merged)])
+    assert result.exit_code == 0, result.output
+    assert f"account {account}: credit 3.0 from 2 computer(s)" in result.output
+    # a proof of a computer not linked to it cannot join
+    result = runner.invoke(
+        app,
+        ["credit", "merge", str(files[0]), str(tmp_path / "x.proof"), "-o", str(merged)],
+    )
+    assert result.exit_code == 2
+    assert "cannot read" in result.output
+    (tmp_path / "x.proof").write_bytes(node_proof(OUTSIDER, None))
+    result = runner.invoke(
+        app, ["credit", "merge", str(files[0]), str(tmp_path / "x.proof"), "-o", str(merged)]
+    )
+    assert result.exit_code == 1
+    assert "linked to the same account" in result.output
