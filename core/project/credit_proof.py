@@ -101,15 +101,26 @@ def proof_bytes(
     return pack(obj)
 
 
-def verify_proof(data: bytes) -> VerifiedCredit:
-    """What a proof file proves; ProofError says why it proves nothing."""
+def _proof_object(data: bytes) -> dict[str, Any]:
+    """A proof file's top-level map, of any format, size bounded before it is read."""
     if len(data) > MAX_PROOF_BYTES:
         raise ProofError(f"a credit proof is at most {MAX_PROOF_BYTES} bytes; this is {len(data)}")
     try:
         obj = unpack_bounded(data, MAX_PROOF_BYTES)
     except Exception as exc:  # msgpack's errors on garbage
         raise ProofError(f"not a credit proof: {exc}") from exc
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+    if not isinstance(obj, dict):
+        raise ProofError("not a credit proof (a map expected)")
+    return obj
+
+
+def verify_proof(data: bytes) -> VerifiedCredit:
+    """What a proof file proves; ProofError says why it proves nothing."""
+    return _verify_node_proof(_proof_object(data))
+
+
+def _verify_node_proof(obj: dict[str, Any]) -> VerifiedCredit:
+    if obj.get("format") != FORMAT:
         raise ProofError(f"not a credit proof (format {FORMAT} expected)")
     manifest, contributor, raw = obj.get("manifest"), obj.get("contributor"), obj.get("statements")
     if not isinstance(manifest, bytes) or not isinstance(contributor, bytes):
@@ -192,13 +203,11 @@ def account_proof_bytes(account: bytes, proofs: list[bytes]) -> bytes:
 def verify_account_proof(data: bytes) -> AccountCredit:
     """What an account proof proves: every node proof in it verifies and links to the
     account; one proof per node and project."""
-    if len(data) > MAX_PROOF_BYTES:
-        raise ProofError(f"a credit proof is at most {MAX_PROOF_BYTES} bytes; this is {len(data)}")
-    try:
-        obj = unpack_bounded(data, MAX_PROOF_BYTES)
-    except Exception as exc:  # msgpack's errors on garbage
-        raise ProofError(f"not a credit proof: {exc}") from exc
-    if not isinstance(obj, dict) or obj.get("format") != ACCOUNT_FORMAT:
+    return _verify_account_proof(_proof_object(data))
+
+
+def _verify_account_proof(obj: dict[str, Any]) -> AccountCredit:
+    if obj.get("format") != ACCOUNT_FORMAT:
         raise ProofError(f"not an account's credit proof (format {ACCOUNT_FORMAT} expected)")
     account, raw = obj.get("account"), obj.get("proofs")
     if not isinstance(account, bytes) or len(account) != 32:
@@ -226,13 +235,10 @@ def verify_account_proof(data: bytes) -> AccountCredit:
 
 def verify_any(data: bytes) -> VerifiedCredit | AccountCredit:
     """A node's proof or an account's, whichever ``data`` is."""
-    try:
-        obj = unpack_bounded(data, MAX_PROOF_BYTES)
-    except Exception:  # noqa: BLE001 - verify_proof says why, in its words
-        return verify_proof(data)
-    if isinstance(obj, dict) and obj.get("format") == ACCOUNT_FORMAT:
-        return verify_account_proof(data)
-    return verify_proof(data)
+    obj = _proof_object(data)
+    if obj.get("format") == ACCOUNT_FORMAT:
+        return _verify_account_proof(obj)
+    return _verify_node_proof(obj)
 
 
 async def collect_statements(

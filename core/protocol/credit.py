@@ -65,17 +65,8 @@ class CreditStatement:
         return sum(c for _, c in self.days)
 
     def payload(self) -> bytes:
-        return pack(
-            [
-                _DOMAIN,
-                self.project,
-                self.contributor,
-                [[d, c] for d, c in self.days],
-                self.revoked,
-                self.issued,
-                self.aggregator,
-            ]
-        )
+        """What the aggregator signs: every field but the signature, under a domain."""
+        return pack([_DOMAIN, *self.to_obj()[:-1]])
 
     @classmethod
     def sign(
