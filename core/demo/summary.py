@@ -176,7 +176,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         rejected_v = ", ".join(f"{k} {n}" for k, n in sorted(v["rejected"].items())) or "-"
         influence = "-" if v["influence"] is None else f"{100 * v['influence']:.1f}%"
         role = v["role"] + (" [bold red](excluded: failed an audit)[/]" if v["excluded"] else "")
-        credit = "-" if v.get("credit") is None else f"{v['credit']:,.1f}"
+        credit = "-" if v.get("credit") is None else f"{v['credit']:,.0f}"
         row = [v["name"], role, str(v["answers"]), str(v["accepted"]), rejected_v, influence]
         row.append(credit)
         if nat:
