@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from core.aggregator.compact import state_dtype as compact_state_dtype
-from core.aggregator.credit import DAY_SECONDS, CreditLedger, day_of, round_grants
+from core.aggregator.credit import CreditLedger, round_grants
 from core.aggregator.heap import release_free_memory
 from core.aggregator.journal import Journal, Location, tensor_from_record, tensor_record
 from core.aggregator.optimizer import CompactAdam
@@ -55,6 +55,7 @@ from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import weights_hash
 from core.project.schedule import Schedule
 from core.protocol.contributions import TRUNK_UID, Contribution
+from core.protocol.credit import DAY_SECONDS, day_of
 from core.protocol.refusals import BANNED, WAITING, Refusal, is_offence
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from core.protocol.credit import DAY_SECONDS, EARLIER_DAY, day_of
+from core.protocol.credit import EARLIER_DAY
 
 #: contributors whose credit is kept; past it the smallest total is forgotten
 MAX_CONTRIBUTORS: Final = 10_000
@@ -28,8 +28,6 @@ MAX_DAYS: Final = 90
 #: the day under which what is older than ``MAX_DAYS`` days is kept, summed (statements
 #: carry it so: core/protocol/credit.py)
 EARLIER: Final = EARLIER_DAY
-
-__all__ = ["DAY_SECONDS", "CreditLedger", "day_of", "round_grants"]
 
 
 def round_grants(samples: Mapping[str, int], kept: Mapping[str, float]) -> dict[str, float]:

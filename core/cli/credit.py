@@ -8,11 +8,21 @@ import json
 import time
 from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from core.cli.common import BootstrapOpt, data_folder, one_line_errors, run_async, settings
+from core.cli.common import (
+    BootstrapOpt,
+    data_folder,
+    load_identity,
+    one_line_errors,
+    run_async,
+    settings,
+)
+
+if TYPE_CHECKING:  # the commands import it when they run (libp2p comes with it)
+    from core.project.credit_proof import VerifiedCredit
 
 credit_app = typer.Typer(help="Credit: verified work, signed by a project's aggregators.")
 
@@ -25,10 +35,16 @@ def _day(day: int) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(day * 86_400))
 
 
-def _print(verified: object, as_json: bool) -> None:
-    from core.project.credit_proof import VerifiedCredit
+def _read(file: Path) -> bytes:
+    """A proof file's bytes, or a one-line error (exit 2)."""
+    try:
+        return file.read_bytes()
+    except OSError as exc:
+        typer.echo(f"error: cannot read {file}: {exc.strerror}", err=True)
+        raise typer.Exit(2) from exc
 
-    assert isinstance(verified, VerifiedCredit)
+
+def _print(verified: VerifiedCredit, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(verified.to_obj(), indent=2))
         return
@@ -99,12 +115,8 @@ def credit_verify(
     """Check a credit proof with nothing but the file (the owner's and aggregators' keys)."""
     from core.project.credit_proof import AccountCredit, verify_any
 
+    data = _read(file)
     with one_line_errors():
-        try:
-            data = file.read_bytes()
-        except OSError as exc:
-            typer.echo(f"error: cannot read {file}: {exc.strerror}", err=True)
-            raise typer.Exit(2) from exc
         verified = verify_any(data)
     proofs = verified.proofs if isinstance(verified, AccountCredit) else [verified]
     if project is not None and any(p.project_id != project for p in proofs):
@@ -124,8 +136,7 @@ def credit_verify(
                 f"  {proof.project_name} ({proof.project_id[:16]}), computer "
                 f"{proof.contributor.hex()[:16]}: {proof.total:,.1f}"
             )
-        if not as_json:
-            typer.echo("verified: signed by the projects' owners, aggregators and the computers")
+        typer.echo("verified: signed by the projects' owners, aggregators and the computers")
         return
     _print(verified, as_json)
     if not as_json:
@@ -142,16 +153,11 @@ def credit_link(
     ] = None,
 ) -> None:
     """Count this computer's credit for an account, so several computers add up."""
-    import time
-
-    from core.cli.common import load_identity
     from core.node.credit import save_link
-    from core.paths import identity_path
     from core.protocol.credit import AccountLink
-    from net.identity import load_or_create
 
     if account is None:
-        key = load_or_create(identity_path(settings.data_dir, "account")).public_key
+        key = load_identity(False, "account").public_key
     else:
         try:
             key = bytes.fromhex(account)
@@ -175,13 +181,7 @@ def credit_merge(
     """Gather the proofs of one account's computers (and projects) into one."""
     from core.project.credit_proof import account_proof_bytes, verify_account_proof, verify_proof
 
-    proofs = []
-    for f in files:
-        try:
-            proofs.append(f.read_bytes())
-        except OSError as exc:
-            typer.echo(f"error: cannot read {f}: {exc.strerror}", err=True)
-            raise typer.Exit(2) from exc
+    proofs = [_read(f) for f in files]
     with one_line_errors():
         accounts = {verify_proof(p).account for p in proofs}
         if None in accounts or len(accounts) != 1:

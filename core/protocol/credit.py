@@ -37,7 +37,7 @@ def day_of(wall_seconds: float) -> int:
     return int(wall_seconds // DAY_SECONDS)
 
 
-def _credit(x: Any, what: str) -> float:
+def _nonnegative(x: Any, what: str) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise MessageError(f"{what} must be a number")
     value = float(x)
@@ -116,13 +116,13 @@ class CreditStatement:
             day = -1 if entry[0] == EARLIER_DAY else _int(entry[0], "day", 2**31)
             if days and day <= days[-1][0]:
                 raise MessageError("days must increase")
-            days.append((day, _credit(entry[1], "credit")))
-        issued = _credit(obj[4], "issued")
+            days.append((day, _nonnegative(entry[1], "credit")))
+        issued = _nonnegative(obj[4], "issued")
         return cls(
             _str(obj[0], "project"),
             _bytes(obj[1], 32, "contributor"),
             tuple(days),
-            _credit(obj[3], "revoked"),
+            _nonnegative(obj[3], "revoked"),
             issued,
             _bytes(obj[5], 32, "aggregator"),
             _bytes(obj[6], 64, "signature"),
@@ -185,6 +185,6 @@ class AccountLink:
         return cls(
             _bytes(obj[0], 32, "account"),
             _bytes(obj[1], 32, "node"),
-            _credit(obj[2], "created"),
+            _nonnegative(obj[2], "created"),
             _bytes(obj[3], 64, "signature"),
         )

@@ -8,9 +8,10 @@ import pytest
 
 from core.aggregator import credit as credit_module
 from core.aggregator.core import AggregatorCore
-from core.aggregator.credit import EARLIER, CreditLedger, day_of, round_grants
+from core.aggregator.credit import EARLIER, CreditLedger, round_grants
 from core.aggregator.rounds import RoundRule
 from core.aggregator.verify import Rejected
+from core.protocol.credit import day_of
 from net import Identity
 from tests.unit.test_aggregator_core import UID, contribution, make_core, settings
 
