@@ -59,6 +59,7 @@ from core.experts.wire import to_wire
 from core.project.assignment import expert_assignment
 from core.protocol.aggregator_methods import CONTRIBUTE, STATS, responsible_aggregator
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
+from core.protocol.signed_report import SignedReport
 from net import Identity
 from net.codec import pack, unpack_bounded
 
@@ -332,7 +333,10 @@ async def two_aggregators(folder: Path) -> dict[str, Any]:
                     acked.append((target, msg, wires))
 
             async def stats(i: int) -> dict[str, Any]:
-                return dict((await sender.rpc.call(peers[i], STATS)).meta)
+                signed = SignedReport.decode(
+                    (await sender.rpc.call(peers[i], STATS)).meta["signed"]
+                )
+                return signed.report().model_dump()
 
             async def settle() -> None:
                 for i in range(2):

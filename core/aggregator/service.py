@@ -15,6 +15,7 @@ import trio
 
 from core.aggregator.auditor import ContributionAuditor
 from core.aggregator.core import AggregatorCore
+from core.aggregator.evaluations import EvaluationRefused, EvaluationStore
 from core.aggregator.verify import Rejected, check_payload
 from core.experts.registry import build_expert
 from core.experts.weights import save_weights
@@ -31,7 +32,9 @@ from core.protocol.aggregator_methods import (
 )
 from core.protocol.contributions import TRUNK_UID, Contribution, MessageError
 from core.protocol.credit import CREDIT, CreditStatement
+from core.protocol.evaluations import EVALUATION, EVALUATIONS, MAX_POINTS_PER_REPLY, EvaluationPoint
 from core.protocol.refusals import SLOW_DOWN, Refusal, is_offence
+from core.protocol.signed_report import SignedReport
 from core.protocol.versions import version_key
 from net import (
     BadRequest,
@@ -42,9 +45,10 @@ from net import (
     RemoteError,
     Reply,
     RequestHead,
+    Unavailable,
 )
 from net.codec import pack
-from net.identity import peer_id_from_public_key
+from net.identity import peer_id_from_public_key, public_key_of
 from net.ratelimit import PeerRateLimiter, RateLimits
 
 log = logging.getLogger(__name__)
@@ -76,8 +80,11 @@ class AggregatorService:
         *,
         store: ChunkStore | None = None,
         version_ttl: float = 600.0,
+        evaluations: EvaluationStore | None = None,
     ) -> None:
         self.peer = peer
+        #: the trainers' signed evaluations (None: none kept, as in a bare test)
+        self.evaluations = evaluations
         self.core = core
         self.store = store  # where new versions' chunks go, served by a WeightsService
         self.version_ttl = version_ttl
@@ -101,6 +108,8 @@ class AggregatorService:
         peer.rpc.register(CONTRIBUTE, self._contribute, screen=self._screen)
         peer.rpc.register(STATS, self._stats)
         peer.rpc.register(CREDIT, self._credit)
+        peer.rpc.register(EVALUATION, self._evaluation)
+        peer.rpc.register(EVALUATIONS, self._evaluations)
         peer.rpc.register(REFEREE, self._referee)
         self._trainers = frozenset(peer_id_from_public_key(k) for k in core.settings.trainers)
         # a referee's recomputations, one at a time beside the rounds
@@ -299,7 +308,41 @@ class AggregatorService:
         return Reply({"version": version}, (to_wire(expected),))
 
     async def _stats(self, ctx: CallContext) -> Reply:
-        return Reply(self.statistics().model_dump())
+        """This aggregator's account, signed (core/protocol/signed_report.py)."""
+        signed = SignedReport.sign(
+            self.peer.identity,
+            self.core.settings.project,
+            self.statistics(),
+            self.core.clock.wall(),
+        )
+        return Reply({"signed": signed.encode()})
+
+    async def _evaluation(self, ctx: CallContext) -> Reply:
+        """A trainer's signed evaluation, kept for anyone to read (the project page)."""
+        if self.evaluations is None:
+            raise Unavailable("this aggregator keeps no evaluations")
+        if ctx.peer_id not in self._trainers:
+            raise BadRequest("only the manifest's trainers send evaluations")
+        try:
+            point = EvaluationPoint.decode(ctx.request.meta.get("point"))
+            if point.trainer != public_key_of(ctx.peer_id):
+                raise EvaluationRefused("a trainer sends its own evaluations only")
+            await trio.to_thread.run_sync(
+                partial(self.evaluations.add, point, self.core.clock.wall()), limiter=self._checker
+            )
+        except (MessageError, EvaluationRefused) as exc:
+            raise BadRequest(f"evaluation refused: {exc}") from exc
+        return Reply({})
+
+    async def _evaluations(self, ctx: CallContext) -> Reply:
+        """The trainers' evaluations measured after ``after`` (anyone may ask)."""
+        after = ctx.request.meta.get("after", 0.0)
+        if isinstance(after, bool) or not isinstance(after, (int, float)):
+            raise BadRequest("after is a time in seconds")
+        if self.evaluations is None:
+            return Reply({"points": [], "more": False})
+        points, more = self.evaluations.after(float(after), MAX_POINTS_PER_REPLY)
+        return Reply({"points": [p.encode() for p in points], "more": more})
 
     async def _credit(self, ctx: CallContext) -> Reply:
         """This aggregator's signed statement of a contributor's credit (anyone may ask:
@@ -325,8 +368,12 @@ class AggregatorService:
 
     def statistics(self) -> AggregatorReport:
         s = self.core.stats
-        # the most active contributors (a reply stays small in a big swarm)
-        active = sorted(s.contributors.items(), key=lambda item: -item[1].accepted)
+        # the contributors with the most credit, then the most active (a reply stays
+        # small in a big swarm; the project page's leaderboard is its head)
+        credit = self.core.credit
+        active = sorted(
+            s.contributors.items(), key=lambda item: (-credit.total(item[0]), -item[1].accepted)
+        )
         return AggregatorReport(
             accepted=s.accepted,
             rejected=dict(s.rejected),

@@ -306,6 +306,57 @@ def owner_status(
         typer.echo(f"experts not learning: {status['experts_waiting']}")
 
 
+@owner_app.command("page")
+def owner_page(
+    project_id: Annotated[str, typer.Argument(help="The project id printed by publish.")],
+    bootstrap: BootstrapOpt = None,
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="The folder the page goes to (index.html, page.json)."),
+    ] = Path("project-page"),
+    serve: Annotated[
+        str | None,
+        typer.Option(
+            help="Also serve the folder over HTTP at HOST:PORT (127.0.0.1:8080; port 0 picks "
+            "one; 0.0.0.0:8080 for everyone), refreshing the page until stopped."
+        ),
+    ] = None,
+    every: Annotated[
+        float | None,
+        typer.Option(
+            min=5,
+            help="Write the page again every this many seconds until stopped "
+            "(serving: 60 by default; else the page is written once).",
+        ),
+    ] = None,
+) -> None:
+    """The project's public page: validation loss over time, experts and who serves them,
+    throughput, the credit leaderboard, bans and their reasons, the invite. It shows
+    only what keys of the signed manifest signed; the folder is static files for any web
+    host."""
+    from core.page.serve import run_page
+
+    def ready(page: Path, url: str | None) -> None:
+        typer.echo(f"page: {page.resolve()}")
+        if url is not None:
+            typer.echo(f"served at: {url} (refreshed every {every or 60:g} s; Ctrl-C stops)")
+        sys.stdout.flush()
+
+    run_async(
+        partial(
+            run_page,
+            load_identity(True),
+            project_id,
+            bootstrap or [],
+            data_folder(),
+            out,
+            every=every,
+            bind=serve,
+            on_ready=ready,
+        )
+    )
+
+
 @owner_app.command("rotate-key")
 def owner_rotate_key(
     bootstrap: BootstrapOpt = None,

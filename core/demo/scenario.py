@@ -40,7 +40,7 @@ from core.demo.options import DemoOptions, wire_codecs
 from core.demo.summary import demo_summary
 from core.demo.supervisor import Proc, Swarm, free_port
 from core.errors import UserFacingError
-from core.paths import identity_path
+from core.paths import data_dir, identity_path
 from core.trainer.events import TrainerEvent, TrainingProgressed, TrainingSummary, read_event
 from core.trainer.progress import TrainingProgress
 from net.identity import load_or_create
@@ -274,11 +274,29 @@ async def run_demo(
     with _work_folder(options.workdir) as root, _places(options) as places:
         swarm = Swarm(root)
         try:
-            return await _run(options, swarm, places, console, handle_signals)
+            summary = await _run(options, swarm, places, console, handle_signals)
         finally:
             # before the lab goes (its namespaces take what runs inside along)
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(swarm.stop_all)
+        if options.workdir is None:  # the run's folder goes now
+            keep_results(summary, data_dir() / "demo-page")
+        return summary
+
+
+def keep_results(summary: dict[str, Any], kept: Path) -> None:
+    """The demo's project page and credit proof copied to ``kept``, where they outlive
+    the run (replacing the last run's); the summary points there."""
+    shutil.rmtree(kept, ignore_errors=True)
+    if summary.get("page"):
+        shutil.copytree(Path(summary["page"]).parent, kept)
+        summary["page"] = str(kept / "index.html")
+    proof = summary.get("proof")
+    if proof:
+        kept.mkdir(parents=True, exist_ok=True)
+        copy = kept / f"{proof['volunteer']}.credit.proof"
+        shutil.copyfile(proof["proof"], copy)
+        proof["proof"] = str(copy)
 
 
 async def _run(
@@ -491,44 +509,76 @@ async def _run(
     summary = await _follow_trainer(
         options, swarm, trainer, volunteers, newcomers, project, console, handle_signals, boot
     )
-    if language is not None and summary.get("steps", 0) > 0:
-        # through the aggregator: the bootstrap peer may have been killed (--kill-relay)
+    # the last looks, at once (each its own processes): the model exported and sampled,
+    # the project page (whose leaderboard, the aggregator's signed account, gives each
+    # volunteer's credit), and the first volunteer's own proof of its credit. Through
+    # the aggregator: the bootstrap peer may have been killed (--kill-relay)
+    page: dict[str, Any] = {}
+
+    async def sample() -> None:
         workdir = swarm.folder("trainer") / "data" / "trainer" / project
-        with console.status("exporting the model and sampling it"):
-            summary["generated"] = await sample_text(
-                swarm, project, agg_addr, workdir, places.prefix("owner")
-            )
-    with console.status("asking the aggregator for each volunteer's credit"):
-        credit = await volunteer_credit(swarm, project, agg_addr, places)
+        summary["generated"] = await sample_text(
+            swarm, project, agg_addr, workdir, places.prefix("owner")
+        )
+
+    async def make_page() -> None:
+        page.update(await project_page(swarm, project, agg_addr, places.prefix("owner")))
+
+    prover = next((p for p in volunteers if p.popen.poll() is None), None)  # churn kills
+
+    async def prove() -> None:
+        assert prover is not None
+        summary["proof"] = await volunteer_proof(swarm, prover, project, agg_addr, places)
+
+    with console.status("sampling the model, making the project page, proving a credit"):
+        async with trio.open_nursery() as nursery:
+            if language is not None and summary.get("steps", 0) > 0:
+                nursery.start_soon(sample)
+            nursery.start_soon(make_page)
+            if prover is not None:
+                nursery.start_soon(prove)
+    credit = {row["peer"]: row["credit"] for row in page.get("leaderboard", [])}
     for v in summary["per_volunteer"]:
-        v["credit"] = credit.get(v["name"])
+        # none on the leaderboard: nothing reached a round (or a ban took it back)
+        v["credit"] = credit.get(v["peer"], 0.0) if page else None
+    summary["page"] = page.get("path")
     return summary
 
 
-async def volunteer_credit(
-    swarm: Swarm, project: str, bootstrap: str, places: Places
-) -> dict[str, float | None]:
-    """Each volunteer's credit as its own ``moehome credit`` proves it (its node's key,
-    the aggregator's signed statement, verified), by volunteer name; None where the
-    command failed (its log says why). The proofs stay in the volunteers' folders."""
-    out: dict[str, float | None] = {}
-    volunteers = [p for p in swarm.procs if p.public_key and p.name.startswith("volunteer-")]
+async def project_page(
+    swarm: Swarm, project: str, bootstrap: str, prefix: Sequence[str]
+) -> dict[str, Any]:
+    """The project page as the owner makes it (``moehome owner page``), in the owner's
+    folder: its data (page.json) and ``path`` (its index.html); empty where the command
+    failed (its log says why)."""
+    folder = swarm.folder("owner") / "page"
+    try:
+        await swarm.run_to_end(
+            "page", ["owner", "page", project, "-b", bootstrap, "--out", str(folder)], prefix
+        )
+        data = json.loads((folder / "page.json").read_text())
+    except (UserFacingError, OSError, ValueError) as exc:
+        log.warning("no project page: %s", exc)
+        return {}
+    return {**data, "path": str(folder / "index.html")}
 
-    async def one(proc: Proc) -> None:
-        proof = swarm.folder(proc.name) / "credit.proof"
-        args = ["credit", "--project", project, "-b", bootstrap, "--proof", str(proof), "--json"]
-        prefix = places.prefix(proc.where) if proc.where else []
-        try:
-            text = await swarm.run_to_end(proc.name, args, prefix)
-            out[proc.name] = float(json.loads(text)["total"])
-        except (UserFacingError, ValueError, KeyError) as exc:
-            log.warning("no credit for %s: %s", proc.name, exc)
-            out[proc.name] = None
 
-    async with trio.open_nursery() as nursery:
-        for proc in volunteers:
-            nursery.start_soon(one, proc)
-    return out
+async def volunteer_proof(
+    swarm: Swarm, proc: Proc, project: str, bootstrap: str, places: Places
+) -> dict[str, Any] | None:
+    """A volunteer's credit as its own ``moehome credit`` proves it (its node's key, the
+    aggregator's signed statement, verified; the proof file in its folder), or None
+    where the command failed (its log says why)."""
+    proof = swarm.folder(proc.name) / "credit.proof"
+    args = ["credit", "--project", project, "-b", bootstrap, "--proof", str(proof), "--json"]
+    prefix = places.prefix(proc.where) if proc.where else []
+    try:
+        text = await swarm.run_to_end(proc.name, args, prefix)
+        total = float(json.loads(text)["total"])
+    except (UserFacingError, ValueError, KeyError) as exc:
+        log.warning("no credit proof for %s: %s", proc.name, exc)
+        return None
+    return {"volunteer": proc.name, "credit": total, "proof": str(proof)}
 
 
 async def _follow_trainer(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -195,9 +196,25 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         "influence: the share of a volunteer's gradient the robust rule kept, averaged over "
         "rounds (poisoned gradients are clipped to a small share); credit: the samples of "
         "its contributions that reached a round, times that share, as the aggregator "
-        "signed it (each volunteer's proof: credit.proof in its folder; check one with "
-        "moehome credit verify)"
+        "signed it (the project page's leaderboard)"
     )
+    proof = summary.get("proof")
+    if proof:
+        console.print(
+            f"{proof['volunteer']} proved its own with `moehome credit`: "
+            f"{proof['credit']:,.0f}; its proof, which anyone can check with `moehome credit "
+            f"verify`: {proof['proof']}",
+            highlight=False,
+        )
     if summary.get("generated"):
         console.print("\n[bold]the trained model[/], exported and sampled (owner export, generate)")
         console.print(summary["generated"], markup=False, highlight=False)
+    if summary.get("page"):
+        page = Path(summary["page"])
+        console.print(
+            f"\n[bold]the project page[/] (owner page): {page.as_uri()}\n"
+            "the loss over time, experts and who serves them, throughput, the credit "
+            "leaderboard, bans and the invite, from signed data only; `moehome owner page "
+            "PROJECT --serve 127.0.0.1:8080` serves a live one",
+            highlight=False,
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,10 @@ from core.project.distribution import aggregator_peers, find_manifest
 from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError, fingerprint
 from core.project.pins import PinStore
 from core.project.records import ProviderAnnouncement, providers_key, rotation_key
+from core.project.signed import SignedManifest
 from core.protocol.aggregator_methods import STATS, AggregatorReport
+from core.protocol.fields import MessageError
+from core.protocol.signed_report import SignedReport
 from net import Peer, RpcError
 from net.codec import pack, unpack_bounded
 
@@ -88,6 +91,14 @@ async def announce_rotation(peer: Peer, rotation: KeyRotation) -> int:
 async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[str, Any]:
     """What the swarm says about a project, for ``moehome owner status``."""
     signed = await find_manifest(peer, project_id, PinStore(data_dir / "pinned-owners.json"))
+    return await status_of(peer, signed)
+
+
+async def status_of(peer: Peer, signed: SignedManifest) -> dict[str, Any]:
+    """``project_status`` of a manifest found already: every figure from a signed record
+    (the servers' and providers' own) or account (the aggregators', signed by the keys
+    the manifest lists)."""
+    project_id = signed.project_id
     manifest = signed.manifest
     uids = list(manifest.model.expert_uids())
     experts: dict[str, list[dict[str, Any]]] = {}
@@ -119,7 +130,7 @@ async def project_status(peer: Peer, project_id: str, data_dir: Path) -> dict[st
             continue
         providers.append({"peer": str(author), "index": ann.index, "uids": list(ann.uids) or "all"})
     volunteers = sorted({s["peer"] for servers in experts.values() for s in servers})
-    aggregators = await aggregator_statistics(peer, manifest)
+    aggregators = await aggregator_statistics(peer, signed)
     return {
         "project_id": project_id,
         "name": manifest.project.name,
@@ -157,22 +168,37 @@ class AggregatorAccount:
         return out | self.report.model_dump()
 
 
-async def aggregator_statistics(peer: Peer, manifest: Any) -> list[AggregatorAccount]:
-    """Each aggregator's own account (versions, accepted, rejections by reason), or why it
-    could not be asked."""
+async def aggregator_statistics(peer: Peer, signed: SignedManifest) -> list[AggregatorAccount]:
+    """Each aggregator's own account (versions, accepted, rejections by reason), signed
+    by the key the manifest lists for it; or why it could not be had."""
     out: list[AggregatorAccount] = []
+    manifest = signed.manifest
     for entry, agg in zip(manifest.aggregators, aggregator_peers(peer, manifest), strict=True):
         try:
             reply = await peer.rpc.call(agg, STATS, timeout=5)
-            report = AggregatorReport.model_validate(reply.meta)
+            report = verified_report(reply.meta, bytes.fromhex(entry.key), signed.project_id)
         except RpcError as exc:
             out.append(AggregatorAccount(entry.key, str(agg), unreachable=str(exc)))
         except ValidationError as exc:
             why = f"answered with no account: {exc.error_count()} field(s) of the wrong type"
             out.append(AggregatorAccount(entry.key, str(agg), unreachable=why))
+        except MessageError as exc:
+            out.append(AggregatorAccount(entry.key, str(agg), unreachable=f"answered {exc}"))
         else:
             out.append(AggregatorAccount(entry.key, str(agg), report))
     return out
+
+
+def verified_report(meta: Mapping[str, Any], key: bytes, project: str) -> AggregatorReport:
+    """The account in an agg.stats reply, once its signature is checked against ``key``
+    (the manifest's) and its project is ``project``; MessageError says what is wrong, a
+    ValidationError which fields do not fit."""
+    signed = SignedReport.decode(meta.get("signed"))
+    if signed.aggregator != key or not signed.verify():
+        raise MessageError("with an account its key did not sign")
+    if signed.project != project:
+        raise MessageError(f"with an account of another project ({signed.project})")
+    return signed.report()
 
 
 def why_experts_wait(aggregators: Sequence[AggregatorAccount], min_contributors: int) -> str:

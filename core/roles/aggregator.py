@@ -13,6 +13,7 @@ import trio
 
 from core.aggregator.auditor import ContributionFinding
 from core.aggregator.core import AggregatorCore, AggregatorSettings
+from core.aggregator.evaluations import EvaluationStore
 from core.aggregator.robust import RobustSettings
 from core.aggregator.service import AggregatorService
 from core.aggregator.trunk import TrunkSettings
@@ -145,15 +146,21 @@ async def aggregate(
         if published is not None:
             await trio.to_thread.run_sync(load_trunk, trunk, published, signed.manifest.model)
         initial[TRUNK_UID] = trunk
-    core = await trio.to_thread.run_sync(
-        AggregatorCore, settings_from(signed, uids), workdir / "state", initial
-    )
+    settings = settings_from(signed, uids)
+    core = await trio.to_thread.run_sync(AggregatorCore, settings, workdir / "state", initial)
     try:
         WeightsService.of(peer, store)
         interval = pull_interval(signed.manifest.training.round_seconds)
         board = BanBoard(peer, signed, interval=interval)
         async with trio.open_nursery() as nursery:
-            service = await nursery.start(AggregatorService(peer, core, store=store).run)
+            evaluations = EvaluationStore(
+                workdir / "evaluations.bin", signed.project_id, settings.trainers
+            )
+            kept = await trio.to_thread.run_sync(evaluations.load)
+            log.info("%d trainer evaluations kept from before", kept)
+            service = await nursery.start(
+                AggregatorService(peer, core, store=store, evaluations=evaluations).run
+            )
             board.listeners.append(partial(_honour, service))
             if service.auditor is not None:
                 service.auditor.listeners.append(partial(_accuse, board))

@@ -54,6 +54,7 @@ from core.trainer.batches import (
 )
 from core.trainer.concurrency import batches_in_flight
 from core.trainer.data import DEFAULT_MAX_BYTES, STDLIB, Corpus
+from core.trainer.evaluations import EvaluationPublisher
 from core.trainer.events import (
     Evaluated,
     ExpertsNote,
@@ -66,7 +67,7 @@ from core.trainer.events import (
 from core.trainer.initial import start_from_published
 from core.trainer.model import TrainerModel, build_model
 from core.trainer.session import SessionSettings, TrainingSession
-from core.trainer.settle import NewestVersion, await_next_round
+from core.trainer.settle import NewestVersion, Stalled, await_next_round
 from core.trainer.sharing import TrunkSharing
 from core.trainer.tokenizer_file import tokenizer_for
 from core.trainer.trunk import shares_trunk
@@ -397,14 +398,26 @@ async def train_on(
         if shares_trunk(signed.manifest)
         else None
     )
+    # each evaluation, signed, to the aggregators: the project page's loss over time
+    publisher = EvaluationPublisher(peer, signed)
+
+    def reporting(event: TrainerEvent) -> None:
+        report(event)
+        if isinstance(event, Evaluated):
+            samples = session.state.samples
+            publisher.publish(
+                step=event.step, samples=samples, tokens=samples * m.context, loss=event.loss
+            )
+
     async with trio.open_nursery() as nursery:
+        await nursery.start(publisher.run)
         if sharing is not None:
             nursery.start_soon(sharing.run)
         await nursery.start(board.run)
         if auditor is not None and weights is not None:
             await nursery.start(auditor.run)
             await nursery.start(weights.watch)
-        nursery.start_soon(_watch_experts, peer, signed.manifest, report)
+        nursery.start_soon(_watch_experts, peer, signed, report)
         # the layers' finders serve expired lookups while they look again behind them
         for finder in {id(m.finder): m.finder for m in session.mixtures()}.values():
             await nursery.start(finder.keep_fresh)
@@ -414,16 +427,24 @@ async def train_on(
             record = await newest_version(peer, signed.project_id, uid, allowed)
             return None if record is None else record.version
 
+        async def stalled() -> frozenset[str]:
+            accounts = await aggregator_statistics(peer, signed)
+            return frozenset(
+                uid for a in accounts if a.report for uid in a.report.short_of_contributors
+            )
+
         summary = await _train(
             session,
             options,
             stop,
-            report,
+            reporting,
             sharing,
             newest=newest,
+            stalled=stalled,
             pull_s=pull_interval(signed.manifest.training.round_seconds),
             trainers=world,
         )
+        await publisher.close()  # the final evaluation's point on its way
         nursery.cancel_scope.cancel()
     if auditor is not None:
         summary["audits"] = auditor.stats.as_dict()
@@ -435,9 +456,7 @@ async def train_on(
             "changes_accepted": sharing.accepted,
             "rebased": sharing.rebased,
         }
-    summary["aggregators"] = [
-        a.to_obj() for a in await aggregator_statistics(peer, signed.manifest)
-    ]
+    summary["aggregators"] = [a.to_obj() for a in await aggregator_statistics(peer, signed)]
     summary["reached"] = {p: how_reached(peer, p) for p in summary["answered_by"]}
     typed = TrainingSummary.model_validate(summary)
     report(typed)
@@ -467,16 +486,17 @@ EXPERTS_CHECK_S = 60.0
 
 
 async def _watch_experts(
-    peer: Peer, manifest: Manifest, report: Report, every: float = EXPERTS_CHECK_S
+    peer: Peer, signed: SignedManifest, report: Report, every: float = EXPERTS_CHECK_S
 ) -> None:
     """Say why the experts do not learn when they do not (a round short of volunteers,
     an aggregator out of reach), and when that ends: an "experts" event each time the
     answer changes (the trainer-side layers learn either way)."""
     said = ""
+    manifest = signed.manifest
     while True:
         await trio.sleep(every)
         note = why_experts_wait(
-            await aggregator_statistics(peer, manifest), manifest.training.min_contributors
+            await aggregator_statistics(peer, signed), manifest.training.min_contributors
         )
         if note != said:
             report(ExpertsNote(note=note))
@@ -526,6 +546,7 @@ async def _train(
     clock: Clock = SYSTEM_CLOCK,
     *,
     newest: NewestVersion | None = None,
+    stalled: Stalled | None = None,
     pull_s: float = 0.0,
     trainers: int = 1,
 ) -> dict[str, Any]:
@@ -650,7 +671,14 @@ async def _train(
             options.final_round_wait_s,
         )
         waited = trio.current_time()
-        settled = await await_next_round(served, newest, options.final_round_wait_s, pull_s)
+        settled = await await_next_round(
+            served,
+            newest,
+            options.final_round_wait_s,
+            pull_s,
+            stalled=stalled,
+            round_s=2 * pull_s,  # volunteers send twice a round: their last ones are in
+        )
         if sharing is not None:  # and the trunk: a version holding this trainer's last change
             left = options.final_round_wait_s - (trio.current_time() - waited)
             with trio.move_on_after(max(0.0, left)) as scope:

@@ -26,6 +26,7 @@ from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity, Peer, RemoteError, Tensor, parse_peer_addr
 from net.identity import load_or_create
 from tests.child_processes import stop_processes
+from tests.reports import stats_of
 from tests.swarm.test_project import small_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +128,7 @@ async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path)
             proc, addr = await start_aggregator(agg_dir, pid, owner.addrs()[0])
             procs.append(proc)
             await volunteer.host.connect_addr(addr)
-            stats = (await volunteer.rpc.call(agg, STATS)).meta
+            stats = stats_of((await volunteer.rpc.call(agg, STATS)).meta)
             assert stats["versions"][uid] == 0
             assert stats["pending_samples"][uid] == 24  # all three acknowledged ones are back
             msg, wires = sent[0]
@@ -139,9 +140,9 @@ async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path)
                 msg, wires = make_contribution(0.01 * (i + 1))
                 await volunteer.rpc.call(agg, CONTRIBUTE, {"header": msg.encode()}, wires)
             with trio.fail_after(20):
-                while (await volunteer.rpc.call(agg, STATS)).meta["versions"][uid] < 1:
+                while stats_of((await volunteer.rpc.call(agg, STATS)).meta)["versions"][uid] < 1:
                     await trio.sleep(0.2)
-            stats = (await volunteer.rpc.call(agg, STATS)).meta
+            stats = stats_of((await volunteer.rpc.call(agg, STATS)).meta)
             assert stats["pending_samples"][uid] == 0
             assert stats["rejected"] == {"replay": 1}
             # the owner sees the same, rejections by reason, in `moehome owner status`

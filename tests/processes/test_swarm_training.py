@@ -21,12 +21,14 @@ whether a far volunteer's queue is the shorter one.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from core.demo import DemoOptions, run_demo
+from core.project.credit_proof import verify_proof
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -76,10 +78,23 @@ async def test_four_volunteers_train_the_model(tmp_path_factory):
     assert audited["passed"] > 0, audited
     assert audited["failed"] == 0, audited
     assert not s["banned"]
-    # each volunteer's own `moehome credit` proved what the aggregator granted it
+    # every volunteer earned credit (the aggregator's signed account, on the project
+    # page's leaderboard), and one proved its own with `moehome credit`: a proof file
+    # that verifies with the manifest alone
     assert all(v["credit"] is not None and v["credit"] > 0 for v in s["per_volunteer"]), [
         (v["name"], v["credit"]) for v in s["per_volunteer"]
     ]
+    proof = s["proof"]
+    assert verify_proof(Path(proof["proof"]).read_bytes()).total == pytest.approx(proof["credit"])
+    assert proof["credit"] > 0
+    # the project page (`owner page`, at the end): the trainer's signed evaluations, the
+    # last of them its final loss
+    page = json.loads((Path(s["page"]).parent / "page.json").read_text())
+    (curve,) = page["loss"]
+    assert curve["points"][0][4] == pytest.approx(s["initial_loss"])
+    assert curve["points"][-1][4] == pytest.approx(s["final_loss"])
+    assert curve["points"][-1][1] == STEPS
+    assert page["status"]["experts_covered"] == page["status"]["experts_total"]
 
 
 async def test_training_goes_on_when_a_third_of_the_volunteers_die(tmp_path):

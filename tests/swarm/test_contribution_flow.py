@@ -29,6 +29,7 @@ from core.project.chunks import ChunkStore
 from core.project.distribution import WeightsService
 from core.protocol.aggregator_methods import STATS
 from net.testing import open_swarm
+from tests.reports import stats_of
 from tests.waiting import eventually
 
 SPEC = ExpertSpec("ffn", hidden=8, inner=16)
@@ -102,7 +103,7 @@ async def test_gradients_travel_from_trainer_through_volunteer_to_a_new_version(
             while core.versions[UID] < 1:
                 await trio.sleep(0.1)
         assert sender.stats.accepted >= 1
-        stats = (await trainer.rpc.call(aggregator.peer_id, STATS)).meta
+        stats = stats_of((await trainer.rpc.call(aggregator.peer_id, STATS)).meta)
         assert stats["accepted"] >= 1
         assert stats["versions"] == {UID: 1}
         after = core.modules[UID].state_dict()

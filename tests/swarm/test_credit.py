@@ -17,6 +17,7 @@ from core.protocol.aggregator_methods import STATS, AggregatorReport
 from core.protocol.credit import CREDIT
 from net import Identity, RemoteError
 from net.testing import open_swarm
+from tests.reports import stats_of
 from tests.unit.test_aggregator_core import contribution, settings
 from tests.unit.test_credit_proof import signed_manifest
 
@@ -45,7 +46,10 @@ async def test_a_volunteer_proves_the_credit_its_aggregator_granted(tmp_path):
         assert verified.total == pytest.approx(granted)
         # the owner's view (agg.stats, as `owner status --json` shows it) says the same
         report = AggregatorReport.model_validate(
-            (await volunteer.rpc.call(aggregator.peer_id, STATS)).meta
+            stats_of(
+                (await volunteer.rpc.call(aggregator.peer_id, STATS)).meta,
+                aggregator.identity.public_key,
+            )
         )
         assert report.contributors[volunteer.identity.public_key.hex()].credit == pytest.approx(
             verified.total

@@ -1,0 +1,88 @@
+"""An aggregator's account (agg.stats, core/protocol/aggregator_methods.py) signed by its
+key: ``moehome owner status`` and the project page (core/project/page.py) show only
+figures a key of the manifest signed, and a page's reader can check them on any
+machine.
+
+agg.stats  meta {} -> meta {signed: SignedReport}
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from core.protocol.aggregator_methods import AggregatorReport
+from core.protocol.fields import MessageError
+from core.protocol.fields import exact_bytes as _bytes
+from core.protocol.fields import short_str as _str
+from net.codec import pack, unpack_bounded
+from net.identity import Identity, verify_signature
+
+_DOMAIN: Final = "moehome-aggregator-report/1"
+#: a signed report travels in an RPC header (at most 64 KiB)
+MAX_REPORT_BYTES: Final = 60 * 1024
+
+
+@dataclass(frozen=True)
+class SignedReport:
+    project: str
+    aggregator: bytes
+    #: when the aggregator stated it (unix seconds)
+    issued: float
+    #: the report, as msgpack of ``AggregatorReport.model_dump()``
+    body: bytes
+    signature: bytes = b""
+
+    def payload(self) -> bytes:
+        return pack([_DOMAIN, self.project, self.aggregator, self.issued, self.body])
+
+    @classmethod
+    def sign(
+        cls, aggregator: Identity, project: str, report: AggregatorReport, issued: float
+    ) -> SignedReport:
+        unsigned = cls(project, aggregator.public_key, float(issued), pack(report.model_dump()))
+        return replace(unsigned, signature=aggregator.sign(unsigned.payload()))
+
+    def verify(self) -> bool:
+        return verify_signature(self.aggregator, self.payload(), self.signature)
+
+    def report(self) -> AggregatorReport:
+        """The report it signs; ValueError (pydantic's ValidationError is one) when its
+        body is no report."""
+        try:
+            obj = unpack_bounded(self.body, MAX_REPORT_BYTES)
+        except Exception as exc:  # msgpack's errors on garbage
+            raise MessageError(f"the signed body is no report: {exc}") from exc
+        return AggregatorReport.model_validate(obj)
+
+    def encode(self) -> bytes:
+        return pack([self.project, self.aggregator, self.issued, self.body, self.signature])
+
+    @classmethod
+    def decode(cls, data: Any) -> SignedReport:
+        if not isinstance(data, bytes) or len(data) > MAX_REPORT_BYTES:
+            raise MessageError(f"a signed report is bytes, at most {MAX_REPORT_BYTES}")
+        try:
+            obj = unpack_bounded(data, MAX_REPORT_BYTES)
+        except Exception as exc:  # msgpack's errors on garbage
+            raise MessageError(f"not a signed report: {exc}") from exc
+        if not isinstance(obj, list) or len(obj) != 5:
+            raise MessageError("a signed report is a list of 5 fields")
+        issued = obj[2]
+        if (
+            isinstance(issued, bool)
+            or not isinstance(issued, (int, float))
+            or not math.isfinite(issued)
+            or issued < 0
+        ):
+            raise MessageError("issued must be a finite number >= 0")
+        if not isinstance(obj[3], bytes):
+            raise MessageError("the report's body must be bytes")
+        return cls(
+            _str(obj[0], "project"),
+            _bytes(obj[1], 32, "aggregator"),
+            float(issued),
+            obj[3],
+            _bytes(obj[4], 64, "signature"),
+        )
