@@ -68,6 +68,13 @@ def demo(
     workdir: Annotated[
         Path | None, typer.Option(help="Keep every process's files here (default: a temp folder).")
     ] = None,
+    sample: Annotated[
+        bool,
+        typer.Option(
+            "--sample/--no-sample",
+            help="At the end, export the trained model and sample text from it.",
+        ),
+    ] = True,
     experts: Annotated[
         int | None,
         typer.Option(
@@ -191,6 +198,7 @@ def demo(
         architecture=architecture,
         vocab_size=vocab_size,
         workdir=workdir,
+        sample=sample,
         nat=nat,
         symmetric=symmetric,
         kill_relay=kill_relay,

@@ -31,6 +31,8 @@ class DemoOptions:
     #: bytes for ~1% of loss at equal samples
     wire: str = "q4z"
     workdir: Path | None = None
+    #: at the end, the model exported and sampled (owner export, generate)
+    sample: bool = True
     #: the demo model's family: "mixtral" (transformers' Mixtral layers, SwiGLU experts)
     #: or "byte" (moehome's small byte model)
     architecture: str = "mixtral"

@@ -532,7 +532,7 @@ async def _run(
 
     with console.status("sampling the model, making the project page, proving a credit"):
         async with trio.open_nursery() as nursery:
-            if language is not None and summary.get("steps", 0) > 0:
+            if options.sample and language is not None and summary.get("steps", 0) > 0:
                 nursery.start_soon(sample)
             nursery.start_soon(make_page)
             if prover is not None:

@@ -11,8 +11,10 @@ agg.referee     meta {uid, version, kind}, tensors [inputs, grad_outputs (backwa
                 -> tensors [what the weights of that version compute: outputs, or input
                 gradients]: settles a dispute over an answer (core/moe/audit.py); only
                 the manifest's trainers may ask, at most MAX_REFEREE_ROWS rows
-agg.stats       meta {} -> AggregatorReport {accepted, rejected, rounds, banned_peers,
-                versions, contributors, audits, pending_samples, short_of_contributors}
+agg.stats       meta {} -> meta {signed: SignedReport} (core/protocol/signed_report.py):
+                an AggregatorReport {accepted, rejected, rounds, banned_peers, versions,
+                contributors, audits, pending_samples, short_of_contributors}, signed
+agg.credit, agg.evaluation(s): core/protocol/credit.py, core/protocol/evaluations.py
 """
 
 from __future__ import annotations

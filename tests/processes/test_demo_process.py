@@ -38,7 +38,8 @@ def demo(workdir: Path, *args: str) -> subprocess.Popen[str]:
 
 async def test_ctrl_c_stops_the_swarm_and_a_second_run_resumes(tmp_path):
     workdir = tmp_path / "demo"
-    first = demo(workdir, "--steps", "1000", "--volunteers", "2")
+    # the first run ends by Ctrl-C, without the model's export (the second run makes it)
+    first = demo(workdir, "--steps", "1000", "--volunteers", "2", "--no-sample")
     try:
         assert first.stderr is not None
         with trio.fail_after(240):  # starting ~7 processes with torch on 2 cores
@@ -76,3 +77,5 @@ async def test_ctrl_c_stops_the_swarm_and_a_second_run_resumes(tmp_path):
     assert summary["steps"] == steps + 5
     assert summary["samples"] == (steps + 5) * 16
     assert not summary["stopped_early"]
+    assert summary["generated"], "the resumed run's model exported and sampled"
+    assert Path(summary["page"]).is_file()

@@ -85,6 +85,18 @@ def test_the_readme_owner_section_runs_as_written(tmp_path: Path) -> None:
         assert (home / "model" / "model.safetensors").is_file()
         generate = next(c for c, _ in more if command_words(c)[:2] == ["owner", "generate"])
         assert owner.run(generate).startswith("def ")
+        # the project page, as the README writes it: the trainer's signed evaluations (its
+        # first, and the one Ctrl-C made), the volunteers' credit, every expert served
+        page = next(
+            c for c, _ in more if command_words(c)[:2] == ["owner", "page"] and "--out" in c
+        )
+        assert "page: " in owner.run(page)
+        data = json.loads((home / "page" / "page.json").read_text())
+        (curve,) = data["loss"]
+        assert len(curve["points"]) >= 2, curve
+        assert curve["points"][-1][4] < curve["points"][0][4], curve
+        assert data["leaderboard"], data["status"]["aggregators"]
+        assert data["status"]["experts_covered"] == experts_total
         for role in owner.running:
             assert role.errors() == [], f"{role.name}: {role.errors()[:5]}"
     finally:

@@ -85,7 +85,7 @@ def stalled_from(schedule: dict[str, float]):
 async def test_an_expert_whose_round_cannot_close_is_not_waited_for(
     autojump_clock, stalls, seconds, behind
 ) -> None:
-    schedule = {"a": [(0, 4), (2, 5)], "b": [(0, 2)]}
+    schedule: dict[str, list[tuple[float, int]]] = {"a": [(0, 4), (2, 5)], "b": [(0, 2)]}
     settled = await await_next_round(
         {"a": 4, "b": 2},
         declared_at(schedule),
