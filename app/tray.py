@@ -106,6 +106,8 @@ def credit_line(status: Status | None) -> str:
         return ""
     c = status.credit
     line = f"Credit: {c.today:,.0f} today, {c.total:,.0f} in all"
+    if c.rank is not None:
+        line += f", #{c.rank} of {c.ranked}"
     if c.aggregators < c.aggregators_listed:
         line += f" ({c.aggregators} of {c.aggregators_listed} aggregators answered)"
     return line

@@ -24,6 +24,7 @@ from core.moe.answer_checks import recompute_rows
 from core.project.chunks import ChunkStore, FileEntry, split_file
 from core.protocol.aggregator_methods import (
     CONTRIBUTE,
+    MAX_CONTRIBUTORS_LISTED,
     MAX_REFEREE_ROWS,
     REFEREE,
     REVEAL,
@@ -53,7 +54,6 @@ from net.ratelimit import PeerRateLimiter, RateLimits
 
 log = logging.getLogger(__name__)
 
-MAX_CONTRIBUTORS_LISTED: Final = 256
 #: Offending contributions one source address may send per second, and in a burst,
 #: before its contributions are refused from the header on (``slow_down``: never a ban
 #: of the address, which a home router or a carrier-grade NAT shares with honest

@@ -251,8 +251,9 @@ def node_status(
         typer.echo(f"  what you can do: {status.network.advice}")
     credit = status.credit
     if credit.checked_at is not None:
+        rank = "" if credit.rank is None else f", #{credit.rank} of {credit.ranked} on the project"
         typer.echo(
-            f"credit: {credit.today:,.0f} today, {credit.total:,.0f} in all, signed by "
+            f"credit: {credit.today:,.0f} today, {credit.total:,.0f} in all{rank}, signed by "
             f"{credit.aggregators} of {credit.aggregators_listed} aggregator(s); "
             f"proof: {credit.proof}"
         )

@@ -122,6 +122,11 @@ class Credit(_Sent):
     checked_at: float | None = None
     #: where the proof of it is (``moehome credit verify`` checks it)
     proof: str = ""
+    #: its place on the project's leaderboard (the aggregators' signed accounts, which
+    #: list the contributors with the most credit), of ``ranked`` contributors listed
+    #: (None: not listed, or nothing earned yet)
+    rank: int | None = None
+    ranked: int = 0
 
 
 class Status(_Sent):

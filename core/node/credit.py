@@ -16,7 +16,10 @@ from core.project.credit_proof import (
     proof_bytes,
     verify_proof,
 )
+from core.project.leaderboard import leaderboard, rank_of
+from core.project.owner import aggregator_statistics
 from core.project.signed import SignedManifest
+from core.protocol.aggregator_methods import MAX_CONTRIBUTORS_LISTED
 from core.protocol.credit import AccountLink, day_of
 from core.protocol.fields import MessageError
 from net import Peer
@@ -76,6 +79,9 @@ async def check_credit(
     path = proof_path(data_dir, signed.project_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_file(path, data)
+    # the rank: the aggregators' signed accounts, as the project page ranks them
+    accounts = await aggregator_statistics(peer, signed)
+    rows = leaderboard([a.to_obj() for a in accounts], limit=MAX_CONTRIBUTORS_LISTED)
     now = time.time()
     return Credit(
         total=verified.total,
@@ -85,4 +91,6 @@ async def check_credit(
         aggregators_listed=len(signed.manifest.aggregators),
         checked_at=now,
         proof=str(path),
+        rank=rank_of(contributor.hex(), rows),
+        ranked=len(rows),
     )

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from core.control.invite import make_invite
 from core.project.distribution import aggregator_peers, find_manifest
+from core.project.leaderboard import leaderboard
 from core.project.owner import status_of
 from core.project.pins import PinStore
 from core.protocol.bans import ban_key, decode_bans
@@ -32,8 +33,6 @@ from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)
 
-#: the leaderboard's length
-LEADERS: Final = 100
 #: replies asked of one aggregator for evaluations (MAX_POINTS_PER_REPLY each)
 _MAX_PAGES: Final = 16
 #: the window the recent throughput is measured over (seconds of trainer time)
@@ -136,33 +135,6 @@ def throughput(
             samples_per_s += (last.samples - first.samples) / seconds
             tokens_per_s += (last.tokens - first.tokens) / seconds
     return {"samples_per_s": samples_per_s, "tokens_per_s": tokens_per_s}
-
-
-def leaderboard(
-    aggregators: Sequence[dict[str, Any]], limit: int = LEADERS
-) -> list[dict[str, Any]]:
-    """Contributors by credit (summed over the aggregators' signed accounts), then by
-    contributions accepted: ``{rank, peer, key, credit, revoked, accepted, rounds}``.
-    Pure."""
-    rows: dict[str, dict[str, Any]] = {}
-    for agg in aggregators:
-        for key, c in agg.get("contributors", {}).items():
-            row = rows.setdefault(
-                key, {"key": key, "credit": 0.0, "revoked": 0.0, "accepted": 0, "rounds": 0}
-            )
-            row["credit"] += float(c.get("credit", 0.0))
-            row["revoked"] += float(c.get("credit_revoked", 0.0))
-            row["accepted"] += int(c.get("accepted", 0))
-            row["rounds"] += int(c.get("rounds", 0))
-    ordered = sorted(rows.values(), key=lambda r: (-r["credit"], -r["accepted"], r["key"]))
-    out = []
-    for rank, row in enumerate(ordered[:limit], start=1):
-        try:
-            peer = str(peer_id_from_public_key(bytes.fromhex(row["key"])))
-        except ValueError:
-            continue  # an aggregator's account names keys; a malformed one is skipped
-        out.append({"rank": rank, "peer": peer, **row})
-    return out
 
 
 async def bans(peer: Peer, project: str, accusers: set[str]) -> list[dict[str, Any]]:

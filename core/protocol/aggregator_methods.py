@@ -31,6 +31,8 @@ REVEAL: Final = "agg.reveal"
 REFEREE: Final = "agg.referee"
 #: rows one referee request may ask recomputed (an auditor sends a share of an answer's)
 MAX_REFEREE_ROWS: Final = 1024
+#: contributors an account lists: those with the most credit, then the most active
+MAX_CONTRIBUTORS_LISTED: Final = 256
 
 Aggregator = TypeVar("Aggregator")
 

@@ -26,6 +26,18 @@ def status(credit: Credit) -> Status:
             Credit(total=10, today=0, aggregators=1, aggregators_listed=3, checked_at=1.0),
             "Credit: 0 today, 10 in all (1 of 3 aggregators answered)",
         ),
+        (
+            Credit(
+                total=10,
+                today=4,
+                aggregators=1,
+                aggregators_listed=1,
+                checked_at=1.0,
+                rank=3,
+                ranked=17,
+            ),
+            "Credit: 4 today, 10 in all, #3 of 17",
+        ),
     ],
 )
 def test_the_credit_line(credit, line):

@@ -61,6 +61,13 @@ async def test_a_volunteer_proves_the_credit_its_aggregator_granted(tmp_path):
         assert credit.total == pytest.approx(granted)
         assert credit.today == pytest.approx(granted)
         assert (credit.aggregators, credit.aggregators_listed) == (1, 1)
+        # its place among the three contributors (all sent 8 samples: equal credit, then
+        # ordered by key)
+        rows = sorted(who.public_key.hex() for who in [volunteer.identity, *others])
+        assert (credit.rank, credit.ranked) == (
+            rows.index(volunteer.identity.public_key.hex()) + 1,
+            3,
+        )
         kept = tmp_path / "node" / "credit" / f"{signed.project_id}.proof"
         assert credit.proof == str(kept)
         assert verify_proof(kept.read_bytes()).total == pytest.approx(granted)

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from core.page.collect import leaderboard, loss_curves, throughput
+from core.page.collect import loss_curves, throughput
 from core.page.render import loss_chart, nice_ticks, render_html, write_page
+from core.project.leaderboard import leaderboard, rank_of
 from core.protocol.evaluations import EvaluationPoint
 from net import Identity
 from net.identity import peer_id_from_public_key
@@ -65,6 +66,13 @@ def test_the_leaderboard_sums_the_aggregators_and_ranks_by_credit() -> None:
         (3, C, 0.0, 9),
     ]
     assert rows[2]["revoked"] == 40.0
+    # a node's rank: its place, none with no credit or when not listed
+    assert (rank_of(A, rows), rank_of(B, rows), rank_of(C, rows), rank_of("dd" * 32, rows)) == (
+        1,
+        2,
+        None,
+        None,
+    )
     assert rows[0]["peer"] == str(peer_id_from_public_key(bytes.fromhex(A)))
     assert len(leaderboard(aggs, limit=2)) == 2
 
