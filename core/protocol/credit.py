@@ -10,11 +10,10 @@ Canonical msgpack, bounded decoding, a signature over exact bytes, as receipts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from core.protocol.fields import MessageError
+from core.protocol.fields import MessageError, nonnegative_float
 from core.protocol.fields import bounded_int as _int
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
@@ -35,15 +34,6 @@ DAY_SECONDS: Final = 86_400.0
 def day_of(wall_seconds: float) -> int:
     """The UTC day (days since 1970-01-01) of a time in seconds since the epoch."""
     return int(wall_seconds // DAY_SECONDS)
-
-
-def _nonnegative(x: Any, what: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise MessageError(f"{what} must be a number")
-    value = float(x)
-    if not math.isfinite(value) or value < 0:
-        raise MessageError(f"{what} must be finite and >= 0")
-    return value
 
 
 @dataclass(frozen=True)
@@ -116,13 +106,13 @@ class CreditStatement:
             day = -1 if entry[0] == EARLIER_DAY else _int(entry[0], "day", 2**31)
             if days and day <= days[-1][0]:
                 raise MessageError("days must increase")
-            days.append((day, _nonnegative(entry[1], "credit")))
-        issued = _nonnegative(obj[4], "issued")
+            days.append((day, nonnegative_float(entry[1], "credit")))
+        issued = nonnegative_float(obj[4], "issued")
         return cls(
             _str(obj[0], "project"),
             _bytes(obj[1], 32, "contributor"),
             tuple(days),
-            _nonnegative(obj[3], "revoked"),
+            nonnegative_float(obj[3], "revoked"),
             issued,
             _bytes(obj[5], 32, "aggregator"),
             _bytes(obj[6], 64, "signature"),
@@ -185,6 +175,6 @@ class AccountLink:
         return cls(
             _bytes(obj[0], 32, "account"),
             _bytes(obj[1], 32, "node"),
-            _nonnegative(obj[2], "created"),
+            nonnegative_float(obj[2], "created"),
             _bytes(obj[3], 64, "signature"),
         )

@@ -12,11 +12,10 @@ Canonical msgpack, bounded decoding, a signature over exact bytes, as credit sta
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from core.protocol.fields import MessageError
+from core.protocol.fields import MessageError, nonnegative_float
 from core.protocol.fields import bounded_int as _int
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
@@ -29,15 +28,6 @@ _DOMAIN: Final = "moehome-evaluation/1"
 MAX_POINT_BYTES: Final = 512
 #: points in one agg.evaluations reply: they travel in the RPC header (64 KiB)
 MAX_POINTS_PER_REPLY: Final = 256
-
-
-def _finite(x: Any, what: str, *, nonnegative: bool = True) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise MessageError(f"{what} must be a number")
-    value = float(x)
-    if not math.isfinite(value) or (nonnegative and value < 0):
-        raise MessageError(f"{what} must be finite and >= 0")
-    return value
 
 
 @dataclass(frozen=True)
@@ -101,8 +91,8 @@ class EvaluationPoint:
             _int(obj[2], "step"),
             _int(obj[3], "samples"),
             _int(obj[4], "tokens"),
-            _finite(obj[5], "loss"),
-            _finite(obj[6], "time"),
+            nonnegative_float(obj[5], "loss"),
+            nonnegative_float(obj[6], "time"),
             _bytes(obj[7], 64, "signature"),
         )
 

@@ -3,6 +3,7 @@ size with a MessageError naming it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -26,3 +27,13 @@ def short_str(x: Any, what: str, limit: int = 64) -> str:
     if not isinstance(x, str) or not 0 < len(x) <= limit:
         raise MessageError(f"{what} must be a string of 1..{limit} characters")
     return x
+
+
+def nonnegative_float(x: Any, what: str) -> float:
+    """A finite number >= 0 (an int is taken as a float; a bool is no number)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise MessageError(f"{what} must be a number")
+    value = float(x)
+    if not math.isfinite(value) or value < 0:
+        raise MessageError(f"{what} must be finite and >= 0")
+    return value

@@ -8,12 +8,11 @@ agg.stats  meta {} -> meta {signed: SignedReport}
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from core.protocol.aggregator_methods import AggregatorReport
-from core.protocol.fields import MessageError
+from core.protocol.fields import MessageError, nonnegative_float
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
 from net.codec import pack, unpack_bounded
@@ -69,20 +68,12 @@ class SignedReport:
             raise MessageError(f"not a signed report: {exc}") from exc
         if not isinstance(obj, list) or len(obj) != 5:
             raise MessageError("a signed report is a list of 5 fields")
-        issued = obj[2]
-        if (
-            isinstance(issued, bool)
-            or not isinstance(issued, (int, float))
-            or not math.isfinite(issued)
-            or issued < 0
-        ):
-            raise MessageError("issued must be a finite number >= 0")
         if not isinstance(obj[3], bytes):
             raise MessageError("the report's body must be bytes")
         return cls(
             _str(obj[0], "project"),
             _bytes(obj[1], 32, "aggregator"),
-            float(issued),
+            nonnegative_float(obj[2], "issued"),
             obj[3],
             _bytes(obj[4], 64, "signature"),
         )
