@@ -542,6 +542,7 @@ async def _run(
         # none on the leaderboard: nothing reached a round (or a ban took it back)
         v["credit"] = credit.get(v["peer"], 0.0) if page else None
     summary["page"] = page.get("path")
+    summary["project_id"] = project
     return summary
 
 

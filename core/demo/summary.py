@@ -215,6 +215,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
             f"\n[bold]the project page[/] (owner page): {page.as_uri()}\n"
             "the loss over time, experts and who serves them, throughput, the credit "
             "leaderboard, bans and the invite, from signed data only; `moehome owner page "
-            "PROJECT --serve 127.0.0.1:8080` serves a live one",
+            f"{summary.get('project_id', 'PROJECT')} -b ADDRESS --serve 127.0.0.1:8080` "
+            "serves a live one of a running swarm",
             highlight=False,
         )
