@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
-from core.protocol.fields import MessageError
+from core.protocol.fields import MessageError, unpack_message
 from core.protocol.fields import bounded_int as _int
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
-from net.codec import pack, unpack_bounded
+from net.codec import pack
 from net.identity import Identity, verify_signature
 from net.rpc import Tensor
 
@@ -79,10 +79,7 @@ class AnswerStatement:
     def decode(cls, data: object) -> AnswerStatement:
         if not isinstance(data, bytes) or len(data) > 1024:
             raise MessageError("an answer statement is at most 1 KiB of bytes")
-        try:
-            obj = unpack_bounded(data, 1024)
-        except Exception as exc:  # msgpack's errors on garbage
-            raise MessageError(f"not an answer statement: {exc}") from exc
+        obj = unpack_message(data, 1024, "an answer statement")
         if not isinstance(obj, list) or len(obj) != 10:
             raise MessageError("an answer statement is a list of 10 fields")
         kind = obj[3]

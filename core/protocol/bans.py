@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from core.protocol.answers import AnswerStatement
-from core.protocol.fields import MessageError
+from core.protocol.fields import MessageError, unpack_message
 from net import NamespaceRule, SignedRecord
-from net.codec import pack, unpack_bounded
+from net.codec import pack
 from net.dht import RecordRejected
 
 BAN_NAMESPACE: Final = "ban"
@@ -66,10 +66,7 @@ def encode_bans(project: str, bans: list[Ban]) -> bytes:
 
 
 def decode_bans(value: bytes) -> tuple[str, list[Ban]]:
-    try:
-        obj = unpack_bounded(value, _MAX_VALUE_BYTES)
-    except Exception as exc:  # msgpack's errors on garbage
-        raise MessageError(f"not a ban list: {exc}") from exc
+    obj = unpack_message(value, _MAX_VALUE_BYTES, "a ban list")
     if not isinstance(obj, dict) or not isinstance(obj.get("project"), str):
         raise MessageError("a ban list names its project")
     bans = obj.get("bans")

@@ -16,6 +16,7 @@ from core.protocol.fields import MessageError as MessageError
 from core.protocol.fields import bounded_int as _int
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
+from core.protocol.fields import unpack_message
 from net.codec import pack, unpack_bounded
 from net.identity import Identity, verify_signature
 
@@ -226,10 +227,7 @@ class Contribution:
     def decode(cls, data: bytes) -> Contribution:
         if len(data) > MAX_HEADER_BYTES:
             raise MessageError("contribution header too large")
-        try:
-            obj = unpack_bounded(data, MAX_HEADER_BYTES)
-        except Exception as exc:
-            raise MessageError(f"not msgpack: {exc}") from exc
+        obj = unpack_message(data, MAX_HEADER_BYTES, "msgpack")
         if not isinstance(obj, list) or len(obj) not in (12, 13):
             raise MessageError("a contribution header is a list of 12 or 13 fields")
         carried = _bytes(obj[12], 16, "carried") if len(obj) == 13 else b""

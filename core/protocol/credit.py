@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from core.protocol.fields import MessageError, nonnegative_float
+from core.protocol.fields import MessageError, nonnegative_float, unpack_message
 from core.protocol.fields import bounded_int as _int
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
@@ -166,10 +166,7 @@ class AccountLink:
     def decode(cls, data: bytes) -> AccountLink:
         if len(data) > 1024:
             raise MessageError("an account link is at most 1024 bytes")
-        try:
-            obj = unpack_bounded(data, 1024)
-        except Exception as exc:  # msgpack's errors on garbage
-            raise MessageError(f"not an account link: {exc}") from exc
+        obj = unpack_message(data, 1024, "an account link")
         if not isinstance(obj, list) or len(obj) != 4:
             raise MessageError("an account link is a list of 4 fields")
         return cls(

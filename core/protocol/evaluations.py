@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from core.protocol.fields import MessageError, nonnegative_float
+from core.protocol.fields import MessageError, nonnegative_float, unpack_message
 from core.protocol.fields import bounded_int as _int
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
-from net.codec import pack, unpack_bounded
+from net.codec import pack
 from net.identity import Identity, verify_signature
 
 EVALUATION: Final = "agg.evaluation"
@@ -103,8 +103,4 @@ class EvaluationPoint:
     def decode(cls, data: Any) -> EvaluationPoint:
         if not isinstance(data, bytes) or len(data) > MAX_POINT_BYTES:
             raise MessageError(f"an evaluation is at most {MAX_POINT_BYTES} bytes")
-        try:
-            obj = unpack_bounded(data, MAX_POINT_BYTES)
-        except Exception as exc:  # msgpack's errors on garbage
-            raise MessageError(f"not an evaluation: {exc}") from exc
-        return cls.from_obj(obj)
+        return cls.from_obj(unpack_message(data, MAX_POINT_BYTES, "an evaluation"))

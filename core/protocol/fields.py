@@ -6,9 +6,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from net.codec import unpack_bounded
+
 
 class MessageError(ValueError):
     """A message is malformed (not: a valid message with a bad claim)."""
+
+
+def unpack_message(data: bytes, max_bytes: int, what: str) -> Any:
+    """Bounded msgpack (net.codec.unpack_bounded) of a message; garbage is a
+    MessageError saying it is not ``what``."""
+    try:
+        return unpack_bounded(data, max_bytes)
+    except Exception as exc:  # msgpack's errors on garbage
+        raise MessageError(f"not {what}: {exc}") from exc
 
 
 def exact_bytes(x: Any, n: int, what: str) -> bytes:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from core.protocol.aggregator_methods import AggregatorReport
-from core.protocol.fields import MessageError, nonnegative_float
+from core.protocol.fields import MessageError, nonnegative_float, unpack_message
 from core.protocol.fields import exact_bytes as _bytes
 from core.protocol.fields import short_str as _str
-from net.codec import pack, unpack_bounded
+from net.codec import pack
 from net.identity import Identity, verify_signature
 
 _DOMAIN: Final = "moehome-aggregator-report/1"
@@ -49,11 +49,9 @@ class SignedReport:
     def report(self) -> AggregatorReport:
         """The report it signs; ValueError (pydantic's ValidationError is one) when its
         body is no report."""
-        try:
-            obj = unpack_bounded(self.body, MAX_REPORT_BYTES)
-        except Exception as exc:  # msgpack's errors on garbage
-            raise MessageError(f"the signed body is no report: {exc}") from exc
-        return AggregatorReport.model_validate(obj)
+        return AggregatorReport.model_validate(
+            unpack_message(self.body, MAX_REPORT_BYTES, "a report (the signed body)")
+        )
 
     def encode(self) -> bytes:
         return pack([self.project, self.aggregator, self.issued, self.body, self.signature])
@@ -62,10 +60,7 @@ class SignedReport:
     def decode(cls, data: Any) -> SignedReport:
         if not isinstance(data, bytes) or len(data) > MAX_REPORT_BYTES:
             raise MessageError(f"a signed report is bytes, at most {MAX_REPORT_BYTES}")
-        try:
-            obj = unpack_bounded(data, MAX_REPORT_BYTES)
-        except Exception as exc:  # msgpack's errors on garbage
-            raise MessageError(f"not a signed report: {exc}") from exc
+        obj = unpack_message(data, MAX_REPORT_BYTES, "a signed report")
         if not isinstance(obj, list) or len(obj) != 5:
             raise MessageError("a signed report is a list of 5 fields")
         if not isinstance(obj[3], bytes):
