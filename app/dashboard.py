@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, assert_never
 
 import numpy as np
@@ -32,6 +32,8 @@ from core.control.models import (
     BenchmarkEvent,
     ContributionCounts,
     ContributionEvent,
+    Credit,
+    CreditDay,
     DeviceStatus,
     ErrorEvent,
     Event,
@@ -60,12 +62,14 @@ MAX_EVENTS: Final = 200
 # and a line drawn across it would invent readings.
 _GAP_S: Final = 150.0
 _HOUR_S: Final = 3600.0
+_DAY_S: Final = 86_400.0
 
 # Mid-luminance colours that stay readable on both a dark and a light background.
 _GPU_COLOUR: Final = "#f28e2b"  # orange
 _CPU_COLOUR: Final = "#4c9be8"  # blue
 _UTIL_COLOUR: Final = "#3fb27f"  # green
 _BAR_COLOUR: Final = "#59a14f"
+_CREDIT_COLOUR: Final = "#b07aa1"  # purple
 
 _STATES: Final[dict[str, str]] = {
     "working": "Working",
@@ -223,6 +227,53 @@ def plot_title(
     return title
 
 
+CREDIT_TITLE: Final = "Credit per day"
+CREDIT_MEAN: Final = (
+    "Credit: what the project's aggregators signed that this computer's checked "
+    "contributions earned (nothing for refused ones; a ban takes back its period's)."
+)
+
+
+def credit_text(credit: Credit) -> str:
+    """The credit figure: today, in all, the rank; what bans took back; how many of the
+    project's aggregators answered (each states the credit of its own experts)."""
+    if credit.checked_at is None:
+        return DASH
+    parts = [f"{credit.today:,.0f} today", f"{credit.total:,.0f} in all"]
+    if credit.rank is not None:
+        parts.append(f"#{credit.rank} of {credit.ranked} on the project's leaderboard")
+    if credit.revoked > 0:
+        parts.append(f"{credit.revoked:,.0f} taken back by bans")
+    text = "  ·  ".join(parts)
+    if credit.aggregators < credit.aggregators_listed:
+        text += f"  ({credit.aggregators} of {credit.aggregators_listed} aggregators answered)"
+    return text
+
+
+def credit_title(days: list[CreditDay]) -> str:
+    """The credit plot's title, saying why it is empty when it is, and what it cannot
+    place (the days an aggregator no longer lists one by one, summed)."""
+    earlier = sum(d.credit for d in days if d.day < 0)
+    if not any(d.credit > 0 for d in days if d.day >= 0):
+        if earlier > 0:
+            return f"{CREDIT_TITLE} ({earlier:,.0f} earned before the last 90 days)"
+        return f"{CREDIT_TITLE} (none yet: the project's aggregators sign it as rounds close)"
+    if earlier > 0:
+        return f"{CREDIT_TITLE} (and {earlier:,.0f} before these days)"
+    return CREDIT_TITLE
+
+
+def day_ticks(days: list[int], most: int = 7) -> list[tuple[float, str]]:
+    """Labels of a plot of UTC days: under the middle of each shown day, at most
+    ``most`` of them, spread over the first to the last day."""
+    first, last = min(days), max(days)
+    step = -(-(last - first + 1) // most)
+    return [
+        ((day + 0.5) * _DAY_S, datetime.fromtimestamp(day * _DAY_S, UTC).strftime("%b %d"))
+        for day in range(first, last + 1, step)
+    ]
+
+
 TOKENS_MEAN: Final = (
     "A token computed: one token of the project's text through one of this computer's "
     "experts, forward or backward."
@@ -287,6 +338,7 @@ class DashboardWindow(QWidget):
                 ("figurePeers", "Peers"),
                 ("figureSamples", "Tokens computed"),
                 ("figureLifetime", "Given so far"),
+                ("figureCredit", "Credit"),
                 ("figureDevice", "Device"),
                 ("figureNetwork", "Network"),
                 ("figureReadings", "Now"),
@@ -324,13 +376,28 @@ class DashboardWindow(QWidget):
             pen=pg.mkPen(_BAR_COLOUR),
         )
         self._work_plot.addItem(self._bars)
+        self._credit_plot = self._plot("creditPlot", CREDIT_TITLE, "credit")
+        self._credit_bars = pg.BarGraphItem(
+            x=np.zeros(0),
+            height=np.zeros(0),
+            width=_DAY_S * 0.8,
+            brush=pg.mkBrush(_CREDIT_COLOUR),
+            pen=pg.mkPen(_CREDIT_COLOUR),
+        )
+        self._credit_plot.addItem(self._credit_bars)
+        self._credit_plot.setToolTip(CREDIT_MEAN)
+        self._credit_days: list[CreditDay] | None = None  # what the bars show
 
         self._events_list = QListWidget()
         self._events_list.setObjectName("eventsList")
         self._events_list.setWordWrap(True)
 
+        # what this computer did per hour beside what the project credited it per day
+        given = QSplitter(Qt.Orientation.Horizontal)
+        given.addWidget(self._work_plot)
+        given.addWidget(self._credit_plot)
         plots = QSplitter(Qt.Orientation.Vertical)
-        for widget in (self._temperature_plot, self._utilization_plot, self._work_plot):
+        for widget in (self._temperature_plot, self._utilization_plot, given):
             plots.addWidget(widget)
         plots.addWidget(self._events_list)
         plots.setStretchFactor(0, 3)
@@ -344,6 +411,7 @@ class DashboardWindow(QWidget):
         layout.addWidget(plots, 1)
         self._apply_palette()
         self.update_history(History())  # the axes and words of an empty history, at once
+        self._show_credit_days([])
 
     # -- plots and colours ----------------------------------------------------------------
 
@@ -362,12 +430,20 @@ class DashboardWindow(QWidget):
         plot.setMenuEnabled(False)
         return plot
 
+    def _plots(self) -> tuple[Any, ...]:
+        return (
+            self._temperature_plot,
+            self._utilization_plot,
+            self._work_plot,
+            self._credit_plot,
+        )
+
     def _apply_palette(self) -> None:
         """Use the window's own colours so the plots follow a light or dark theme."""
         palette = self.palette()
         background = palette.color(QPalette.ColorRole.Base)
         foreground = palette.color(QPalette.ColorRole.WindowText)
-        for plot in (self._temperature_plot, self._utilization_plot, self._work_plot):
+        for plot in self._plots():
             plot.setBackground(background)
             item = plot.getPlotItem()
             for side in ("left", "bottom"):
@@ -396,7 +472,7 @@ class DashboardWindow(QWidget):
             for label in self._figures.values():
                 label.setText(DASH)
                 label.setToolTip("")
-            return
+            return  # the credit plot keeps the last days it was shown
         text = _STATES.get(status.state, status.state)
         if status.state == "paused":
             text = paused_text(status.reason)
@@ -426,11 +502,47 @@ class DashboardWindow(QWidget):
         self._figures["figureSamples"].setToolTip(TOKENS_MEAN)
         self._figures["figureLifetime"].setText(lifetime_text(status.lifetime))
         self._figures["figureLifetime"].setToolTip(TOKENS_MEAN)
+        credit = status.credit
+        self._figures["figureCredit"].setText(credit_text(credit))
+        self._figures["figureCredit"].setToolTip(
+            f"{CREDIT_MEAN}\nProof: {credit.proof} (check it on any computer: "
+            f"moehome credit verify {credit.proof})"
+            if credit.proof
+            else CREDIT_MEAN
+        )
+        if credit.checked_at is not None:
+            self._show_credit_days(credit.days)
         self._figures["figureDevice"].setText(self._device(status.device))
         self._figures["figureReadings"].setText(self._readings(status.readings))
         network = status.network
         self._figures["figureNetwork"].setText(_sentence(network.reachability) or DASH)
         self._figures["figureNetwork"].setToolTip(_sentence(network.advice))
+
+    def _show_credit_days(self, days: list[CreditDay]) -> None:
+        """Bars of credit per UTC day, each spanning its day. (The status comes every
+        second; the statements change every few minutes: redrawn only then.)"""
+        if days == self._credit_days:
+            return
+        self._credit_days = list(days)
+        listed = [d for d in days if d.day >= 0]
+        self._credit_bars.setOpts(
+            x=np.asarray([(d.day + 0.5) * _DAY_S for d in listed], dtype=float),
+            height=np.asarray([d.credit for d in listed], dtype=float),
+            width=_DAY_S * 0.8,
+        )
+        self._credit_plot.setTitle(credit_title(days))
+        # a bar is a UTC day: its label under its middle ("Nov 18"), not midnights in
+        # local time on either side of it; a label every few days when there are many
+        axis = self._credit_plot.getPlotItem().getAxis("bottom")
+        axis.setTicks([day_ticks([d.day for d in listed])] if listed else None)
+        if listed:
+            self._credit_plot.enableAutoRange(axis="x")
+            top = max(d.credit for d in listed)
+            self._credit_plot.setYRange(0.0, max(top * 1.1, 1.0), padding=0)
+        else:  # the axes it will have: the last two weeks
+            now = time.time()
+            self._credit_plot.setXRange(now - 14 * _DAY_S, now + _DAY_S, padding=0)
+            self._credit_plot.setYRange(0.0, 10.0, padding=0)
 
     @staticmethod
     def _contributions(contributions: ContributionCounts) -> str:
@@ -618,6 +730,7 @@ class DashboardWindow(QWidget):
             }
 
         bar_x, bar_heights = self._bars.getData()
+        credit_x, credit_heights = self._credit_bars.getData()
         return {
             "gpu_temp_c": curve(self._gpu_curve),
             "cpu_temp_c": curve(self._cpu_curve),
@@ -625,6 +738,10 @@ class DashboardWindow(QWidget):
             "samples_per_hour": {
                 "x": [] if bar_x is None else [float(v) for v in bar_x],
                 "heights": [] if bar_heights is None else [float(v) for v in bar_heights],
+            },
+            "credit_per_day": {
+                "x": [] if credit_x is None else [float(v) for v in credit_x],
+                "heights": [] if credit_heights is None else [float(v) for v in credit_heights],
             },
         }
 

@@ -25,6 +25,8 @@ from core.control.invite import Invite
 from core.control.models import (
     ContributionCounts,
     ContributionEvent,
+    Credit,
+    CreditDay,
     DeviceStatus,
     Event,
     ExpertsEvent,
@@ -90,6 +92,24 @@ STATUS = Status(
     readings=Readings(gpu_temp_c=67.0, gpu_utilization=0.83, cpu_temp_c=54.0),
     peers=23,
     uptime_s=5400,
+    credit=Credit(
+        total=1_930.0,
+        today=212.0,
+        aggregators=2,
+        aggregators_listed=2,
+        checked_at=NOW - 120,
+        proof="~/.local/share/moehome/credit/0f0f.proof",
+        rank=4,
+        ranked=23,
+        days=[
+            CreditDay(
+                day=int(NOW // 86_400) - 9 + d,
+                credit=[90, 0, 140, 260, 180, 0, 310, 250, 288, 212][d],
+            )
+            for d in range(10)
+            if d not in (1, 5)  # days off
+        ],
+    ),
 )
 HISTORY = History(
     hours=[

@@ -106,6 +106,14 @@ class Lifetime(_Sent):
     since: float | None = None
 
 
+class CreditDay(_Sent):
+    """The credit of one UTC day (days since 1970-01-01), all aggregators together."""
+
+    #: -1: the days before those listed one by one, summed (an aggregator lists 90)
+    day: int
+    credit: float
+
+
 class Credit(_Sent):
     """This node's credit in the project it serves, as the project's aggregators signed
     it (core/project/credit_proof.py), checked now and then."""
@@ -127,6 +135,8 @@ class Credit(_Sent):
     #: (None: not listed, or nothing earned yet)
     rank: int | None = None
     ranked: int = 0
+    #: per UTC day, oldest first: what the dashboard plots
+    days: list[CreditDay] = []
 
 
 class Status(_Sent):

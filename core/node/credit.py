@@ -8,7 +8,7 @@ import logging
 import time
 from pathlib import Path
 
-from core.control.models import Credit
+from core.control.models import Credit, CreditDay
 from core.files import replace_file
 from core.project.credit_proof import (
     ProofError,
@@ -93,4 +93,5 @@ async def check_credit(
         proof=str(path),
         rank=rank_of(contributor.hex(), rows),
         ranked=len(rows),
+        days=[CreditDay(day=day, credit=credit) for day, credit in verified.per_day().items()],
     )

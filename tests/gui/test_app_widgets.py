@@ -28,6 +28,9 @@ from app.dashboard import (
     MAX_EVENTS,
     DashboardWindow,
     count_text,
+    credit_text,
+    credit_title,
+    day_ticks,
     describe_event,
     event_lines,
     event_rows,
@@ -37,6 +40,8 @@ from app.limits import LimitsDialog, ScheduleEditor, plain_message
 from core.control.limits import preference_limits
 from core.control.models import (
     ContributionCounts,
+    Credit,
+    CreditDay,
     DeviceStatus,
     Event,
     History,
@@ -382,6 +387,7 @@ FIGURES = (
     "figurePeers",
     "figureSamples",
     "figureLifetime",
+    "figureCredit",
     "figureDevice",
     "figureReadings",
     "figureNetwork",
@@ -482,6 +488,105 @@ def test_dashboard_plots_the_history(qtbot):
     data = window.expose_data()
     assert data["gpu_temp_c"] == {"x": [], "y": []}
     assert data["samples_per_hour"] == {"x": [], "heights": []}
+
+
+DAY = 20_400  # a UTC day (days since 1970-01-01): 2025-11-08
+
+
+@pytest.mark.parametrize(
+    ("credit", "words"),
+    [
+        (Credit(), DASH),  # the aggregators were not asked yet
+        (
+            Credit(total=1234.4, today=56.6, aggregators=2, aggregators_listed=2, checked_at=1.0),
+            "57 today  ·  1,234 in all",
+        ),
+        (
+            Credit(
+                total=10,
+                today=4,
+                revoked=3,
+                aggregators=1,
+                aggregators_listed=3,
+                checked_at=1.0,
+                rank=3,
+                ranked=17,
+            ),
+            "4 today  ·  10 in all  ·  #3 of 17 on the project's leaderboard  ·  3 taken back "
+            "by bans  (1 of 3 aggregators answered)",
+        ),
+    ],
+)
+def test_the_credit_figure(credit, words):
+    assert credit_text(credit) == words
+
+
+@pytest.mark.parametrize(
+    ("days", "title"),
+    [
+        ([], "Credit per day (none yet: the project's aggregators sign it as rounds close)"),
+        (
+            [CreditDay(day=DAY, credit=0.0)],
+            "Credit per day (none yet: the project's aggregators sign it as rounds close)",
+        ),
+        ([CreditDay(day=DAY, credit=5.0)], "Credit per day"),
+        (
+            [CreditDay(day=-1, credit=700.0), CreditDay(day=DAY, credit=5.0)],
+            "Credit per day (and 700 before these days)",
+        ),
+        ([CreditDay(day=-1, credit=700.0)], "Credit per day (700 earned before the last 90 days)"),
+    ],
+)
+def test_the_credit_plot_says_what_it_shows(days, title):
+    assert credit_title(days) == title
+
+
+def test_day_labels_sit_under_their_days():
+    # 2025-11-08 is DAY; labels every day while there are few, every few days after
+    assert day_ticks([DAY, DAY + 2]) == [
+        ((DAY + 0.5) * 86_400, "Nov 08"),
+        ((DAY + 1.5) * 86_400, "Nov 09"),
+        ((DAY + 2.5) * 86_400, "Nov 10"),
+    ]
+    ticks = day_ticks([DAY, DAY + 89])
+    assert len(ticks) == 7
+    assert ticks[0] == ((DAY + 0.5) * 86_400, "Nov 08")
+    assert ticks[1][1] == "Nov 21"  # 13 days on
+    assert day_ticks([DAY]) == [((DAY + 0.5) * 86_400, "Nov 08")]
+
+
+def test_dashboard_plots_the_credit_the_aggregators_signed(qtbot):
+    window = make_dashboard(qtbot)
+    assert window.expose_data()["credit_per_day"] == {"x": [], "heights": []}
+    credit = Credit(
+        total=725.0,
+        today=20.0,
+        aggregators=1,
+        aggregators_listed=1,
+        checked_at=1.0,
+        proof="/data/credit/p1.proof",
+        days=[
+            CreditDay(day=-1, credit=700.0),  # older than the listed days: not placed
+            CreditDay(day=DAY, credit=5.0),
+            CreditDay(day=DAY + 2, credit=20.0),
+        ],
+    )
+    window.update_status(FULL_STATUS.model_copy(update={"credit": credit}))
+    figure = child(window, QLabel, "figureCredit")
+    assert figure.text() == "20 today  ·  725 in all"
+    assert "moehome credit verify /data/credit/p1.proof" in figure.toolTip()
+    # one bar per listed UTC day, over the middle of that day (a gap day has none)
+    assert window.expose_data()["credit_per_day"] == {
+        "x": [(DAY + 0.5) * 86_400, (DAY + 2.5) * 86_400],
+        "heights": [5.0, 20.0],
+    }
+    assert window._credit_plot.getPlotItem().titleLabel.text == (
+        "Credit per day (and 700 before these days)"
+    )
+    # the node stops answering: the figures go, the days it showed stay plotted
+    window.update_status(None)
+    assert figure.text() == DASH
+    assert window.expose_data()["credit_per_day"]["heights"] == [5.0, 20.0]
 
 
 def test_dashboard_breaks_curves_at_gaps(qtbot):

@@ -4,6 +4,8 @@ with the file alone, with the credit the aggregator's books hold."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 
@@ -14,7 +16,7 @@ from core.node.credit import check_credit
 from core.project.credit_proof import collect_statements, proof_bytes, verify_proof
 from core.project.signed import SignedManifest
 from core.protocol.aggregator_methods import STATS, AggregatorReport
-from core.protocol.credit import CREDIT
+from core.protocol.credit import CREDIT, day_of
 from net import Identity, RemoteError
 from net.testing import open_swarm
 from tests.reports import stats_of
@@ -34,6 +36,7 @@ async def test_a_volunteer_proves_the_credit_its_aggregator_granted(tmp_path):
         for who in [volunteer.identity, *others]:
             core.submit(*contribution(core, who, samples=8, project=signed.project_id))
         core.run_round("ffn0.0.0")
+        granted_on = day_of(time.time())
         granted = core.credit.total(volunteer.identity.public_key.hex())
         assert granted > 0
         await nursery.start(AggregatorService(aggregator, core).run)
@@ -60,6 +63,9 @@ async def test_a_volunteer_proves_the_credit_its_aggregator_granted(tmp_path):
         )
         assert credit.total == pytest.approx(granted)
         assert credit.today == pytest.approx(granted)
+        # what the dashboard plots: the day's credit, as signed
+        assert [d.day for d in credit.days] == [granted_on]
+        assert credit.days[0].credit == pytest.approx(granted)
         assert (credit.aggregators, credit.aggregators_listed) == (1, 1)
         # its place among the three contributors (all sent 8 samples: equal credit, then
         # ordered by key)
