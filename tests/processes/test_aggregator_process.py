@@ -1,5 +1,6 @@
 """kill -9 of the aggregator process in the middle of a round: after a restart, nothing
-acknowledged is lost and nothing is counted twice."""
+acknowledged is lost and nothing is counted twice; and after one, the credit it granted
+is still stated (issue 42)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from core.experts.registry import build_expert
 from core.experts.wire import to_wire
 from core.namespaces import moehome_validator
 from core.paths import identity_path
+from core.project.credit_proof import collect_statements, proof_bytes, verify_proof
 from core.project.keys import OwnerKey
 from core.project.owner import project_status
 from core.project.publish import prepare, serve_project
+from core.project.signed import SignedManifest
 from core.protocol.aggregator_methods import CONTRIBUTE, STATS
 from core.protocol.contributions import Contribution, ParamSpec, Receipt
 from net import Identity, Peer, RemoteError, Tensor, parse_peer_addr
@@ -55,6 +58,14 @@ async def start_aggregator(
     line = (await trio.to_thread.run_sync(proc.stdout.readline)).strip()
     assert line.startswith("/ip4/"), line
     return proc, line
+
+
+async def proven_credit(volunteer: Peer, signed: SignedManifest) -> float:
+    """The volunteer's credit as its aggregator states it, through a proof that verifies."""
+    key = volunteer.identity.public_key
+    statements, missing = await collect_statements(volunteer, signed, key)
+    assert missing == {}
+    return verify_proof(proof_bytes(signed, key, statements)).total
 
 
 @pytest.mark.slow
@@ -150,6 +161,16 @@ async def test_kill_9_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path)
             (agg_status,) = status["aggregators"]
             assert agg_status.get("rejected") == {"replay": 1}, agg_status
             assert agg_status["versions"][uid] == 1
+
+            # the round granted credit; another kill -9 does not take it away
+            credit = await proven_credit(volunteer, prepared.signed)
+            assert credit > 0
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc, addr = await start_aggregator(agg_dir, pid, owner.addrs()[0])
+            procs.append(proc)
+            await volunteer.host.connect_addr(addr)
+            assert await proven_credit(volunteer, prepared.signed) == pytest.approx(credit)
             nursery.cancel_scope.cancel()
     finally:
         stop_processes(procs)
