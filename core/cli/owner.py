@@ -260,7 +260,7 @@ def owner_status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """What the swarm looks like for a project."""
-    from core.roles.owner import status_once
+    from core.roles.owner_status import status_once
 
     status = run_async(
         partial(status_once, load_identity(True), project_id, bootstrap or [], data_folder())
@@ -385,7 +385,7 @@ def owner_rotate_key(
 
     typer.echo(f"owner key rotated: {fingerprint(rotation.old)} -> {fingerprint(rotation.new)}")
     if bootstrap:
-        from core.roles.owner import announce_rotation_once
+        from core.roles.owner_status import announce_rotation_once
 
         replicas = run_async(
             partial(announce_rotation_once, load_identity(True), rotation, bootstrap)

@@ -32,16 +32,36 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Final
 
 import torch
 
+from core.experts.codec_names import (
+    ACTIVATION_CODECS,
+    ActivationCodec,
+    ActivationCodecError,
+    WireCodecs,
+    check_codec,
+)
 from core.experts.wire import from_wire, to_wire
 from net import Tensor
 
-ActivationCodec = Literal["raw", "f16", "bf16", "q8", "q4", "q3", "q4z"]
-ACTIVATION_CODECS: Final[tuple[str, ...]] = get_args(ActivationCodec)
+__all__ = [
+    "ACTIVATION_CODECS",
+    "BLOCK",
+    "ActivationCodec",
+    "ActivationCodecError",
+    "WireCodecs",
+    "bits_of",
+    "check_codec",
+    "decode",
+    "encode",
+    "packed_width",
+    "parts_per_tensor",
+    "roundtrip",
+    "wire_bytes",
+]
+
 
 #: values sharing one scale (along the last dimension)
 BLOCK: Final = 64
@@ -51,31 +71,6 @@ _BITS: Final[dict[str, int]] = {"q8": 8, "q4": 4, "q3": 3, "q4z": 4}
 #: zlib's level for q4z: codes of bell-shaped blocks deflate from 4 to ~3.55 bits
 _DEFLATE_LEVEL: Final = 6
 _FP16_MAX: Final = 65504.0
-
-
-class ActivationCodecError(ValueError):
-    """Parts that do not decode (wrong count, dtype, shape, or a bad scale)."""
-
-
-@dataclass(frozen=True)
-class WireCodecs:
-    """A project's choice (manifest ``[model.wire]``): the codec of expert inputs and
-    outputs, and that of their gradients."""
-
-    activations: str = "raw"
-    gradients: str = "raw"
-
-    def __post_init__(self) -> None:
-        check_codec(self.activations)
-        check_codec(self.gradients)
-
-
-def check_codec(name: object) -> str:
-    if not isinstance(name, str) or name not in ACTIVATION_CODECS:
-        raise ActivationCodecError(
-            f"unknown activation codec {str(name)[:20]!r}; known: {', '.join(ACTIVATION_CODECS)}"
-        )
-    return name
 
 
 def bits_of(name: str) -> int:

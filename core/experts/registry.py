@@ -1,17 +1,39 @@
 """Expert module types built into the program, configured by data only.
 
 Nothing that runs is ever received from the network: a peer receives an ``ExpertSpec``
-(plain fields, validated here) and builds one of the types below.
+(plain fields, validated by core/experts/spec.py) and builds one of the types below.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Final
 
 import torch
 from torch import nn
+
+from core.experts.spec import (
+    ACTIVATION_NAMES,
+    DTYPE_BYTES,
+    EXPERT_KINDS,
+    MAX_BLOCKS,
+    MAX_HIDDEN,
+    ExpertSpec,
+    SpecError,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "DTYPES",
+    "EXPERT_TYPES",
+    "MAX_BLOCKS",
+    "MAX_HIDDEN",
+    "ExpertSpec",
+    "SpecError",
+    "build_expert",
+    "parameter_count",
+]
 
 DTYPES: Final[Mapping[str, torch.dtype]] = {
     "float32": torch.float32,
@@ -23,100 +45,8 @@ ACTIVATIONS: Final[Mapping[str, Callable[[], nn.Module]]] = {
     "relu": nn.ReLU,
     "silu": nn.SiLU,
 }
-MAX_HIDDEN: Final = 65536
-#: the most blocks one expert may stack (``ExpertSpec.blocks``)
-MAX_BLOCKS: Final = 64
 #: the RMS norms' epsilon before each residual block of a thick ``swiglu`` expert
 RMS_EPS: Final = 1e-5
-
-
-class SpecError(ValueError):
-    """An expert spec is invalid; the message names the field."""
-
-
-@dataclass(frozen=True)
-class ExpertSpec:
-    kind: str  # a key of EXPERT_TYPES
-    hidden: int
-    inner: int = 0  # feed-forward width; 0 means 4 * hidden
-    heads: int = 0  # reserved: must be 0 (kept so the wire dict and positional calls hold)
-    activation: str = "gelu"  # swiglu: the gate's (silu makes it SwiGLU)
-    dtype: str = "float32"
-    #: blocks stacked in one expert (a thick expert): compute per byte on the wire grows
-    #: with it; 1 is the plain expert of each kind, the only one Mixtral export takes
-    blocks: int = 1
-
-    def __post_init__(self) -> None:
-        # isinstance first: a list or map from a peer is unhashable, `in` would raise
-        for name in ("kind", "activation", "dtype"):
-            if not isinstance(getattr(self, name), str):
-                raise SpecError(
-                    f"{name}: must be a string, got {type(getattr(self, name)).__name__}"
-                )
-        for name in ("hidden", "inner", "heads", "blocks"):
-            if isinstance(getattr(self, name), bool):
-                raise SpecError(f"{name}: must be an integer, got a boolean")
-        if self.kind not in EXPERT_TYPES:
-            raise SpecError(f"kind: {self.kind!r} is not one of {sorted(EXPERT_TYPES)}")
-        if not isinstance(self.hidden, int) or not 1 <= self.hidden <= MAX_HIDDEN:
-            raise SpecError(f"hidden: must be an integer in 1..{MAX_HIDDEN}, got {self.hidden!r}")
-        if not isinstance(self.inner, int) or not 0 <= self.inner <= 8 * MAX_HIDDEN:
-            raise SpecError(f"inner: must be an integer in 0..{8 * MAX_HIDDEN}, got {self.inner!r}")
-        if self.activation not in ACTIVATIONS:
-            raise SpecError(f"activation: {self.activation!r} is not one of {sorted(ACTIVATIONS)}")
-        if self.dtype not in DTYPES:
-            raise SpecError(f"dtype: {self.dtype!r} is not one of {sorted(DTYPES)}")
-        if not isinstance(self.heads, int) or self.heads != 0:
-            raise SpecError(f"heads: reserved, must be 0, got {self.heads!r}")
-        if not isinstance(self.blocks, int) or not 1 <= self.blocks <= MAX_BLOCKS:
-            raise SpecError(f"blocks: must be an integer in 1..{MAX_BLOCKS}, got {self.blocks!r}")
-
-    @property
-    def inner_dim(self) -> int:
-        return self.inner or 4 * self.hidden
-
-    @property
-    def input_ndim(self) -> int:
-        """Dimensions of one batch: every built-in kind takes [batch, hidden]."""
-        return 2
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    def kept_widths(self) -> float:
-        """What autograd keeps of one forward pass for the backward, roughly, in widths of
-        the input per row (``hidden`` values of the input's dtype each; the kept-graph
-        cache's estimate, core/experts/backend.py), so that it never undercounts.
-
-        ffn, per block: the block's input, the norm's output and statistics (about 3 x
-        hidden; the last block's output counted once more, as the cache holds it) and
-        fc1's output, the activation's input and output (3 x inner).
-        swiglu: the input and output (2 x hidden) and per block w1 h, w3 h, act(w1 h) and
-        their product (4 x inner); each residual block after the first also the RMS
-        norm's input and normalized input (2 x hidden, in float32: torch's norm computes
-        a 16-bit input in float32), its statistic (one float32 per row) and its output
-        (1 x hidden)."""
-        ratio = self.inner_dim / self.hidden
-        if self.kind == "swiglu":
-            f32 = 4 / self.torch_dtype.itemsize  # one float32 in values of the input's dtype
-            residual = 1 + 2 * f32 + f32 / self.hidden
-            return 2 + residual * (self.blocks - 1) + 4 * ratio * self.blocks
-        return 1 + (3 + 3 * ratio) * self.blocks
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ExpertSpec:
-        if not isinstance(data, Mapping):
-            raise SpecError("an expert spec must be a table of fields")
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise SpecError(f"{sorted(unknown)[0]}: unknown field of an expert spec")
-        if "kind" not in data or "hidden" not in data:
-            raise SpecError("kind and hidden: both are required")
-        return cls(**data)  # no ``blocks`` (a peer's older dict): one block
 
 
 class FeedForwardExpert(nn.Module):
@@ -239,6 +169,11 @@ EXPERT_TYPES: Final[Mapping[str, ExpertType]] = {
     "ffn": ExpertType(_feed_forward),
     "swiglu": ExpertType(_swiglu),
 }
+# the spec's names (core/experts/spec.py, torch-free) are the ones built here
+assert tuple(EXPERT_TYPES) == EXPERT_KINDS
+assert tuple(DTYPES) == tuple(DTYPE_BYTES)
+assert all(DTYPES[name].itemsize == size for name, size in DTYPE_BYTES.items())
+assert tuple(ACTIVATIONS) == ACTIVATION_NAMES
 
 
 def build_expert(spec: ExpertSpec, *, seed: int | None = None) -> nn.Module:

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core.experts.activations import ActivationCodec, WireCodecs
-from core.experts.registry import ExpertSpec, SpecError
+from core.experts.codec_names import ActivationCodec, WireCodecs
+from core.experts.spec import ExpertSpec, SpecError
 from core.experts.uid import ExpertUID, Grid
 from core.project.schedule import Schedule, ScheduleKind
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -14,10 +12,8 @@ from core.control.invite import make_invite
 from core.errors import UserFacingError
 from core.namespaces import moehome_validator
 from core.project.distribution import announce_project
-from core.project.keys import KeyRotation
-from core.project.owner import announce_rotation, project_status
 from core.project.publish import Prepared, serve_project
-from core.roles.peer import joined_client, print_addresses
+from core.roles.peer import print_addresses
 from net import Identity, Peer, network_config
 from net.transport import EVERY_INTERFACE, is_loopback_addr
 
@@ -73,17 +69,3 @@ async def _first_announcement(peer: Peer, prepared: Prepared, bootstrap: Sequenc
         f"at {', '.join(bootstrap)} running (`moehome peer` prints its address), and is it "
         "another identity than this one (a role's own key: `moehome id --role owner`)?"
     )
-
-
-async def status_once(
-    identity: Identity, project_id: str, bootstrap: Sequence[str], data_dir: Path
-) -> dict[str, Any]:
-    async with joined_client(identity, bootstrap, validator=moehome_validator()) as peer:
-        return await project_status(peer, project_id, data_dir)
-
-
-async def announce_rotation_once(
-    identity: Identity, rotation: KeyRotation, bootstrap: Sequence[str]
-) -> int:
-    async with joined_client(identity, bootstrap, validator=moehome_validator()) as peer:
-        return await announce_rotation(peer, rotation)
