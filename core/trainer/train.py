@@ -444,7 +444,9 @@ async def train_on(
             pull_s=pull_interval(signed.manifest.training.round_seconds),
             trainers=world,
         )
+        began = trio.current_time()
         await publisher.close()  # the final evaluation's point on its way
+        log.info("evaluations sent to the aggregators (%.1f s)", trio.current_time() - began)
         nursery.cancel_scope.cancel()
     if auditor is not None:
         summary["audits"] = auditor.stats.as_dict()
@@ -689,9 +691,13 @@ async def _train(
             settled = replace(settled, applied=settled.applied and trunk_settled)
         final = None  # the weights changed since any evaluation made before
     if final is None:
+        began = trio.current_time()
         final = await _evaluate(session)
+        log.info("final evaluation: loss %.4f (%.1f s)", final, trio.current_time() - began)
         report(Evaluated(step=state.step, loss=final))
+    began = trio.current_time()
     await trio.to_thread.run_sync(session.save)
+    log.info("checkpoint at step %d saved (%.1f s)", state.step, trio.current_time() - began)
     view = session.swarm_view()
     versions = list(view["versions"].values()) or [0]
     trained = state.samples - first_samples
