@@ -450,7 +450,7 @@ def owner_train(
         bool,
         typer.Option(
             help="Start with one batch in flight and carry more, up to --in-flight, as the "
-            "gradient noise scale grows.",
+            "gradient noise scale grows (one fewer when it falls well below).",
         ),
     ] = False,
     listen: ListenOpt = None,

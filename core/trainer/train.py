@@ -567,26 +567,26 @@ async def _train(
     losses: list[float] = []
     last_success = clock.monotonic()
     carried = 0  # batches started and not finished: together with the steps, the limit
-    # workers at or past this many wait (ramp_in_flight: it grows with the noise scale)
+    # workers at or past this many wait (ramp_in_flight: it follows the noise scale)
     carrying = 1 if options.ramp_in_flight else session.in_flight
-    widened = trio.Event()
+    limit_moved = trio.Event()
     reached = carrying
 
-    def widen() -> None:
-        nonlocal carrying, widened, reached
+    def follow_noise_scale() -> None:
+        nonlocal carrying, limit_moved, reached
         noise = session.noise
         now = batches_in_flight(
             noise.sequences, noise.pairs, options.batch_size, trainers, carrying, session.in_flight
         )
-        if now > carrying:
+        if now != carrying:
             log.info(
                 "carrying %d batches at once (gradient noise scale ~%.0f sequences)",
                 now,
                 noise.sequences or 0.0,
             )
             carrying, reached = now, max(reached, now)
-            widened.set()
-            widened = trio.Event()
+            limit_moved.set()  # a worker past a lowered limit waits at its next batch
+            limit_moved = trio.Event()
 
     async def after_step(step: int) -> None:
         nonlocal window_start, window_samples, answered_before
@@ -630,7 +630,7 @@ async def _train(
         while state.step + carried < options.steps and not stop.is_set():
             if worker >= carrying:  # not yet: wait until the ramp reaches this worker
                 with trio.move_on_after(1.0):  # and look at the steps and stop again
-                    await widened.wait()
+                    await limit_moved.wait()
                 continue
             carried += 1
             try:
@@ -651,7 +651,7 @@ async def _train(
             last_success = clock.monotonic()
             losses.append(result.loss)
             if options.ramp_in_flight:
-                widen()
+                follow_noise_scale()
             if sharing is not None:
                 sharing.stepped(options.batch_size)
             await after_step(result.step)

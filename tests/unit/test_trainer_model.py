@@ -418,6 +418,55 @@ async def test_batches_in_flight_ramp_up_with_the_noise_scale(
     assert summary["steps"] + summary["stale_steps"] >= 12
 
 
+async def test_batches_in_flight_come_down_when_the_noise_scale_falls(corpus, tmp_path) -> None:
+    """An early high estimate (stop 53's 16-volunteer run) no longer holds the trainer at
+    its widest for the rest of the run: once the estimate falls below one batch, the
+    batches carried at once come down, one at a time, to one: the other workers start
+    only what they had begun to start (without the ramp down, two thirds of the rest)."""
+    import threading
+
+    from core.trainer.train import TrainerOptions, _train
+
+    session = TrainingSession(
+        local_model(manifest()),
+        corpus,
+        SessionSettings(project="p", batch_size=16, eval_batches=1, in_flight=3),
+    )
+    noise = FixedNoiseScale(16, known=1000.0)
+    session.noise = noise
+    lock = threading.Lock()
+    starts_after_fall = {0: 0, 1: 0, 2: 0}
+    fell = threading.Event()
+    step_on = session.step_on
+
+    def counted(worker: int) -> StepResult | None:
+        with lock:
+            if fell.is_set():
+                starts_after_fall[worker] += 1
+            elif session.state.step >= 6:
+                noise.known = 5.0  # below one batch: the ramp should come down to one
+                fell.set()
+        return step_on(worker)
+
+    session.step_on = counted  # type: ignore[method-assign]
+    options = TrainerOptions(
+        project="p",
+        workdir=tmp_path,
+        steps=30,
+        batch_size=16,
+        eval_every=10**9,
+        checkpoint_every=10**9,
+        in_flight=3,
+        ramp_in_flight=True,
+    )
+    summary = await _train(session, options, trio.Event(), lambda event: None)
+    assert summary["in_flight_reached"] == 3  # it did widen first
+    assert fell.is_set()
+    others = starts_after_fall[1] + starts_after_fall[2]
+    assert others <= 4, starts_after_fall
+    assert starts_after_fall[0] >= 15, starts_after_fall
+
+
 @pytest.mark.parametrize("forward_timeout", [10.0, 60.0])
 def test_a_layers_backward_pass_may_take_as_long_as_its_calls(tmp_path, forward_timeout):
     """The layer's deadline follows ``forward_timeout`` as the callers' does (at 4 slow
