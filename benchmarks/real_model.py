@@ -79,6 +79,7 @@ from core.data.tokenizer import HFTokenizer, train_bpe
 from core.demo.emulated_host import start_peer
 from core.experts.registry import build_expert
 from core.experts.server import ServerConfig
+from core.experts.spec import seed_for
 from core.experts.uid import Grid
 from core.families.config import mixtral_config
 from core.families.export import export_model
@@ -89,7 +90,7 @@ from core.moe.published import PublishedWeights
 from core.project.chunks import ChunkStore
 from core.project.keys import OwnerKey
 from core.project.manifest import Manifest
-from core.project.publish import prepare, seed_for, serve_project
+from core.project.publish import prepare, serve_project
 from core.project.schedule import Schedule
 from core.project.signed import SignedManifest
 from core.roles.aggregator import aggregate

@@ -35,11 +35,11 @@ from core.demo import DemoOptions, demo_manifest
 from core.experts import activations
 from core.experts.activations import WireCodecs
 from core.experts.registry import build_expert
+from core.experts.spec import seed_for
 from core.experts.uid import Grid
 from core.families.mixtral import LocalGridMixture
 from core.families.routing import GridGate
 from core.project.manifest import ModelSection, TrainerOptimizerKind, load_manifest
-from core.project.publish import seed_for
 from core.trainer.data import Corpus, load_corpus
 from core.trainer.family import build_family_model
 from core.trainer.model import LocalMixtureOfExperts, TrainerModel, build_model

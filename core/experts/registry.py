@@ -14,9 +14,6 @@ import torch
 from torch import nn
 
 from core.experts.spec import (
-    ACTIVATION_NAMES,
-    DTYPE_BYTES,
-    EXPERT_KINDS,
     MAX_BLOCKS,
     MAX_HIDDEN,
     ExpertSpec,
@@ -35,6 +32,7 @@ __all__ = [
     "parameter_count",
 ]
 
+#: the dtypes and activations of core/experts/spec.py's names (tests/unit/test_expert_spec.py)
 DTYPES: Final[Mapping[str, torch.dtype]] = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -163,17 +161,13 @@ class ExpertType:
     build: Callable[[ExpertSpec], nn.Module]
 
 
-#: one block builds each kind's plain module (its parameter names and initial weights for
-#: a seed are those of every project published before ``blocks`` existed)
+#: one for each of core/experts/spec.py's EXPERT_KINDS; one block builds each kind's
+#: plain module (its parameter names and initial weights for a seed are those of every
+#: project published before ``blocks`` existed)
 EXPERT_TYPES: Final[Mapping[str, ExpertType]] = {
     "ffn": ExpertType(_feed_forward),
     "swiglu": ExpertType(_swiglu),
 }
-# the spec's names (core/experts/spec.py, torch-free) are the ones built here
-assert tuple(EXPERT_TYPES) == EXPERT_KINDS
-assert tuple(DTYPES) == tuple(DTYPE_BYTES)
-assert all(DTYPES[name].itemsize == size for name, size in DTYPE_BYTES.items())
-assert tuple(ACTIVATIONS) == ACTIVATION_NAMES
 
 
 def build_expert(spec: ExpertSpec, *, seed: int | None = None) -> nn.Module:

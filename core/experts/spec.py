@@ -6,6 +6,7 @@ import this without it; core/experts/registry.py builds the modules.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -118,3 +119,10 @@ class ExpertSpec:
         if "kind" not in data or "hidden" not in data:
             raise SpecError("kind and hidden: both are required")
         return cls(**data)  # no ``blocks`` (a peer's older dict): one block
+
+
+def seed_for(seed: int, uid: str) -> int:
+    """The initial-weights seed of one expert (a project's ``[weights] seed`` and the
+    expert's uid): stable, and distinct per uid. Here, without torch or the network:
+    the publisher, the trainer and the model's family all start experts from it."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{uid}".encode()).digest()[:4], "big")

@@ -36,6 +36,7 @@ from transformers.models.mixtral.modeling_mixtral import (
 )
 
 from core.experts.registry import ACTIVATIONS, ExpertSpec, build_expert
+from core.experts.spec import seed_for
 from core.experts.uid import Grid
 from core.families.routing import (
     GridGate,
@@ -44,7 +45,6 @@ from core.families.routing import (
     full_scores,
     route_top_k,
 )
-from core.project.publish import seed_for
 
 #: Builds the sparse block of one layer: layer index -> module (see the module's doc).
 BlockFactory = Callable[[int], nn.Module]

@@ -3,7 +3,6 @@ into chunks, announce both and serve them. The volunteer's side is core/project/
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from safetensors.torch import load_file, save
 
 from core.data.tokenizer import BYTES, TOKENIZER_FILE, tokenizer_sha256
 from core.experts.registry import build_expert
+from core.experts.spec import seed_for
 from core.experts.weights import WeightsError, canonical_safetensors, load_weights, save_weights
 from core.project.chunks import TOKENIZER_ENTRY, ChunkStore, WeightsIndex, split_file
 from core.project.distribution import (
@@ -40,11 +40,6 @@ TrunkShapes = Callable[[ModelSection], Mapping[str, Sequence[int]]]
 #: file of float32 tensors named as the trainer's parameters), published in the signed
 #: weights index under the shared trunk's uid (``TRUNK_UID``).
 TRUNK_FILE = "trunk.safetensors"
-
-
-def seed_for(seed: int, uid: str) -> int:
-    """The initial-weights seed of one expert: stable, and distinct per uid."""
-    return int.from_bytes(hashlib.sha256(f"{seed}/{uid}".encode()).digest()[:4], "big")
 
 
 @dataclass(frozen=True)

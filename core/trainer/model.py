@@ -27,12 +27,12 @@ from torch import nn
 from core.experts import activations
 from core.experts.activations import WireCodecs
 from core.experts.registry import ExpertSpec, build_expert
+from core.experts.spec import seed_for
 from core.experts.uid import Grid
 from core.moe.beams import beam_search
 from core.moe.dispatch import Dispatch
 from core.moe.mixture import RemoteMixtureOfExperts
 from core.project.manifest import ModelSection
-from core.project.publish import seed_for
 
 #: Builds the mixture of one layer: (layer index, its grid) -> module on [tokens, hidden].
 MixtureFactory = Callable[[int, Grid], nn.Module]

@@ -15,11 +15,12 @@ from typer.testing import CliRunner
 
 from core.cli import app
 from core.experts.registry import build_expert
+from core.experts.spec import seed_for
 from core.experts.weights import weights_hash
 from core.namespaces import moehome_validator
 from core.project.keys import OwnerKey
 from core.project.owner import OwnerFiles
-from core.project.publish import prepare, seed_for, serve_project
+from core.project.publish import prepare, serve_project
 from core.protocol.expert_methods import INFO
 from net import Identity, Peer, parse_peer_addr
 from tests.child_processes import stop_processes

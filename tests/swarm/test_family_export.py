@@ -13,13 +13,14 @@ import trio
 from transformers import AutoModelForCausalLM
 
 from core.experts.registry import build_expert
+from core.experts.spec import seed_for
 from core.families.config import mixtral_config
 from core.families.mixtral import LocalGridMixture
 from core.families.routing import GridGate
 from core.namespaces import moehome_validator
 from core.project.keys import OwnerKey
 from core.project.manifest import load_manifest
-from core.project.publish import prepare, seed_for, serve_project
+from core.project.publish import prepare, serve_project
 from core.trainer.data import Corpus
 from core.trainer.export import export_project
 from core.trainer.family import MixtralTrainerModel, build_family_model

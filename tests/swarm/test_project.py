@@ -8,6 +8,7 @@ import pytest
 import torch
 import trio
 
+from core.experts.spec import seed_for
 from core.experts.weights import weights_hash
 from core.namespaces import moehome_validator
 from core.project.chunks import CHUNK_BYTES, ChunkStore, WeightsIndex, split_file
@@ -16,7 +17,7 @@ from core.project.joining import join_project
 from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError
 from core.project.manifest import ManifestError, load_manifest
 from core.project.pins import PinStore
-from core.project.publish import prepare, seed_for, serve_project
+from core.project.publish import prepare, serve_project
 from core.project.records import project_key
 from core.project.signed import ManifestRejected, SignedManifest
 from core.project.template import write_template

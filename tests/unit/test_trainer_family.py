@@ -14,10 +14,10 @@ from core.data.errors import DataError
 from core.data.shards import ShardWriter
 from core.data.tokenizer import ByteTokenizer, train_bpe
 from core.experts.registry import build_expert
+from core.experts.spec import seed_for
 from core.families.mixtral import LocalGridMixture
 from core.families.routing import GridGate
 from core.project.manifest import Manifest, ManifestError, parse_manifest
-from core.project.publish import seed_for
 from core.trainer.batches import BudgetedText, parse_source, training_batches
 from core.trainer.family import MixtralTrainerModel, build_family_model
 from core.trainer.session import SessionSettings, TrainingSession

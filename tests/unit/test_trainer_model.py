@@ -16,11 +16,11 @@ from core.demo.attacks import SIGN_FLIP_SCALE, Attack, alie, sign_flip
 from core.errors import UserFacingError
 from core.experts.records import SERVING, ExpertAnnouncement
 from core.experts.registry import build_expert
+from core.experts.spec import seed_for
 from core.experts.uid import Grid
 from core.moe.client import ExpertServerRef
 from core.moe.finder import ExpertFinder, _speed_class, rank_servers
 from core.project.manifest import Manifest, parse_manifest
-from core.project.publish import seed_for
 from core.trainer.data import Corpus, load_corpus
 from core.trainer.model import (
     CharLanguageModel,
