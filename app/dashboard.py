@@ -368,22 +368,10 @@ class DashboardWindow(QWidget):
             name="CPU", pen=pg.mkPen(_CPU_COLOUR, width=2)
         )
         self._util_curve = self._utilization_plot.plot(pen=pg.mkPen(_UTIL_COLOUR, width=2))
-        self._bars = pg.BarGraphItem(
-            x=np.zeros(0),
-            height=np.zeros(0),
-            width=_HOUR_S * 0.8,
-            brush=pg.mkBrush(_BAR_COLOUR),
-            pen=pg.mkPen(_BAR_COLOUR),
-        )
+        self._bars = _empty_bars(_HOUR_S * 0.8, _BAR_COLOUR)
         self._work_plot.addItem(self._bars)
         self._credit_plot = self._plot("creditPlot", CREDIT_TITLE, "credit")
-        self._credit_bars = pg.BarGraphItem(
-            x=np.zeros(0),
-            height=np.zeros(0),
-            width=_DAY_S * 0.8,
-            brush=pg.mkBrush(_CREDIT_COLOUR),
-            pen=pg.mkPen(_CREDIT_COLOUR),
-        )
+        self._credit_bars = _empty_bars(_DAY_S * 0.8, _CREDIT_COLOUR)
         self._credit_plot.addItem(self._credit_bars)
         self._credit_plot.setToolTip(CREDIT_MEAN)
         self._credit_days: list[CreditDay] | None = None  # what the bars show
@@ -744,6 +732,16 @@ class DashboardWindow(QWidget):
                 "heights": [] if credit_heights is None else [float(v) for v in credit_heights],
             },
         }
+
+
+def _empty_bars(width: float, colour: str) -> Any:
+    return pg.BarGraphItem(
+        x=np.zeros(0),
+        height=np.zeros(0),
+        width=width,
+        brush=pg.mkBrush(colour),
+        pen=pg.mkPen(colour),
+    )
 
 
 def _sentence(text: str) -> str:

@@ -5,7 +5,9 @@ resume exactly; the attacks and the aggregator's influence measure."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -32,6 +34,9 @@ from core.trainer.noise_scale import NoiseScale
 from core.trainer.session import SessionSettings, StepResult, TrainingSession
 from core.trainer.train import TrainerOptions, check_trainer, mixture_config, resolve_device
 from net import Identity
+
+if TYPE_CHECKING:
+    from core.trainer.train import TrainerOptions
 
 
 def manifest(**model: object) -> Manifest:
@@ -365,6 +370,23 @@ class FixedNoiseScale(NoiseScale):
         return self.known
 
 
+def ramped(tmp_path: Path, steps: int) -> TrainerOptions:
+    """Options of a trainer that ramps up to 3 batches of 16 in flight, never evaluating
+    or checkpointing on the way."""
+    from core.trainer.train import TrainerOptions
+
+    return TrainerOptions(
+        project="p",
+        workdir=tmp_path,
+        steps=steps,
+        batch_size=16,
+        eval_every=10**9,
+        checkpoint_every=10**9,
+        in_flight=3,
+        ramp_in_flight=True,
+    )
+
+
 @pytest.mark.parametrize(
     ("noise_scale", "carried_at_most"),
     [(5.0, 1), (1000.0, 3)],  # below one batch of 16: one at a time; far above: the limit
@@ -374,7 +396,7 @@ async def test_batches_in_flight_ramp_up_with_the_noise_scale(
 ) -> None:
     import threading
 
-    from core.trainer.train import TrainerOptions, _train
+    from core.trainer.train import _train
 
     session = TrainingSession(
         local_model(manifest()),
@@ -401,17 +423,7 @@ async def test_batches_in_flight_ramp_up_with_the_noise_scale(
                 now[0] -= 1
 
     session.step_on = counted  # type: ignore[method-assign]
-    options = TrainerOptions(
-        project="p",
-        workdir=tmp_path,
-        steps=12,
-        batch_size=16,
-        eval_every=10**9,
-        checkpoint_every=10**9,
-        in_flight=3,
-        ramp_in_flight=True,
-    )
-    summary = await _train(session, options, trio.Event(), lambda event: None)
+    summary = await _train(session, ramped(tmp_path, steps=12), trio.Event(), lambda event: None)
     assert summary["in_flight_reached"] == carried_at_most
     assert most[0] == carried_at_most
     assert workers == set(range(carried_at_most))
@@ -425,7 +437,7 @@ async def test_batches_in_flight_come_down_when_the_noise_scale_falls(corpus, tm
     only what they had begun to start (without the ramp down, two thirds of the rest)."""
     import threading
 
-    from core.trainer.train import TrainerOptions, _train
+    from core.trainer.train import _train
 
     session = TrainingSession(
         local_model(manifest()),
@@ -449,17 +461,7 @@ async def test_batches_in_flight_come_down_when_the_noise_scale_falls(corpus, tm
         return step_on(worker)
 
     session.step_on = counted  # type: ignore[method-assign]
-    options = TrainerOptions(
-        project="p",
-        workdir=tmp_path,
-        steps=30,
-        batch_size=16,
-        eval_every=10**9,
-        checkpoint_every=10**9,
-        in_flight=3,
-        ramp_in_flight=True,
-    )
-    summary = await _train(session, options, trio.Event(), lambda event: None)
+    summary = await _train(session, ramped(tmp_path, steps=30), trio.Event(), lambda event: None)
     assert summary["in_flight_reached"] == 3  # it did widen first
     assert fell.is_set()
     others = starts_after_fall[1] + starts_after_fall[2]
