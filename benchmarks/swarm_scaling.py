@@ -275,6 +275,8 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
         "in_flight": options.in_flight,
         "ramp": options.ramp,
         "in_flight_reached": max(s["in_flight_reached"] for s in summaries),
+        "in_flight_end": max(s["in_flight_end"] for s in summaries),
+        "in_flight_mean": round(sum(s["in_flight_mean"] for s in summaries) / len(summaries), 2),
         "wire": options.wire,
         "rule": options.demo.rule,
         "trunk_momentum": options.demo.trunk_outer_momentum,

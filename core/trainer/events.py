@@ -133,6 +133,9 @@ class TrainingSummary(_Event):
     in_flight: int = 1
     #: the most carried at once (below ``in_flight`` when they ramp up and did not reach it)
     in_flight_reached: int = 1
+    #: the ramp's limit at the end, and its mean over the applied steps (it may come down)
+    in_flight_end: int = 1
+    in_flight_mean: float = 1.0
     stale_steps: int = 0
     staleness: dict[str, int] = {}
     stopped_early: bool

@@ -569,6 +569,7 @@ async def _train(
     carried = 0  # batches started and not finished: together with the steps, the limit
     # workers at or past this many wait (ramp_in_flight: it follows the noise scale)
     carrying = 1 if options.ramp_in_flight else session.in_flight
+    carrying_sum, carrying_steps = 0, 0  # the limit at each applied step: its mean
     limit_moved = trio.Event()
     reached = carrying
 
@@ -626,7 +627,7 @@ async def _train(
 
     async def carry(worker: int) -> None:
         """Batches one after another on ``worker``'s replica, until the steps are done."""
-        nonlocal carried, last_success
+        nonlocal carried, last_success, carrying_sum, carrying_steps
         while state.step + carried < options.steps and not stop.is_set():
             if worker >= carrying:  # not yet: wait until the ramp reaches this worker
                 with trio.move_on_after(1.0):  # and look at the steps and stop again
@@ -649,6 +650,7 @@ async def _train(
             if not result.applied:
                 continue  # too stale: dropped, the next batch starts from newer weights
             last_success = clock.monotonic()
+            carrying_sum, carrying_steps = carrying_sum + carrying, carrying_steps + 1
             losses.append(result.loss)
             if options.ramp_in_flight:
                 follow_noise_scale()
@@ -713,6 +715,8 @@ async def _train(
         "failed_steps": state.failed_steps,
         "in_flight": session.in_flight,
         "in_flight_reached": reached,
+        "in_flight_end": carrying,
+        "in_flight_mean": carrying_sum / carrying_steps if carrying_steps else float(carrying),
         "stale_steps": state.stale_steps,
         "staleness": {str(k): v for k, v in sorted(state.staleness.items())},
         "stopped_early": state.step < options.steps,

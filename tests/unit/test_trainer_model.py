@@ -425,6 +425,8 @@ async def test_batches_in_flight_ramp_up_with_the_noise_scale(
     session.step_on = counted  # type: ignore[method-assign]
     summary = await _train(session, ramped(tmp_path, steps=12), trio.Event(), lambda event: None)
     assert summary["in_flight_reached"] == carried_at_most
+    assert summary["in_flight_end"] == carried_at_most
+    assert 1 <= summary["in_flight_mean"] <= carried_at_most
     assert most[0] == carried_at_most
     assert workers == set(range(carried_at_most))
     assert summary["steps"] + summary["stale_steps"] >= 12
@@ -463,6 +465,8 @@ async def test_batches_in_flight_come_down_when_the_noise_scale_falls(corpus, tm
     session.step_on = counted  # type: ignore[method-assign]
     summary = await _train(session, ramped(tmp_path, steps=30), trio.Event(), lambda event: None)
     assert summary["in_flight_reached"] == 3  # it did widen first
+    assert summary["in_flight_end"] == 1
+    assert 1 < summary["in_flight_mean"] < 3
     assert fell.is_set()
     others = starts_after_fall[1] + starts_after_fall[2]
     assert others <= 4, starts_after_fall
