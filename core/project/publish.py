@@ -4,7 +4,7 @@ into chunks, announce both and serve them. The volunteer's side is core/project/
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +167,21 @@ def check_trunk(
             )
 
 
+#: The first re-announcement comes this long after publishing; the waits then double up
+#: to the refresh period. The DHT keeps a record on the peers closest to its key when it
+#: is put: at publishing, often the bootstrap peer alone, and a swarm grows most just
+#: after (volunteers follow the invite). Re-announced, the record moves to them.
+FIRST_REANNOUNCE_S = 10.0
+
+
+def announce_waits(refresh: float, first: float = FIRST_REANNOUNCE_S) -> Iterator[float]:
+    """The waits between announcements: ``first``, doubling, then ``refresh`` on."""
+    wait = min(first, refresh)
+    while True:
+        yield wait
+        wait = min(2 * wait, refresh)
+
+
 async def serve_project(
     peer: Peer,
     prepared: Prepared,
@@ -174,18 +189,21 @@ async def serve_project(
     refresh: float = 600.0,
     task_status: trio.TaskStatus[WeightsService] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Announce the project and serve its weights, re-announcing every ``refresh`` s."""
+    """Announce the project and serve its weights, re-announcing soon after publishing
+    and then every ``refresh`` s (announce_waits); DHT trouble is logged, serving goes on."""
     service = WeightsService.of(peer, prepared.store)
-    started = False
-    while True:
-        await announce_project(peer, prepared.signed, ttl=3 * refresh)
-        try:
-            await service.announce(
-                prepared.signed.project_id, prepared.index.sha256, ttl=3 * refresh
-            )
-        except Exception as exc:  # noqa: BLE001 - DHT trouble is logged, serving goes on
-            log.warning("could not announce the weights: %s", exc)
-        if not started:
-            task_status.started(service)
-            started = True
-        await trio.sleep(refresh)
+    ttl = 3 * refresh
+    await announce_project(peer, prepared.signed, ttl=ttl)
+    await _announce_weights(service, prepared, ttl)
+    task_status.started(service)
+    for wait in announce_waits(refresh):
+        await trio.sleep(wait)
+        await announce_project(peer, prepared.signed, ttl=ttl)
+        await _announce_weights(service, prepared, ttl)
+
+
+async def _announce_weights(service: WeightsService, prepared: Prepared, ttl: float) -> None:
+    try:
+        await service.announce(prepared.signed.project_id, prepared.index.sha256, ttl=ttl)
+    except Exception as exc:  # noqa: BLE001 - DHT trouble is logged, serving goes on
+        log.warning("could not announce the weights: %s", exc)

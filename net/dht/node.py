@@ -57,10 +57,23 @@ _MAX_PEER_ID_BYTES: Final = 64
 #: Contacts not in our routing table that one lookup adopts from replies at one address
 #: (IPv4, IPv6 /64): more would let a reply aim our dials at a third party's ports.
 MAX_VOUCHED_PER_SOURCE: Final = 2
+#: Wide lookups one ``get`` makes at most while it finds nothing and its last lookup
+#: left contacts unmet (over MAX_VOUCHED_PER_SOURCE): peers that share an address (a
+#: NAT, one computer) are met a few per lookup.
+MAX_WIDE_LOOKUPS: Final = 6
 
 
 class DhtError(Exception):
     """A DHT operation could not be done (e.g. no peer reachable)."""
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What one iterative lookup found: the closest peers that answered, nearest first,
+    and how many contacts it was told of and left unmet (over MAX_VOUCHED_PER_SOURCE)."""
+
+    closest: list[Contact[PeerID]]
+    unmet: int
 
 
 @dataclass(frozen=True)
@@ -204,27 +217,8 @@ class DhtNode:
     async def put_record(self, record: SignedRecord) -> int:
         self.validator.validate(record, self._clock_ms())  # our own mistakes fail loudly here
         self.store.put(record, self._clock_ms())
-        closest = await self._lookup(key_id_of(record.key), width=self.config.replicas)
-        targets = closest[: self.config.replicas]
-        stored = 0
-        errors: list[str] = []
-
-        async def store_on(contact: Contact[PeerID]) -> None:
-            nonlocal stored
-            try:
-                reply = await self._query(contact.peer, STORE, {}, records=[record])
-            except RpcError as exc:
-                errors.append(f"{contact.peer}: {exc}")
-                return
-            accepted = reply.meta.get("stored")
-            if isinstance(accepted, list) and accepted and accepted[0] is True:
-                stored += 1
-            else:
-                errors.append(f"{contact.peer}: refused ({reply.meta.get('errors')})")
-
-        async with trio.open_nursery() as nursery:
-            for contact in targets:
-                nursery.start_soon(store_on, contact)
+        lookup = await self._lookup(key_id_of(record.key), width=self.config.replicas)
+        stored, errors = await self._store_on(lookup.closest[: self.config.replicas], [record])
         if not stored:
             detail = "; ".join(errors[:3]) or (
                 "no peer answered the lookup in time"
@@ -234,16 +228,56 @@ class DhtNode:
             raise DhtError(f"record {record.key} reached no peer: {detail}")
         return stored
 
+    async def _store_on(
+        self, targets: Sequence[Contact[PeerID]], records: list[SignedRecord]
+    ) -> tuple[int, list[str]]:
+        """Ask each target to store the records: how many stored them all, and why the
+        others did not."""
+        stored = 0
+        errors: list[str] = []
+
+        async def store_on(contact: Contact[PeerID]) -> None:
+            nonlocal stored
+            try:
+                reply = await self._query(contact.peer, STORE, {}, records=records)
+            except RpcError as exc:
+                errors.append(f"{contact.peer}: {exc}")
+                return
+            accepted = reply.meta.get("stored")
+            if isinstance(accepted, list) and accepted and all(a is True for a in accepted):
+                stored += 1
+            else:
+                errors.append(f"{contact.peer}: refused ({reply.meta.get('errors')})")
+
+        async with trio.open_nursery() as nursery:
+            for contact in targets:
+                nursery.start_soon(store_on, contact)
+        return stored, errors
+
     async def get(self, key: str) -> list[SignedRecord]:
         """Every live, verified record under ``key`` (one per author), newest first."""
         found: dict[bytes, SignedRecord] = {}
         await self._merge(self.store.get(key, self._clock_ms()), key, found)
-        await self._lookup(key_id_of(key), width=self.config.replicas, key=key, found=found)
-        if not found and self.config.k > self.config.replicas:
+        target = key_id_of(key)
+        narrow = await self._lookup(target, width=self.config.replicas, key=key, found=found)
+        missed = not found
+        if missed and self.config.k > self.config.replicas:
             # peers that joined after the record was stored may now be the closest to its
-            # key without holding it: look wider before saying there is none
-            await self._lookup(key_id_of(key), width=self.config.k, key=key, found=found)
-        return sorted(found.values(), key=lambda r: r.timestamp_ms, reverse=True)
+            # key without holding it: look wider before saying there is none, again while
+            # a lookup was told of peers it did not meet (many at one address)
+            for _ in range(MAX_WIDE_LOOKUPS):
+                wide = await self._lookup(target, width=self.config.k, key=key, found=found)
+                if found or not wide.unmet:
+                    break
+        newest = sorted(found.values(), key=lambda r: r.timestamp_ms, reverse=True)
+        if newest and missed:
+            # the closest peers lacked it: store it on them (Kademlia's caching step,
+            # hivemind's cache_nearest), so that the next get finds it at once
+            await self._store_on(
+                narrow.closest[: self.config.replicas],
+                newest[: self.config.max_records_per_message],
+            )
+        return newest
 
     async def announcers(self, key: str) -> dict[PeerID, SignedRecord]:
         """Who announces ``key``: each author's newest record, deduplicated by author."""
@@ -264,8 +298,9 @@ class DhtNode:
         width: int,
         key: str | None = None,
         found: dict[bytes, SignedRecord] | None = None,
-    ) -> list[Contact[PeerID]]:
-        """Iterative Kademlia lookup. Returns the closest peers that answered.
+    ) -> Lookup:
+        """Iterative Kademlia lookup: the closest peers that answered, and how many
+        contacts it left unmet.
 
         Ends when the ``width`` closest candidates have all been asked. With ``key``, asks
         for records as well and merges valid ones into ``found``.
@@ -279,6 +314,7 @@ class DhtNode:
         # contacts a reply vouches for are its word: at most a few at one address, so a
         # reply naming many ports of a third party does not aim our dials at it
         vouched: Counter[str | None] = Counter()
+        unmet: set[PeerID] = set()
         method = GET if key is not None else FIND
         meta: dict[str, Any] = (
             {"key": key} if key is not None else {"target": target.to_bytes(32, "big")}
@@ -296,6 +332,7 @@ class DhtNode:
                     continue
                 where = address_source(addrs[0])
                 if vouched[where] >= MAX_VOUCHED_PER_SOURCE and peer not in self.routing:
+                    unmet.add(peer)
                     continue
                 vouched[where] += 1
                 candidates[peer] = Contact(peer, node_id, addrs)
@@ -313,7 +350,8 @@ class DhtNode:
                     for contact in pending:
                         asked.add(contact.peer)
                         nursery.start_soon(ask, contact)
-        return sorted(answered.values(), key=lambda c: c.node_id ^ target)
+        closest = sorted(answered.values(), key=lambda c: c.node_id ^ target)
+        return Lookup(closest, len(unmet - candidates.keys() - asked))
 
     async def _merge(
         self, records: Sequence[SignedRecord], key: str, found: dict[bytes, SignedRecord]

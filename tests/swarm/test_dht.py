@@ -11,6 +11,7 @@ import trio
 
 from net.dht import DhtConfig, DhtError, SignedRecord, sign_record
 from net.dht.node import STORE
+from net.dht.routing import key_id_of, node_id_of
 from net.identity import Identity
 from net.peer import Peer, PeerConfig
 from net.rpc.frames import Tensor
@@ -284,3 +285,42 @@ async def test_a_get_that_finds_nothing_looks_wider_before_giving_up():
         widths.clear()
         assert await reader.dht.get("/moehome/demo/nowhere") == []
         assert widths == [reader.dht.config.replicas, reader.dht.config.k]
+
+
+def _identities(count: int, top_bit: int) -> list[Identity]:
+    """``count`` identities whose DHT ids start with ``top_bit``."""
+    out: list[Identity] = []
+    while len(out) < count:
+        identity = Identity.generate()
+        if node_id_of(identity.peer_id.to_bytes()) >> 255 == top_bit:
+            out.append(identity)
+    return out
+
+
+@pytest.mark.slow
+async def test_a_record_put_before_the_swarm_grew_is_found_by_a_newcomer_and_moved_closer():
+    # the demo's case: the owner publishes when only the bootstrap peer is up, ten more
+    # peers join, and a newcomer (`owner page`) looks for the manifest. Every peer listens
+    # on 127.0.0.1, where a lookup meets only MAX_VOUCHED_PER_SOURCE strangers; the key
+    # and the newcomer are picked so that the two holders are the farthest peers from
+    # both (their ids alone start with a 1): a get that stopped after one wide lookup
+    # missed it (one run in five with random ids)
+    identities = _identities(2, top_bit=1) + _identities(10, top_bit=0)
+    key = next(k for k in (f"/moehome/demo/early-{n}" for n in range(64)) if key_id_of(k) < 2**255)
+    (reader_identity,) = _identities(1, top_bit=0)
+    async with open_swarm(0) as swarm:
+        for identity in identities[:2]:
+            await swarm.add(identity=identity)
+        await swarm.node(0).dht.put(key, b"early", ttl=60)
+        for identity in identities[2:]:
+            await swarm.add(identity=identity)
+        holders = {p.host.peer_id for p in swarm.peers if p.dht.store.get(key, now_ms())}
+        assert len(holders) == 2
+        # through the last peer only (Swarm.add would bootstrap through peer 0, a holder)
+        reader = Peer(reader_identity, PeerConfig(bootstrap=(swarm.peers[-1].addrs()[0],)))
+        assert swarm.nursery is not None
+        await swarm.nursery.start(reader.run)
+        assert [r.value for r in await reader.dht.get(key)] == [b"early"]
+        # the closest peers the newcomer met lacked it: they hold it now
+        after = {p.host.peer_id for p in swarm.peers if p.dht.store.get(key, now_ms())}
+        assert holders < after
