@@ -35,10 +35,14 @@ each configuration's line adds ``curve`` (samples, loss), ``samples_to_target``,
 ``sample_efficiency`` (the target's samples over those), ``scaling_efficiency``
 (utilization x that), ``seconds_to_target``, and ``same_concurrency_efficiency``: the
 local emulation of the same trainers x batches in flight (benchmarks/concurrency_local.py,
-the same seeds and rate) over the swarm's samples to L*. The summary's
-``scaling_efficiency_{4,16,32}v``, ``time_to_loss_speedup_32v_vs_4v`` (8 x E32 / E4: time
-to L* at the same speed per volunteer) and ``same_concurrency_efficiency_min`` come from
-the 100 ms lines. A run must train past L* for its figures (``--samples``); with
+the same seeds and rate) over the swarm's samples to L*; the same figures follow by
+the ``smoothed`` crossing (time_to_loss.samples_to_smoothed: a line through the
+evaluations around the first crossing, less moved by one evaluation's noise). The
+summary's ``scaling_efficiency_{4,16,32}v``, ``time_to_loss_speedup_32v_vs_4v`` (8 x E32
+/ E4: time to L* at the same speed per volunteer) and ``same_concurrency_efficiency_min``
+come from the 100 ms lines by the smoothed crossing, each recipe's runs averaged
+(``first_crossing``: the same by the first crossings); ``--local-only`` prints the local
+emulations for lines printed before they carried theirs. A run must train past L* for its figures (``--samples``); with
 ``--speed`` above the default, runs end sooner and utilization is lower (a batch's
 latency weighs more against its compute).
 
@@ -67,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks
 
 from concurrency_local import Arrangement
 from concurrency_local import curve as local_curve
-from time_to_loss import efficiency, loss_at, mean_curve, samples_to
+from time_to_loss import Curve, efficiency, loss_at, mean_curve, samples_to, samples_to_smoothed
 from trainer_local import bytes_ratio, demo_model, train
 
 from core.demo.emulated import EmulationOptions, run_emulated
@@ -183,25 +187,21 @@ def swarm_curve(
     ]
 
 
-def time_to_target(
-    options: EmulationOptions, target: Target, curve: list[tuple[float, float]], rate: float
-) -> dict[str, Any]:
-    """The swarm's samples and seconds to L*, its sample and scaling efficiency, and
-    the same-concurrency guard: the local emulation of its trainers x batches in flight
-    (benchmarks/concurrency_local.py, the target's seeds) against the swarm."""
-    capacity = options.volunteers * options.samples_per_s
-    needed = samples_to(curve, target.loss)
-    sample_eff = efficiency(target.samples, needed)
+def local_same_concurrency(
+    trainers: int, in_flight: int, target: Target, samples: float, batch_size: int
+) -> list[tuple[float, float]]:
+    """The local emulation of ``trainers`` x ``in_flight`` batches in flight
+    (benchmarks/concurrency_local.py: the target's seeds, rate and evaluations), the mean
+    of its seeds' curves over twice ``samples``: it may need more than the swarm did (it
+    carries every batch from the start; a ramp does not)."""
     corpus = load_corpus(STDLIB)
-    # twice the swarm's samples: the local emulation of the same concurrency may need
-    # more than the swarm did (it carries every batch from the start; a ramp does not)
-    local_steps = 2 * int(max(curve[-1][0], target.samples)) // options.batch_size
-    local = mean_curve(
+    steps = 2 * int(max(samples, target.samples)) // batch_size
+    return mean_curve(
         [
             local_curve(
                 corpus,
-                local_steps,
-                Arrangement(options.trainers, options.in_flight),
+                steps,
+                Arrangement(trainers, in_flight),
                 seed=seed,
                 optimizer=target.optimizer,  # type: ignore[arg-type]
                 learning_rate=target.learning_rate,
@@ -211,8 +211,22 @@ def time_to_target(
             for seed in target.seeds
         ]
     )
+
+
+def time_to_target(
+    options: EmulationOptions, target: Target, curve: list[tuple[float, float]], rate: float
+) -> dict[str, Any]:
+    """The swarm's samples and seconds to L*, its sample and scaling efficiency, and
+    the same-concurrency guard: the local emulation of its trainers x batches in flight
+    against the swarm; the first crossings of L*, then (``smoothed``) ``scores``'."""
+    capacity = options.volunteers * options.samples_per_s
+    needed = samples_to(curve, target.loss)
+    sample_eff = efficiency(target.samples, needed)
+    local = local_same_concurrency(
+        options.trainers, options.in_flight, target, curve[-1][0], options.batch_size
+    )
     local_needed = samples_to(local, target.loss)
-    return {
+    line = {
         "target_loss": round(target.loss, 4),
         "target_samples": target.samples,
         "curve": [[int(a), round(b, 4)] for a, b in curve],
@@ -226,6 +240,30 @@ def time_to_target(
         # the swarm against the local emulation of the same concurrency: what the
         # swarm itself adds (rounds, late and dropped calls, the wire)
         "same_concurrency_efficiency": _round(
+            None if needed is None or local_needed is None else local_needed / needed
+        ),
+        "local_same_concurrency_curve": [[int(a), round(b, 4)] for a, b in local],
+    }
+    return {**line, **scores({**line, "utilization": rate / capacity}, local)}
+
+
+def scores(line: dict[str, Any], local: Curve | None) -> dict[str, Any]:
+    """A line's figures by the smoothed crossing of L* (time_to_loss.samples_to_smoothed)
+    of its curve and of the local emulation's (``local``; None: unknown)."""
+    target, target_samples = line["target_loss"], line["target_samples"]
+    needed = samples_to_smoothed(line["curve"], target)
+    local_needed = None if local is None else samples_to_smoothed(local, target)
+    sample_eff = efficiency(target_samples, needed)
+    return {
+        "samples_to_target_smoothed": None if needed is None else round(needed, 1),
+        "sample_efficiency_smoothed": _round(sample_eff),
+        "scaling_efficiency_smoothed": _round(
+            None if sample_eff is None else line["utilization"] * sample_eff
+        ),
+        "local_same_concurrency_samples_to_target_smoothed": (
+            None if local_needed is None else round(local_needed, 1)
+        ),
+        "same_concurrency_efficiency_smoothed": _round(
             None if needed is None or local_needed is None else local_needed / needed
         ),
     }
@@ -271,6 +309,7 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
         "slow": options.slow,
         "slow_delay_ms": options.slow_delay_ms,
         "upload_mbit": options.upload_mbit,
+        "round_samples": options.round_samples,
         "trainers": options.trainers,
         "in_flight": options.in_flight,
         "ramp": options.ramp,
@@ -416,7 +455,10 @@ def demo_time_to_loss(
 
 
 def summary(
-    lines: list[dict[str, Any]], local: dict[str, Any] | None, demo: dict[str, Any] | None
+    lines: list[dict[str, Any]],
+    local: dict[str, Any] | None,
+    demo: dict[str, Any] | None,
+    local_curves: dict[str, Curve] | None = None,
 ) -> dict[str, Any]:
     def best(volunteers: int, delay: float) -> dict[str, Any] | None:
         runs = [x for x in lines if (x["volunteers"], x["delay_ms"]) == (volunteers, delay)]
@@ -446,46 +488,126 @@ def summary(
         out["demo_delay_ratio"] = demo["ratio"]
     if demo is not None and "target_loss" in demo:
         out["demo_time_to_loss_ratio_100ms"] = demo["ratio"]
-    out.update(time_to_loss_summary(lines))
+    out.update(time_to_loss_summary(lines, local_curves))
     return out
 
 
-def time_to_loss_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's time-to-loss keys, of the lines that measured them (at 100 ms, the
-    best line of each size by its scaling efficiency)."""
-    measured = [x for x in lines if "scaling_efficiency" in x and x["delay_ms"] == 100.0]
+#: what makes lines runs of one recipe, whose figures are averaged (each key with its
+#: value in the lines printed before the line carried it)
+RECIPE = (
+    ("volunteers", None),
+    ("delay_ms", None),
+    ("speed", None),
+    ("trainers", 1),
+    ("in_flight", 1),
+    ("ramp", False),
+    ("round_samples", 64.0),
+    ("optimizer", "adamw"),
+    ("learning_rate", None),
+    ("upload_mbit", 20.0),
+    ("wire", "q4z"),
+    ("rule", "centered_clip"),
+    ("slow", 0),
+)
+
+
+def recipe_of(line: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(line.get(key, default) for key, default in RECIPE)
+
+
+def local_key(trainers: int, in_flight: int, optimizer: str, rate: float) -> str:
+    """Which local emulation a line's guard compares with (its seeds and evaluations
+    are the target's, the same for every line of a summary)."""
+    return f"{trainers}x{in_flight}:{optimizer}:{rate:g}"
+
+
+def _recipe_means(
+    lines: list[dict[str, Any]], figures: Any
+) -> list[tuple[dict[str, Any], float | None, float | None, int]]:
+    """(a line of the recipe, mean scaling efficiency, mean guard, runs) per recipe;
+    a mean is None when a run did not reach L*."""
+    by_recipe: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for x in lines:
+        by_recipe.setdefault(recipe_of(x), []).append(x)
+    out = []
+    for runs in by_recipe.values():
+        got = [figures(x) for x in runs]
+        es, guards = [e for e, _ in got], [g for _, g in got]
+        out.append((runs[0], _mean_known(es), _mean_known(guards), len(runs)))
+    return out
+
+
+def _mean_known(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else round(sum(values) / len(values), 3)  # type: ignore[arg-type]
+
+
+def _efficiency_keys(lines: list[dict[str, Any]], figures: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    best: dict[int, dict[str, Any]] = {}
-    for x in measured:
-        v = x["volunteers"]
-        if v not in best or (x["scaling_efficiency"] or 0) > (best[v]["scaling_efficiency"] or 0):
-            best[v] = x
+    best: dict[int, tuple[float | None, int]] = {}
+    recipes = _recipe_means(lines, figures)
+    for line, e, _, runs in recipes:
+        v = line["volunteers"]
+        if v not in best or (e or 0) > (best[v][0] or 0):
+            best[v] = (e, runs)
     for v in (4, 16, 32):
         if v in best:
-            out[f"scaling_efficiency_{v}v"] = best[v]["scaling_efficiency"]
+            out[f"scaling_efficiency_{v}v"] = best[v][0]
+            out[f"runs_{v}v"] = best[v][1]
     if 4 in best and 32 in best:
         # time to L* is target_samples / (E x capacity): at the same speed per volunteer
         # the ratio is 8 x E32 / E4, whatever speed each run emulated (faster emulated
         # volunteers, for runs long enough to reach L*, lower E: the ratio is then an
         # estimate of both)
-        small, large = best[4]["scaling_efficiency"], best[32]["scaling_efficiency"]
+        small, large = best[4][0], best[32][0]
         out["time_to_loss_speedup_32v_vs_4v"] = (
             round(32 * large / (4 * small), 2) if small and large is not None else None
         )
-    guards = [x["same_concurrency_efficiency"] for x in measured]
-    if guards:
+    if recipes:
+        guards = [g for _, _, g, _ in recipes]
         known = [g for g in guards if g is not None]
         out["same_concurrency_efficiency_min"] = min(known) if len(known) == len(guards) else None
-    if measured:
-        out["target_loss"] = measured[0]["target_loss"]
-        out["target_samples"] = measured[0]["target_samples"]
+    return out
+
+
+def time_to_loss_summary(
+    lines: list[dict[str, Any]], local_curves: dict[str, Curve] | None = None
+) -> dict[str, Any]:
+    """The issue's time-to-loss keys, of the 100 ms lines that measured them: each
+    recipe's figures are the mean of its runs (one run cannot decide a goal within 15%:
+    decision 013); per size, the recipe with the best scaling efficiency; the guard's
+    minimum over the recipes. By the smoothed crossing of L* (``scores``; a line's
+    local emulation is its own curve, or ``local_curves``' of its concurrency), and
+    under ``first_crossing`` by the figures the lines carry."""
+    measured = [x for x in lines if "scaling_efficiency" in x and x["delay_ms"] == 100.0]
+    curves = local_curves or {}
+
+    def smoothed(x: dict[str, Any]) -> tuple[float | None, float | None]:
+        local = x.get("local_same_concurrency_curve") or curves.get(
+            local_key(x["trainers"], x["in_flight"], x["optimizer"], x["learning_rate"])
+        )
+        got = scores(x, local)
+        return got["scaling_efficiency_smoothed"], got["same_concurrency_efficiency_smoothed"]
+
+    def first(x: dict[str, Any]) -> tuple[float | None, float | None]:
+        return x["scaling_efficiency"], x["same_concurrency_efficiency"]
+
+    out: dict[str, Any] = {}
+    if not measured:
+        return out
+    out.update(_efficiency_keys(measured, smoothed))
+    out["estimator"] = "smoothed crossing"
+    out["first_crossing"] = _efficiency_keys(measured, first)
+    out["target_loss"] = measured[0]["target_loss"]
+    out["target_samples"] = measured[0]["target_samples"]
     return out
 
 
 def summarize(paths: list[Path]) -> dict[str, Any]:
     """The summary of lines this benchmark printed before (runs made apart: a run of
-    every size takes most of an hour on two cores)."""
+    every size takes most of an hour on two cores), and of ``local_same_concurrency``
+    lines (``--local-only``) for swarm lines that do not carry their local curve."""
     lines, local, demo = [], None, None
+    local_curves: dict[str, Curve] = {}
     for path in paths:
         for text in path.read_text().splitlines():
             if not text.startswith("{"):
@@ -495,9 +617,30 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
                 continue
             if "volunteers" in line:
                 lines.append(line)
+            if "local_same_concurrency" in line:
+                x = line["local_same_concurrency"]
+                key = local_key(x["trainers"], x["in_flight"], x["optimizer"], x["learning_rate"])
+                local_curves[key] = [(a, b) for a, b in x["curve"]]
             local = line.get("local", local)
             demo = line.get("demo", demo)
-    return summary(lines, local, demo)
+    return summary(lines, local, demo, local_curves)
+
+
+def print_local_curves(runs: list[Run], target: Target, samples: int, batch_size: int) -> None:
+    """``--local-only``: a line of each run's concurrency's local emulation."""
+    for trainers, in_flight in sorted({(r.trainers, r.in_flight) for r in runs}):
+        local = local_same_concurrency(trainers, in_flight, target, samples, batch_size)
+        line = {
+            "trainers": trainers,
+            "in_flight": in_flight,
+            "optimizer": target.optimizer,
+            "learning_rate": target.learning_rate,
+            "seeds": list(target.seeds),
+            "eval_every": target.eval_every,
+            "samples_to_target": _round(samples_to(local, target.loss)),
+            "curve": [[int(a), round(b, 4)] for a, b in local],
+        }
+        print(json.dumps({"benchmark": "swarm_scaling", "local_same_concurrency": line}))
 
 
 def main() -> None:
@@ -578,6 +721,12 @@ def main() -> None:
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--skip-demo", action="store_true")
     parser.add_argument(
+        "--local-only",
+        action="store_true",
+        help="with --target-samples: print the local emulation of each run's trainers x "
+        "batches in flight (the guard's comparison, for lines that do not carry it) and stop",
+    )
+    parser.add_argument(
         "--summarize",
         type=Path,
         nargs="+",
@@ -623,6 +772,11 @@ def main() -> None:
         )
         print(json.dumps({"benchmark": "swarm_scaling", "reference": reference}), flush=True)
         base = replace(base, eval_every=args.eval_every, trainer_learning_rate=target.learning_rate)
+    if args.local_only:
+        if target is None:
+            parser.error("--local-only needs --target-samples")
+        print_local_curves(runs, target, args.samples or 0, base.batch_size)
+        return
     lines = []
     for run in runs:
         options = replace(

@@ -1,5 +1,6 @@
 """benchmarks/time_to_loss.py: where a loss curve reaches a target."""
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -8,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from time_to_loss import efficiency, loss_at, mean_curve, samples_to
+from time_to_loss import efficiency, loss_at, mean_curve, samples_to, samples_to_smoothed
 
 CURVE = [(0, 5.0), (160, 3.0), (320, 2.5), (480, 2.6), (640, 2.0)]
 
@@ -65,27 +66,95 @@ def test_two_trainers_evaluations_make_one_curve_of_the_swarms_samples():
     assert [loss for _, loss in curve] == pytest.approx([5.1, 2.5])
 
 
-def test_the_summary_takes_each_sizes_best_line_at_100_ms():
-    from swarm_scaling import time_to_loss_summary
+def log_curve(crossing: float, target: float = 2.0) -> list[tuple[float, float]]:
+    """Evaluations every 200 samples of a loss falling 0.5 nats per e-fold of samples,
+    at ``target`` after ``crossing`` samples."""
+    return [(s, target - 0.5 * math.log(s / crossing)) for s in range(200, 4001, 200)]
 
-    def line(v: int, e: float | None, guard: float | None, ms: float = 100.0) -> dict[str, Any]:
+
+@pytest.mark.parametrize(
+    ("curve", "target", "expected"),
+    [
+        # on a line in log samples the smoothed crossing is the line's (the first
+        # crossing, linear between two evaluations, is a little later)
+        (log_curve(1500), 2.0, 1500.0),
+        (log_curve(1000), 2.0, 1000.0),
+        # a line that barely falls reaches L* far away: kept within 1.25x the first crossing
+        ([(800, 2.06), (900, 2.05), (1000, 1.99), (1100, 2.04), (1200, 2.03)], 2.0, 1229.17),
+        ([(0, 5.0), (100, 1.0)], 2.0, 75.0),  # fewer than 3 near it: the first crossing
+        ([(0, 5.0), (100, 4.0)], 2.0, None),  # never reached: not extrapolated
+        ([(0, 1.0), (100, 0.5)], 2.0, 0.0),  # reached at the start
+        # near the crossing the curve rises (noise): no line, the first crossing
+        ([(800, 2.2), (900, 1.95), (1000, 2.1), (1100, 2.3)], 2.0, 880.0),
+    ],
+)
+def test_the_smoothed_crossing_fits_a_line_near_the_first(curve, target, expected):
+    got = samples_to_smoothed(curve, target)
+    if expected is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(expected, rel=1e-3)
+    first = samples_to(curve, target)
+    if first and first > 0 and got is not None:  # within the window's factor of it
+        assert first / 1.25 <= got <= first * 1.25 + 1e-9
+
+
+def test_a_dip_crosses_first_and_moves_the_smoothed_crossing_less():
+    # one evaluation 0.05 nats low at 1,400 on a curve that reaches L* at 1,500
+    curve = [(s, loss - (0.05 if s == 1400 else 0)) for s, loss in log_curve(1500)]
+    first, smoothed = samples_to(curve, 2.0), samples_to_smoothed(curve, 2.0)
+    assert first is not None
+    assert smoothed is not None
+    assert first < 1400  # the dip
+    assert abs(smoothed - 1500) < 0.5 * abs(first - 1500)
+
+
+def test_the_summary_averages_a_recipes_runs_and_takes_each_sizes_best():
+    from swarm_scaling import local_key, time_to_loss_summary
+
+    def line(
+        v: int, crossing: float, local: float, in_flight: int = 1, ms: float = 100.0
+    ) -> dict[str, Any]:
         return {
             "volunteers": v,
             "delay_ms": ms,
-            "scaling_efficiency": e,
-            "same_concurrency_efficiency": guard,
-            "target_loss": 2.5,
-            "target_samples": 1600,
+            "speed": 0.125,
+            "trainers": 1,
+            "in_flight": in_flight,
+            "optimizer": "muon",
+            "learning_rate": 0.01,
+            "utilization": 0.8,
+            "curve": log_curve(crossing),
+            "target_loss": 2.0,
+            "target_samples": 1000,
+            # the figures by the first crossing, as a run printed them
+            "scaling_efficiency": round(0.8 * 1000 / crossing, 3),
+            "same_concurrency_efficiency": 0.5,
+            "local_same_concurrency_curve": log_curve(local),
         }
 
-    lines = [line(4, 0.7, 0.95), line(4, 0.6, 0.99), line(32, 0.4, 0.9), line(32, 0.9, 0.1, 0)]
+    lines = [
+        line(4, 1000, 1000),  # E 0.8, guard 1
+        line(4, 2000, 1600),  # the same recipe again: E 0.4, guard 0.8
+        line(4, 1400, 1400, in_flight=2),  # E 0.571: below the first recipe's mean 0.6
+        line(32, 2000, 1800, in_flight=3),  # E 0.4, guard 0.9
+        line(32, 1000, 1000, ms=0.0),  # not at 100 ms: left out
+    ]
     out = time_to_loss_summary(lines)
-    assert out["scaling_efficiency_4v"] == 0.7
-    assert out["scaling_efficiency_32v"] == 0.4
+    assert out["scaling_efficiency_4v"] == pytest.approx(0.6)
+    assert out["runs_4v"] == 2
+    assert out["scaling_efficiency_32v"] == pytest.approx(0.4)
     assert "scaling_efficiency_16v" not in out
-    assert out["time_to_loss_speedup_32v_vs_4v"] == pytest.approx(8 * 0.4 / 0.7, abs=0.01)
-    assert out["same_concurrency_efficiency_min"] == 0.9  # of the 100 ms lines
-    # a line that never reached L* leaves the figures it decides unknown
-    out = time_to_loss_summary([line(4, None, None), line(32, 0.4, 0.9)])
+    assert out["time_to_loss_speedup_32v_vs_4v"] == pytest.approx(8 * 0.4 / 0.6, abs=0.01)
+    assert out["same_concurrency_efficiency_min"] == pytest.approx(0.9)  # 4v: (1 + 0.8) / 2
+    assert out["first_crossing"]["same_concurrency_efficiency_min"] == 0.5
+    # a line without its local curve takes the one of its concurrency given apart
+    bare = {k: v for k, v in line(32, 2000, 1, in_flight=3).items() if "local" not in k}
+    out = time_to_loss_summary([bare], {local_key(1, 3, "muon", 0.01): log_curve(1000)})
+    assert out["same_concurrency_efficiency_min"] == pytest.approx(0.5)
+    # unknown when a run never reached L* or its local emulation is missing
+    never = {**line(4, 1000, 1000), "curve": [(200, 9.0), (400, 8.0)]}
+    out = time_to_loss_summary([never, bare])
+    assert out["scaling_efficiency_4v"] is None
     assert out["time_to_loss_speedup_32v_vs_4v"] is None
     assert out["same_concurrency_efficiency_min"] is None
