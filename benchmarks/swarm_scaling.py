@@ -42,9 +42,9 @@ summary's ``scaling_efficiency_{4,16,32}v``, ``time_to_loss_speedup_32v_vs_4v`` 
 / E4: time to L* at the same speed per volunteer) and ``same_concurrency_efficiency_min``
 come from the 100 ms lines by the smoothed crossing, each recipe's runs averaged
 (``first_crossing``: the same by the first crossings); ``--local-only`` prints the local
-emulations for lines printed before they carried theirs. A run must train past L* for its figures (``--samples``); with
-``--speed`` above the default, runs end sooner and utilization is lower (a batch's
-latency weighs more against its compute).
+emulations for lines printed before they carried theirs. A run must train past L* for
+its figures (``--samples``); with ``--speed`` above the default, runs end sooner and
+utilization is lower (a batch's latency weighs more against its compute).
 
 Then, unless skipped: ``local`` (benchmarks/trainer_local.py: the wire codec against
 float32 on the same batches, in this process) and ``demo`` (``moehome demo --steps 40``

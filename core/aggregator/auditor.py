@@ -184,12 +184,12 @@ class ContributionAuditor:
             gone = f"the weights of version {c.base_version} are gone"
             verdict = Verdict("unverifiable", 0.0, gone)
         else:
-            if c.carried and c.carried not in self.core.seen_nonces:
+            if c.carried and c.carried not in self.core.seen.nonces:
                 arrived = self._awaited.setdefault(c.carried, trio.Event())
                 with trio.move_on_after(CARRIED_WAIT_SECONDS):
                     await arrived.wait()
                 self._awaited.pop(c.carried, None)
-            carried_accepted = bool(c.carried) and c.carried in self.core.seen_nonces
+            carried_accepted = bool(c.carried) and c.carried in self.core.seen.nonces
             verdict = await trio.to_thread.run_sync(
                 self._recompute, held, reveal, weights, carried_accepted, limiter=self._compute
             )

@@ -25,6 +25,7 @@ from core.aggregator.credit import CreditLedger, round_grants
 from core.aggregator.heap import release_free_memory
 from core.aggregator.journal import Journal, Location, tensor_from_record, tensor_record
 from core.aggregator.optimizer import CompactAdam
+from core.aggregator.replay import SeenContributions
 from core.aggregator.robust import (
     ExpertRoundState,
     RobustSettings,
@@ -143,8 +144,8 @@ class AggregatorCore:
         self.robust: dict[str, ExpertRoundState] = {}
         self.pending: dict[str, list[_Pending]] = defaultdict(list)
         self.round_started: dict[str, float] = {}
-        self.seen_nonces: set[bytes] = set()
-        self.seen_batches: set[bytes] = set()
+        #: nonces and receipts' batch ids of the contributions accepted lately
+        self.seen = SeenContributions()
         self.applied: set[bytes] = set()
         self.stats = AggregatorStatistics()
         #: credit per contributor per day (core/aggregator/credit.py), and per uid the
@@ -210,8 +211,8 @@ class AggregatorCore:
             current_version=self.versions,
             staleness_bound=self.settings.staleness_bound,
             trainers=self.settings.trainers,
-            seen_nonces=self.seen_nonces,
-            seen_batches=self.seen_batches,
+            seen_nonces=self.seen.nonces,
+            seen_batches=self.seen.batches,
             now=now,
         )
 
@@ -324,8 +325,7 @@ class AggregatorCore:
     def _remember(
         self, c: Contribution, where: Location, held_parts: list[torch.Tensor] | None
     ) -> None:
-        self.seen_nonces.add(c.nonce)
-        self.seen_batches.update(r.batch_id for r in c.receipts)
+        self.seen.remember(c)
         held = held_parts is not None
         if not held and not self._ready(c.uid):
             self.round_started[c.uid] = self.clock.monotonic()
@@ -600,9 +600,10 @@ class AggregatorCore:
 
     def _save_state(self) -> None:
         where = self._journal.append(["s"])  # marks where this state was taken
+        # what no contribution can be accepted with any more goes before it is written
+        self.seen.forget(self.clock.wall(), self.versions, self.settings.staleness_bound)
         state = {
-            "seen_nonces": sorted(self.seen_nonces),
-            "seen_batches": sorted(self.seen_batches),
+            "seen": self.seen.save(),
             "saved_at": [where.segment, where.offset],
             "stats": save_statistics(self.stats),
             "strikes": self.strikes.save(),
@@ -651,8 +652,7 @@ class AggregatorCore:
         state = self._state_file.load()
         saved_at = None
         if state is not None:
-            self.seen_nonces = set(state["seen_nonces"])
-            self.seen_batches = set(state["seen_batches"])
+            self.seen = SeenContributions.load(state, self.clock.wall(), self.versions)
             saved_at = Location(*state["saved_at"])
             self.stats = load_statistics(state["stats"])
             self.strikes.load(state.get("strikes", {}))
@@ -685,6 +685,8 @@ class AggregatorCore:
             # volunteer retries its reveal for a while
             self._remember(c, where, parts if len(record) > 3 and record[3] is True else None)
             replayed += 1
+        # the journal's contributions were remembered again, the old ones too
+        self.seen.forget(self.clock.wall(), self.versions, self.settings.staleness_bound)
         # a round whose file was written and whose journal record was not (a kill
         # between the two): its credit is in the file
         for uid, (version, (day, grants)) in round_credit.items():
@@ -723,8 +725,7 @@ class AggregatorCore:
             self.robust[uid] = load_round_state(state["robust"][uid], f"r/{uid}", tensors)
         self.versions = dict(state["versions"])
         self.applied = set(state["applied"])
-        self.seen_nonces = set(state["seen_nonces"])
-        self.seen_batches = set(state["seen_batches"])
+        self.seen = SeenContributions.load(state, self.clock.wall(), self.versions)
         self.checkpoint()
         shutil.rmtree(self.folder / "checkpoints", ignore_errors=True)
         log.info("moved the aggregator's state to files per expert")

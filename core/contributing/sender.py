@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from core.experts.backend import ExpertBackend, GradientAccumulator
 from core.experts.kept import KeptBudget
 from core.experts.wire import to_wire
 from core.protocol.aggregator_methods import CONTRIBUTE, REVEAL, responsible_aggregator
-from core.protocol.contributions import Contribution, ParamSpec
+from core.protocol.contributions import CARRY_HORIZON_S, Contribution, ParamSpec
 from core.protocol.refusals import (
     COME_BACK_LATER,
     WAITING,
@@ -220,6 +221,12 @@ class ContributionSender:
         names = [n for n, _ in module.named_parameters()]
         feedback = self._feedback[uid]
         carried = self._carried_from.get(uid, b"") if feedback.residuals else b""
+        last = self._last.get(uid)
+        if carried and (last is None or time.time() - last[0].timestamp > CARRY_HORIZON_S):
+            # the aggregator may have forgotten that contribution (its audit of this one
+            # could not check the residual), and its residual is of weights long gone
+            feedback.residuals.clear()
+            carried = b""
         residual = {n: feedback.residuals[n].clone() for n in names} if carried else None
         parts: list[torch.Tensor] = []
         for name in names:

@@ -28,6 +28,10 @@ MAX_HEADER_BYTES: Final = 4 * 1024 * 1024
 #: The uid under which trainers contribute changes of the trainer-side layers (no
 #: expert's uid can be it: those are a grid's prefix and coordinates, "ffn0.1.2")
 TRUNK_UID: Final = "trunk"
+#: A volunteer carries no error-feedback residual from a contribution signed longer ago
+#: than this: its aggregator forgets nonces an hour after (core/aggregator/replay.py),
+#: and could then not audit the residual.
+CARRY_HORIZON_S: Final = 600.0
 
 
 def tensor_digest(tensors: Iterable[torch.Tensor]) -> bytes:

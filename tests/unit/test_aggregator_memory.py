@@ -219,7 +219,7 @@ def test_an_aggregator_of_the_single_checkpoint_layout_starts_from_it(tmp_path):
     CheckpointStore(tmp_path / "legacy" / "checkpoints").save(3, state, tensors)
     core = make_core(settings(optimizer="adam"), tmp_path / "legacy")
     assert core.versions[UID] == 7
-    assert b"n" * 32 in core.seen_nonces
+    assert b"n" * 32 in core.seen.nonces
     for k, v in core.modules[UID].state_dict().items():
         assert torch.equal(v, module.state_dict()[k])
     slots = list(core.optimizers[UID].state.values())

@@ -231,6 +231,31 @@ def test_a_refused_contributions_residual_is_not_carried() -> None:
     assert judge(contribution, parts, kept, carried=False).outcome == "passed"
 
 
+def test_a_residual_older_than_the_carry_horizon_is_not_carried(monkeypatch) -> None:
+    """The aggregator forgets a nonce an hour after its contribution was signed
+    (core/aggregator/replay.py); a residual carried from one that old could not be
+    audited, so the volunteer drops it (its weights are long gone too)."""
+    import time
+
+    from core.contributing import sender as sender_module
+    from core.protocol.contributions import CARRY_HORIZON_S
+
+    volunteer = Volunteer("int8_block")
+    volunteer.serve([[8]])
+    volunteer.contribute()
+    volunteer.serve([[8]])
+    recent, _, _ = volunteer.contribute()
+    assert recent.carried != b""  # within the horizon: carried
+    later = time.time() + CARRY_HORIZON_S + 1
+    monkeypatch.setattr(sender_module, "time", SimpleNamespace(time=lambda: later))
+    volunteer.serve([[8]])
+    contribution, parts, kept = volunteer.contribute()
+    assert contribution.carried == b""
+    assert kept.reveal is not None
+    assert kept.reveal.residual is None
+    assert judge(contribution, parts, kept, carried=False).outcome == "passed"
+
+
 def test_inflated_int8_scales_buy_no_rounding_room() -> None:
     codec = CODECS["int8_block"]
     t = torch.randn(3000)
