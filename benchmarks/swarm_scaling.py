@@ -310,6 +310,7 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
         "slow_delay_ms": options.slow_delay_ms,
         "upload_mbit": options.upload_mbit,
         "round_samples": options.round_samples,
+        "seed": options.seed,
         "trainers": options.trainers,
         "in_flight": options.in_flight,
         "ramp": options.ramp,
@@ -655,6 +656,13 @@ def main() -> None:
     parser.add_argument("--wire", default="q4z")
     parser.add_argument("--round-samples", type=float, default=64.0)
     parser.add_argument(
+        "--seed",
+        type=int,
+        default=EmulationOptions.seed,
+        help="the trainers' batches (trainer i draws with seed + i): runs of one recipe at "
+        "several seeds, averaged by --summarize, as the reference's seeds are",
+    )
+    parser.add_argument(
         "--ramp",
         action="store_true",
         help="each trainer starts with one batch in flight and carries more, up to the "
@@ -750,6 +758,7 @@ def main() -> None:
         upload_mbit=args.upload_mbit,
         wire=args.wire,
         round_samples=args.round_samples,
+        seed=args.seed,
         ramp=args.ramp,
         slow=args.slow,
         slow_delay_ms=args.slow_ms,
