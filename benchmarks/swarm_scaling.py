@@ -544,16 +544,16 @@ def _mean_known(values: list[float | None]) -> float | None:
 
 def _efficiency_keys(lines: list[dict[str, Any]], figures: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    best: dict[int, tuple[float | None, int]] = {}
+    best: dict[int, tuple[float | None, float | None, int]] = {}
     recipes = _recipe_means(lines, figures)
-    for line, e, _, runs in recipes:
+    for line, e, guard, runs in recipes:
         v = line["volunteers"]
         if v not in best or (e or 0) > (best[v][0] or 0):
-            best[v] = (e, runs)
+            best[v] = (e, guard, runs)
     for v in (4, 16, 32):
         if v in best:
             out[f"scaling_efficiency_{v}v"] = best[v][0]
-            out[f"runs_{v}v"] = best[v][1]
+            out[f"runs_{v}v"] = best[v][2]
     if 4 in best and 32 in best:
         # time to L* is target_samples / (E x capacity): at the same speed per volunteer
         # the ratio is 8 x E32 / E4, whatever speed each run emulated (faster emulated
@@ -564,10 +564,14 @@ def _efficiency_keys(lines: list[dict[str, Any]], figures: Any) -> dict[str, Any
             round(32 * large / (4 * small), 2) if small and large is not None else None
         )
     if recipes:
-        guards = [g for _, _, g, _ in recipes]
-        known = [g for g in guards if g is not None]
-        out["same_concurrency_efficiency_min"] = min(known) if len(known) == len(guards) else None
+        # the guard of the recipes the efficiencies are of, and of every recipe tried
+        out["same_concurrency_efficiency_min"] = _min_known([g for _, g, _ in best.values()])
+        out["same_concurrency_efficiency_min_all"] = _min_known([g for _, _, g, _ in recipes])
     return out
+
+
+def _min_known(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else min(values)  # type: ignore[type-var]
 
 
 def time_to_loss_summary(
@@ -576,9 +580,9 @@ def time_to_loss_summary(
     """The issue's time-to-loss keys, of the 100 ms lines that measured them: each
     recipe's figures are the mean of its runs (one run cannot decide a goal within 15%:
     decision 013); per size, the recipe with the best scaling efficiency; the guard's
-    minimum over the recipes. By the smoothed crossing of L* (``scores``; a line's
-    local emulation is its own curve, or ``local_curves``' of its concurrency), and
-    under ``first_crossing`` by the figures the lines carry."""
+    minimum over those recipes (``_all``: over every recipe). By the smoothed crossing
+    of L* (``scores``; a line's local emulation is its own curve, or ``local_curves``'
+    of its concurrency), and under ``first_crossing`` by the figures the lines carry."""
     measured = [x for x in lines if "scaling_efficiency" in x and x["delay_ms"] == 100.0]
     curves = local_curves or {}
 

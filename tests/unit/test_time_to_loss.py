@@ -147,6 +147,13 @@ def test_the_summary_averages_a_recipes_runs_and_takes_each_sizes_best():
     assert "scaling_efficiency_16v" not in out
     assert out["time_to_loss_speedup_32v_vs_4v"] == pytest.approx(8 * 0.4 / 0.6, abs=0.01)
     assert out["same_concurrency_efficiency_min"] == pytest.approx(0.9)  # 4v: (1 + 0.8) / 2
+    # the 4v recipe at 2 in flight, not the one the efficiency is of: its guard counts
+    # only among every recipe's
+    assert out["same_concurrency_efficiency_min_all"] == pytest.approx(0.9)
+    worse = [*lines, line(4, 1400, 700, in_flight=2)]  # its guard now 0.5 (twice: 0.75)
+    out = time_to_loss_summary(worse)
+    assert out["same_concurrency_efficiency_min"] == pytest.approx(0.9)
+    assert out["same_concurrency_efficiency_min_all"] == pytest.approx(0.75, abs=0.005)
     assert out["first_crossing"]["same_concurrency_efficiency_min"] == 0.5
     # a line without its local curve takes the one of its concurrency given apart
     bare = {k: v for k, v in line(32, 2000, 1, in_flight=3).items() if "local" not in k}
