@@ -12,17 +12,15 @@ from core.aggregator.store import StateFile
 from core.aggregator.verify import Rejected
 from net import Identity
 from tests.clocks import ManualClock
-from tests.unit import test_aggregator_core
-from tests.unit.test_aggregator_core import UID, contribution, make_core, settings
+from tests.unit.test_aggregator_core import (  # the fixture closes the cores made
+    UID,
+    _close_cores,  # noqa: F401
+    contribution,
+    make_core,
+    settings,
+)
 
 NOW = 100_000.0
-
-
-@pytest.fixture(autouse=True)
-def _close_cores():
-    yield
-    while test_aggregator_core._open:
-        test_aggregator_core._open.pop().close()
 
 
 @pytest.mark.parametrize(
