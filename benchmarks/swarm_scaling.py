@@ -162,7 +162,7 @@ def reference_target(
         "learning_rate": best,
         "losses_by_learning_rate": {str(r): round(v, 4) for r, v in losses.items()},
         "seeds": seeds,
-        "curve": [[int(a), round(b, 4)] for a, b in curves[best]],
+        "curve": _printed(curves[best]),
     }
     return target, line
 
@@ -229,7 +229,7 @@ def time_to_target(
     line = {
         "target_loss": round(target.loss, 4),
         "target_samples": target.samples,
-        "curve": [[int(a), round(b, 4)] for a, b in curve],
+        "curve": _printed(curve),
         "samples_to_target": None if needed is None else round(needed, 1),
         "seconds_to_target": None if needed is None else round(needed / rate, 1),
         "sample_efficiency": _round(sample_eff),
@@ -242,7 +242,7 @@ def time_to_target(
         "same_concurrency_efficiency": _round(
             None if needed is None or local_needed is None else local_needed / needed
         ),
-        "local_same_concurrency_curve": [[int(a), round(b, 4)] for a, b in local],
+        "local_same_concurrency_curve": _printed(local),
     }
     return {**line, **scores({**line, "utilization": rate / capacity}, local)}
 
@@ -267,6 +267,11 @@ def scores(line: dict[str, Any], local: Curve | None) -> dict[str, Any]:
             None if needed is None or local_needed is None else local_needed / needed
         ),
     }
+
+
+def _printed(curve: Curve) -> list[list[float]]:
+    """A curve as the lines print it: whole samples, losses to 4 places."""
+    return [[int(a), round(b, 4)] for a, b in curve]
 
 
 def _round(x: float | None) -> float | None:
@@ -643,7 +648,7 @@ def print_local_curves(runs: list[Run], target: Target, samples: int, batch_size
             "seeds": list(target.seeds),
             "eval_every": target.eval_every,
             "samples_to_target": _round(samples_to(local, target.loss)),
-            "curve": [[int(a), round(b, 4)] for a, b in local],
+            "curve": _printed(local),
         }
         print(json.dumps({"benchmark": "swarm_scaling", "local_same_concurrency": line}))
 
