@@ -128,9 +128,10 @@ async def test_an_aggregator_audits_contributions_and_catches_a_cheater(tmp_path
         auditor.listeners.append(findings.append)
         for _ in range(3):
             await rig.backward()
+        # the auditor counts a reveal when it arrives, the sender once the reply is back
         await until(lambda: auditor.stats.passed + auditor.stats.failed >= 1)
+        await until(lambda: sender.stats.revealed >= 1)
         assert sender.stats.audited >= 1
-        assert sender.stats.revealed >= 1
         if attack is None:
             await until(lambda: core.versions[UID] >= 1)
             assert auditor.stats.failed == 0
@@ -168,7 +169,9 @@ async def test_a_contribution_that_cannot_be_revealed_is_discarded_without_blame
         core, auditor = rig.core, rig.service.auditor
         assert auditor is not None
         await rig.backward()
+        # the auditor counts the answer when it arrives, the sender once the reply is back
         await until(lambda: auditor.stats.unrevealed >= 1)
+        await until(lambda: rig.sender.stats.unrevealable >= 1)
         assert rig.sender.stats.unrevealable == 1
         assert auditor.stats.failed == 0
         assert not auditor.findings
