@@ -348,10 +348,31 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
             options.trainers * options.in_flight * options.batch_size,
             _mean([s["noise_scale"] for s in summaries]),
         ),
+        # how late the experts' contributions landed (the aggregators' own account):
+        # versions old at their round, seconds since signed, seconds at the aggregator
+        **expert_lateness(summaries[0].get("aggregators", [])),
         "reference_loss": round(reference, 4),
         "loss_ratio": round(loss / reference, 4),
         "seconds": round(out["seconds"], 1),
         **reached,
+    }
+
+
+def expert_lateness(accounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The aggregators' lateness figures (AggregatorReport), weighted by the
+    contributions each applied."""
+    counted = [(sum(a.get("lateness") or []), a) for a in accounts]
+    total = sum(n for n, _ in counted)
+    if total == 0:
+        return {"expert_versions_late": None, "contribution_age_s": None, "round_wait_s": None}
+
+    def mean(key: str, digits: int) -> float:
+        return round(sum(n * a[key] for n, a in counted if n) / total, digits)
+
+    return {
+        "expert_versions_late": mean("mean_versions_late", 3),
+        "contribution_age_s": mean("mean_age_s", 1),
+        "round_wait_s": mean("mean_round_wait_s", 1),
     }
 
 

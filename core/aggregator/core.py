@@ -119,6 +119,11 @@ class _Pending:
     contribution: Contribution | None = None
     parts: list[torch.Tensor] | None = None
     uid: str = ""
+    #: the version its gradient was computed on, when it was signed (the contributor's
+    #: clock) and accepted (this aggregator's monotonic clock): how late it lands
+    base_version: int = 0
+    signed_at: float = 0.0
+    accepted_at: float = 0.0
 
 
 class Banned(Rejected):
@@ -339,6 +344,9 @@ class AggregatorCore:
                 c if held else None,
                 held_parts,
                 c.uid,
+                c.base_version,
+                float(c.timestamp),
+                self.clock.monotonic(),
             )
         )
         self._unsettled[where.segment] += 1
@@ -523,6 +531,12 @@ class AggregatorCore:
         self.optimizers[uid].step()
         self.optimizers[uid].zero_grad(set_to_none=True)
         self.versions[uid] += 1
+        if uid != TRUNK_UID:  # the trunk's lateness is the trainers' own (decision 013)
+            now, wall, replaced = self.clock.monotonic(), self.clock.wall(), self.versions[uid] - 1
+            for p in pending:
+                self.stats.applied(
+                    replaced - p.base_version, now - p.accepted_at, wall - p.signed_at
+                )
         nonces = [p.nonce for p in pending]
         self.applied.update(nonces)
         self.pending[uid] = [p for p in self.pending[uid] if p.held]

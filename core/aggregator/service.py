@@ -398,4 +398,5 @@ class AggregatorService:
                 for uid in self.core.settings.uids
                 if self.core.stalled(uid)
             },
+            **s.lateness_report(),
         )

@@ -1,5 +1,6 @@
 """What an aggregator counts: contributions accepted and refused (by code), rounds,
-bans, and per contributor its rounds and how much of its input the robust rule kept."""
+bans, per contributor its rounds and how much of its input the robust rule kept, and
+how late the experts' contributions were when their rounds applied them."""
 
 from __future__ import annotations
 
@@ -39,6 +40,32 @@ class AggregatorStatistics:
     contributors: dict[str, ContributorStatistics] = field(
         default_factory=lambda: defaultdict(ContributorStatistics)
     )
+    #: the experts' contributions a round applied, by how many versions old the weights
+    #: they were computed on were (0: the version the round replaces); the trunk's apart
+    lateness: Counter[int] = field(default_factory=Counter)
+    #: over the same contributions: seconds from acceptance to their round (this
+    #: aggregator's clock) and from signing to their round (the contributor's clock, in
+    #: whole seconds: what the volunteer held them for is the difference)
+    round_wait_s_sum: float = 0.0
+    age_s_sum: float = 0.0
+
+    def applied(self, versions_late: int, round_wait_s: float, age_s: float) -> None:
+        """Count one contribution an expert's round applied."""
+        self.lateness[max(0, versions_late)] += 1
+        self.round_wait_s_sum += max(0.0, round_wait_s)
+        self.age_s_sum += max(0.0, age_s)
+
+    def lateness_report(self) -> dict[str, Any]:
+        """The lateness figures of AggregatorReport (none before a round applied one)."""
+        n = self.lateness.total()
+        if n == 0:
+            return {}
+        return {
+            "lateness": [self.lateness.get(k, 0) for k in range(max(self.lateness) + 1)],
+            "mean_versions_late": sum(k * c for k, c in self.lateness.items()) / n,
+            "mean_round_wait_s": self.round_wait_s_sum / n,
+            "mean_age_s": self.age_s_sum / n,
+        }
 
 
 def save_statistics(stats: AggregatorStatistics) -> dict[str, Any]:
@@ -58,6 +85,9 @@ def save_statistics(stats: AggregatorStatistics) -> dict[str, Any]:
             }
             for who, c in stats.contributors.items()
         },
+        "lateness": {str(k): v for k, v in stats.lateness.items()},
+        "round_wait_s_sum": stats.round_wait_s_sum,
+        "age_s_sum": stats.age_s_sum,
     }
 
 
@@ -67,6 +97,10 @@ def load_statistics(data: dict[str, Any]) -> AggregatorStatistics:
         rejected=Counter({str(k): int(v) for k, v in data["rejected"].items()}),
         rounds=int(data["rounds"]),
         banned_peers=int(data["banned_peers"]),
+        # states written before these figures were counted lack them
+        lateness=Counter({int(k): int(v) for k, v in data.get("lateness", {}).items()}),
+        round_wait_s_sum=float(data.get("round_wait_s_sum", 0.0)),
+        age_s_sum=float(data.get("age_s_sum", 0.0)),
     )
     for who, c in data["contributors"].items():
         stats.contributors[str(who)] = ContributorStatistics(

@@ -298,9 +298,15 @@ def owner_status(
         rejected = ", ".join(f"{k} {v}" for k, v in sorted(agg["rejected"].items())) or "none"
         held = list(agg["versions"].values())
         span = f"{min(held)}-{max(held)}" if held else "none"
+        late = (
+            f"; contributions applied {agg['mean_versions_late']:.2f} versions late, "
+            f"{agg['mean_age_s']:.0f} s after they were signed"
+            if agg.get("mean_versions_late") is not None
+            else ""
+        )
         typer.echo(
             f"  aggregator {agg['peer'][-12:]}: {agg['accepted']} accepted, rejected: {rejected}; "
-            f"{len(held)} experts at versions {span}"
+            f"{len(held)} experts at versions {span}{late}"
         )
     if status["experts_waiting"]:
         typer.echo(f"experts not learning: {status['experts_waiting']}")

@@ -69,6 +69,10 @@ def test_the_readme_owner_section_runs_as_written(tmp_path: Path) -> None:
         status = json.loads(owner.run(status_json))
         assert status["experts_covered"] == experts_total
         assert all(agg["banned_peers"] == 0 for agg in status["aggregators"]), status
+        # the experts' rounds say how late their contributions landed
+        late = [agg for agg in status["aggregators"] if agg.get("mean_versions_late") is not None]
+        assert late, status["aggregators"]
+        assert all(sum(agg["lateness"]) >= 1 for agg in late), late
         # (status["experts_waiting"] is not asserted here: a round may be waiting for the
         # second volunteer's next contribution at any instant; tests/unit's
         # test_a_round_is_stalled_only_after_a_round_s_time_without_enough_voices says when

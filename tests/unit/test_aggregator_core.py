@@ -62,6 +62,7 @@ def contribution(
     samples: int = 4,
     signer: Identity = TRAINER,
     project: str = "p1",
+    timestamp: int | None = None,
 ):
     """``who``'s gradient sums, every value ``scale``, behind one receipt of ``signer``
     for ``samples``."""
@@ -79,6 +80,7 @@ def contribution(
         params=[ParamSpec(n, p.numel()) for n, p in module.named_parameters()],
         receipts=receipts,
         parts=parts,
+        timestamp=timestamp,
     )
     return msg, parts
 

@@ -25,6 +25,10 @@ def test_a_report_reads_back_as_it_was_written():
         audits=ContributionAuditReport(drawn=1, passed=1),
         pending_samples={"ffn.0.0": 64},
         short_of_contributors={"ffn.0.0": 1},
+        lateness=[3, 1],
+        mean_versions_late=0.25,
+        mean_round_wait_s=12.5,
+        mean_age_s=30.0,
     )
     assert AggregatorReport.model_validate(report.model_dump()) == report
 

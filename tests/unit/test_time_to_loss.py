@@ -165,3 +165,47 @@ def test_the_summary_averages_a_recipes_runs_and_takes_each_sizes_best():
     assert out["scaling_efficiency_4v"] is None
     assert out["time_to_loss_speedup_32v_vs_4v"] is None
     assert out["same_concurrency_efficiency_min"] is None
+
+
+@pytest.mark.parametrize(
+    ("accounts", "figures"),
+    [
+        ([], (None, None, None)),
+        ([{"lateness": []}], (None, None, None)),  # no round applied any yet
+        (
+            [
+                {
+                    "lateness": [3, 1],
+                    "mean_versions_late": 0.25,
+                    "mean_age_s": 40.0,
+                    "mean_round_wait_s": 20.0,
+                }
+            ],
+            (0.25, 40.0, 20.0),
+        ),
+        # two aggregators, weighted by the contributions each applied (4 and 1)
+        (
+            [
+                {
+                    "lateness": [3, 1],
+                    "mean_versions_late": 0.25,
+                    "mean_age_s": 40.0,
+                    "mean_round_wait_s": 20.0,
+                },
+                {
+                    "lateness": [0, 1],
+                    "mean_versions_late": 1.0,
+                    "mean_age_s": 90.0,
+                    "mean_round_wait_s": 70.0,
+                },
+                {"unreachable": "timed out"},
+            ],
+            (0.4, 50.0, 30.0),
+        ),
+    ],
+)
+def test_the_line_carries_the_aggregators_lateness(accounts, figures):
+    from swarm_scaling import expert_lateness
+
+    got = expert_lateness(accounts)
+    assert (got["expert_versions_late"], got["contribution_age_s"], got["round_wait_s"]) == figures
