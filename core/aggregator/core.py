@@ -149,6 +149,9 @@ class AggregatorCore:
         self.robust: dict[str, ExpertRoundState] = {}
         self.pending: dict[str, list[_Pending]] = defaultdict(list)
         self.round_started: dict[str, float] = {}
+        #: (monotonic) when each uid's last round ran, in this process: an expert's next
+        #: round begins there (``round_began``)
+        self.last_round_at: dict[str, float] = {}
         #: nonces and receipts' batch ids of the contributions accepted lately
         self.seen = SeenContributions()
         self.applied: set[bytes] = set()
@@ -468,10 +471,34 @@ class AggregatorCore:
     def pending_samples(self, uid: str) -> int:
         return sum(p.samples for p in self._ready(uid))
 
-    def due(self, uid: str) -> bool:
+    def round_began(self, uid: str) -> float | None:
+        """(Monotonic) when ``uid``'s open round began; None when none is open. An
+        expert's rounds keep a beat: one begins where the one before it ended, unless no
+        contribution came for a round's time after that (then at the first one), so that
+        a volunteer told when a round closes knows when the next will, and sends just
+        before (decision 013). The trunk's rounds begin at their first change."""
         if not self._ready(uid):
+            return None
+        first = self.round_started.get(uid, self.clock.monotonic())
+        last = self.last_round_at.get(uid)
+        if uid != TRUNK_UID and last is not None and first - last < self.settings.round_seconds:
+            return last
+        return first
+
+    def closes_in(self, uid: str) -> float | None:
+        """Seconds until an expert's open round is due by time (it may close sooner, on
+        samples, or later, short of contributors); None when none is open, and for the
+        trunk."""
+        began = self.round_began(uid)
+        if began is None or uid == TRUNK_UID:
+            return None
+        return max(0.0, began + self.settings.round_seconds - self.clock.monotonic())
+
+    def due(self, uid: str) -> bool:
+        began = self.round_began(uid)
+        if began is None:
             return False
-        waited = self.clock.monotonic() - self.round_started.get(uid, self.clock.monotonic())
+        waited = self.clock.monotonic() - began
         senders = len({p.contributor for p in self._ready(uid)})
         return self.rules[uid].due(senders, self.pending_samples(uid), waited)
 
@@ -531,6 +558,7 @@ class AggregatorCore:
         self.optimizers[uid].step()
         self.optimizers[uid].zero_grad(set_to_none=True)
         self.versions[uid] += 1
+        self.last_round_at[uid] = self.clock.monotonic()
         if uid != TRUNK_UID:  # the trunk's lateness is the trainers' own (decision 013)
             now, wall, replaced = self.clock.monotonic(), self.clock.wall(), self.versions[uid] - 1
             for p in pending:

@@ -261,7 +261,10 @@ class AggregatorService:
             self.auditor.accepted(contribution.nonce)
             if drawn:
                 self.auditor.hold(contribution, parts)
-        reply = {"accepted": True, "version": self.core.versions[contribution.uid]}
+        reply: dict[str, Any] = {"accepted": True, "version": self.core.versions[contribution.uid]}
+        closes_in = self.core.closes_in(contribution.uid)
+        if closes_in is not None:  # so that the volunteer sends again just before it closes
+            reply["closes_in"] = round(closes_in, 3)
         return Reply({**reply, "audit": True} if drawn else reply)
 
     async def _referee(self, ctx: CallContext) -> Reply:

@@ -6,6 +6,7 @@ same nonce, so an aggregator never counts one contribution twice."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -94,12 +95,45 @@ class _Kept:
     nbytes: int  # of the kept budget, given back when the contribution is settled
 
 
-def contribution_due(samples: int, seconds_since_last: float, config: SenderConfig) -> bool:
+#: how long before its round closes a contribution is sent, before a delivery was timed
+DEFAULT_LEAD_S = 2.0
+#: added to the timed delivery: the send loop's tick, the aggregator's round loop's
+LEAD_SLACK_S = 1.0
+#: a round said to close further off than this is not believed
+MAX_CLOSES_IN_S = 86_400.0
+
+
+def contribution_due(
+    samples: int,
+    seconds_since_last: float,
+    config: SenderConfig,
+    seconds_to_close: float | None = None,
+) -> bool:
     """Send when ``every_samples`` are in, or when some are and the last send is
-    ``every_seconds`` old (a slow expert still contributes, a busy one in bounded pieces)."""
-    return samples >= config.every_samples or (
-        samples > 0 and seconds_since_last >= config.every_seconds
+    ``every_seconds`` old (a slow expert still contributes, a busy one in bounded pieces),
+    or when some are and the expert's round closes within a delivery's time
+    (``seconds_to_close`` <= 0; None: unknown): what was computed until then joins that
+    round rather than the next, a round sooner."""
+    if samples <= 0:
+        return False
+    return (
+        samples >= config.every_samples
+        or seconds_since_last >= config.every_seconds
+        or (seconds_to_close is not None and seconds_to_close <= 0)
     )
+
+
+def next_close(told: float, served: float | None, now: float, round_seconds: float) -> float:
+    """When an expert's round closes next: ``told`` (the aggregator said so, in this
+    clock), or as many rounds after it as have passed since, on the aggregator's beat
+    (core/aggregator/core.py ``round_began``); past one a contribution was already sent
+    just before (``served``)."""
+    close = told
+    if close < now:
+        close += math.ceil((now - close) / round_seconds) * round_seconds
+    while served is not None and close <= served + round_seconds / 2:
+        close += round_seconds
+    return close
 
 
 class ContributionSender:
@@ -155,9 +189,15 @@ class ContributionSender:
         self._down_until: dict[PeerID, float] = {}
         self._down_delay: dict[PeerID, float] = {}
         self._silent_since: dict[PeerID, float] = {}
-        #: called with an expert whose contribution was refused as stale (its weights
-        #: are behind: pull the new ones now)
+        #: called with an expert whose weights are behind the aggregator's (a
+        #: contribution refused as stale, or a reply naming a newer version): pull now
         self.on_stale: Callable[[str], None] | None = None
+        #: per expert: (trio time) when its round closes, as its aggregator last said;
+        #: the close a contribution was last sent just before; how long a delivery
+        #: takes (timed, smoothed), so that a send lands before the close
+        self._closes_at: dict[str, float] = {}
+        self._served_close: dict[str, float] = {}
+        self._delivery_s: dict[str, float] = {}
 
     async def run(
         self, *, task_status: trio.TaskStatus[ContributionSender] = trio.TASK_STATUS_IGNORED
@@ -171,10 +211,50 @@ class ContributionSender:
                     now = trio.current_time()
                     since = self._since.get(uid, started)
                     samples = sum(a.samples for _, a in backend.accumulators())
-                    if contribution_due(samples, now - since, self.config):
+                    close = self._next_close(uid, now)
+                    to_close = None if close is None else close - now - self._lead(uid)
+                    if contribution_due(samples, now - since, self.config, to_close):
                         self._since[uid] = now
+                        if close is not None and to_close is not None and to_close <= 0:
+                            self._served_close[uid] = close
                         await self._send_all(uid, backend, nursery)
                 await trio.sleep(0.5)
+
+    def _next_close(self, uid: str, now: float) -> float | None:
+        told = self._closes_at.get(uid)
+        if told is None:
+            return None
+        return next_close(told, self._served_close.get(uid), now, self.config.round_seconds)
+
+    def _lead(self, uid: str) -> float:
+        """How long before a round's close its last contribution is sent."""
+        return self._delivery_s.get(uid, DEFAULT_LEAD_S - LEAD_SLACK_S) + LEAD_SLACK_S
+
+    def _heard(self, uid: str, meta: dict[str, Any], began: float, first_try: bool) -> None:
+        """What an accepting reply says beyond "accepted": when the round closes (old
+        aggregators do not say), and the aggregator's version (ours behind: pull)."""
+        now = trio.current_time()
+        closes_in = meta.get("closes_in")
+        if (
+            isinstance(closes_in, int | float)
+            and not isinstance(closes_in, bool)
+            and 0 <= closes_in <= MAX_CLOSES_IN_S
+        ):
+            self._closes_at[uid] = now + closes_in
+        if first_try:  # a retried delivery times the aggregator's absence, not the path
+            took = now - began
+            last = self._delivery_s.get(uid)
+            self._delivery_s[uid] = took if last is None else 0.7 * last + 0.3 * took
+        version = meta.get("version")
+        backend = self.backends.get(uid)
+        if (
+            isinstance(version, int)
+            and not isinstance(version, bool)
+            and backend is not None
+            and version > backend.version
+            and self.on_stale is not None
+        ):
+            self.on_stale(uid)
 
     async def flush(self, uid: str) -> None:
         """Send what ``uid`` accumulated now (before its weights change: a contribution is
@@ -189,7 +269,7 @@ class ContributionSender:
         """A contribution from each accumulator of ``uid`` that holds gradients (those of
         the previous weights, then the current ones': one contribution per version)."""
         target = responsible_aggregator(uid, self.aggregators, self.assignment)
-        now = trio.current_time()
+        now = trio.current_time()  # a delivery is timed from here: building is part of it
         hold_back = now < self._quiet_until.get(uid, 0.0) or now < self._down_until.get(target, 0.0)
         for module, accumulator in backend.accumulators():
             if self.banned or hold_back:  # what was computed meanwhile is dropped
@@ -199,7 +279,7 @@ class ContributionSender:
                 continue
             built = await trio.to_thread.run_sync(self._build, uid, backend, module, accumulator)
             if built is not None:
-                nursery.start_soon(self._deliver, uid, *built)
+                nursery.start_soon(self._deliver, uid, *built, now)
 
     def _build(
         self,
@@ -257,8 +337,15 @@ class ContributionSender:
         return contribution, parts, _Kept(reveal, kept.nbytes)
 
     async def _deliver(
-        self, uid: str, contribution: Contribution, parts: list[torch.Tensor], kept: _Kept
+        self,
+        uid: str,
+        contribution: Contribution,
+        parts: list[torch.Tensor],
+        kept: _Kept,
+        began: float,
     ) -> None:
+        """Deliver until accepted, refused or given up; ``began``: (trio time) when its
+        sending began (a delivery's time is timed from there)."""
         target = responsible_aggregator(uid, self.aggregators, self.assignment)
         wires = [to_wire(p) for p in parts]
         delay = self.config.retry_initial
@@ -267,7 +354,9 @@ class ContributionSender:
         self._in_flight += 1
         self._all_delivered = trio.Event() if self._all_delivered.is_set() else self._all_delivered
         try:
-            await self._deliver_until(uid, contribution, wires, target, delay, deadline, kept)
+            await self._deliver_until(
+                uid, contribution, wires, target, delay, deadline, kept, began
+            )
         finally:
             if self.kept_budget is not None:
                 self.kept_budget.give_back(kept.nbytes)
@@ -289,7 +378,9 @@ class ContributionSender:
         delay: float,
         deadline: float,
         kept: _Kept,
+        began: float,
     ) -> None:
+        first_try = True
         while trio.current_time() < deadline:
             wait = self._down_until.get(target, 0.0) - trio.current_time()
             if wait > 0:  # another delivery found the aggregator silent: one back-off
@@ -303,6 +394,7 @@ class ContributionSender:
                 self._quiet_repeats.pop(uid, None)
                 self.quiet_reason.pop(uid, None)
                 self._ended(uid, "accepted")
+                self._heard(uid, reply.meta, began, first_try)
                 if reply.meta.get("audit") is True:
                     await self._reveal(target, contribution, kept)
                 return
@@ -334,7 +426,9 @@ class ContributionSender:
                     return
             except RpcError as exc:
                 self._silent(target, exc)
+                first_try = False
                 continue
+            first_try = False
             self.stats.retries += 1
             await trio.sleep(delay)
             delay = min(delay * 2, self.config.retry_max)

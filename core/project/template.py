@@ -39,7 +39,8 @@ contribution_samples = 512         # a volunteer sends its gradients every N sam
 contribution_seconds = 30.0        # ...or every T seconds
 staleness_bound = 4                # contributions older than this many versions are refused
 round_samples = 4096               # an aggregator steps once this many samples arrived...
-round_seconds = 60.0               # ...or this long after a round's first contribution
+round_seconds = 60.0               # ...or this long after the round before it (volunteers
+                                   #   are told when a round closes and send just before)
 min_contributors = 2               # ...and never with fewer distinct volunteers (it waits;
                                    #   3 or more once volunteers are many: one attacker
                                    #   facing one honest volunteer has no majority)

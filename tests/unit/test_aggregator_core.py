@@ -351,6 +351,36 @@ def test_a_round_is_stalled_only_after_a_round_s_time_without_enough_voices(tmp_
     assert core.due(UID)
 
 
+def test_an_experts_rounds_keep_a_beat_a_volunteer_can_send_by(tmp_path):
+    """A round begins where the one before ended (not at its first contribution), so
+    that the time a reply says it closes in stays true for the rounds after; after a
+    pause longer than a round, the first contribution begins one again."""
+    clock = ManualClock()
+    core = make_core(settings(round_seconds=60.0), tmp_path, clock=clock)
+    volunteer = Identity.generate()
+    assert core.closes_in(UID) is None  # no round open
+    core.submit(*contribution(core, volunteer))
+    assert core.closes_in(UID) == 60.0  # the first round: at its first contribution
+    clock.advance(60.0)
+    assert core.due(UID)
+    core.run_round(UID)
+    assert core.closes_in(UID) is None
+    # the next contribution comes 20 s later: its round began at the last one's end
+    clock.advance(20.0)
+    core.submit(*contribution(core, volunteer, version=1))
+    assert core.closes_in(UID) == 40.0
+    clock.advance(39.0)
+    assert not core.due(UID)
+    clock.advance(1.0)
+    assert core.due(UID)
+    core.run_round(UID)
+    # none for longer than a round: the round begins at the next contribution
+    clock.advance(90.0)
+    core.submit(*contribution(core, volunteer, version=2))
+    assert core.closes_in(UID) == 60.0
+    assert not core.due(UID)
+
+
 def flat_weights(core: AggregatorCore) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in core.modules[UID].parameters()])
 

@@ -10,7 +10,7 @@ import torch
 
 from core.aggregator.verify import Rejected, VerifyContext, verify
 from core.contributing.codecs import CODECS, CodecError, ErrorFeedback, codec
-from core.contributing.sender import SenderConfig, contribution_due
+from core.contributing.sender import SenderConfig, contribution_due, next_close
 from core.project.versions import pull_interval
 from core.protocol.contributions import Contribution, MessageError, ParamSpec, Receipt
 from net import Identity
@@ -201,19 +201,40 @@ def test_an_oversized_contribution_header_is_refused_before_decoding():
 
 
 @pytest.mark.parametrize(
-    ("samples", "seconds", "due"),
+    ("samples", "seconds", "to_close", "due"),
     [
-        (0, 0.0, False),  # nothing to send
-        (0, 3600.0, False),  # nothing to send, however long it has been
-        (511, 29.9, False),  # neither enough samples nor old enough
-        (512, 0.0, True),  # enough samples
-        (1, 30.0, True),  # a few samples, and the last send is old enough
-        (10_000, 0.0, True),
+        (0, 0.0, None, False),  # nothing to send
+        (0, 3600.0, None, False),  # nothing to send, however long it has been
+        (511, 29.9, None, False),  # neither enough samples nor old enough
+        (512, 0.0, None, True),  # enough samples
+        (1, 30.0, None, True),  # a few samples, and the last send is old enough
+        (10_000, 0.0, None, True),
+        # the expert's round closes within a delivery's time: what is in joins it
+        (1, 5.0, 0.0, True),
+        (1, 5.0, -0.5, True),
+        (1, 5.0, 0.1, False),  # not yet
+        (0, 5.0, -0.5, False),  # nothing to send
     ],
 )
-def test_when_a_contribution_is_due(samples, seconds, due):
+def test_when_a_contribution_is_due(samples, seconds, to_close, due):
     config = SenderConfig(project="p1", every_samples=512, every_seconds=30.0)
-    assert contribution_due(samples, seconds, config) is due
+    assert contribution_due(samples, seconds, config, to_close) is due
+
+
+@pytest.mark.parametrize(
+    ("told", "served", "now", "close"),
+    [
+        (100.0, None, 90.0, 100.0),  # as the aggregator said
+        (100.0, None, 100.0, 100.0),
+        (100.0, None, 101.0, 160.0),  # passed: the beat's next round (60 s)
+        (100.0, None, 250.0, 280.0),  # several passed unheard of
+        (100.0, 100.0, 99.0, 160.0),  # sent for already: the next
+        (100.5, 100.0, 99.5, 160.5),  # told again, the same round (a reply's rounding)
+        (160.0, 100.0, 130.0, 160.0),  # a round after the one sent for
+    ],
+)
+def test_when_the_round_closes_next(told, served, now, close):
+    assert next_close(told, served, now, 60.0) == close
 
 
 @pytest.mark.parametrize(
