@@ -123,6 +123,19 @@ def contribution_due(
     )
 
 
+def close_ahead(
+    told: float | None, served: float | None, now: float, lead: float, round_seconds: float
+) -> tuple[float, float] | None:
+    """(when the expert's round closes next, seconds until its last contribution is due:
+    ``lead`` before) from what its aggregator ``told`` (``next_close``); None when it
+    told nothing, or when a delivery takes half a round or more (a send before every
+    close would be a send all the time: the regular schedule holds)."""
+    if told is None or lead >= round_seconds / 2:
+        return None
+    close = next_close(told, served, now, round_seconds)
+    return close, close - now - lead
+
+
 def next_close(told: float, served: float | None, now: float, round_seconds: float) -> float:
     """When an expert's round closes next: ``told`` (the aggregator said so, in this
     clock), or as many rounds after it as have passed since, on the aggregator's beat
@@ -211,20 +224,20 @@ class ContributionSender:
                     now = trio.current_time()
                     since = self._since.get(uid, started)
                     samples = sum(a.samples for _, a in backend.accumulators())
-                    close = self._next_close(uid, now)
-                    to_close = None if close is None else close - now - self._lead(uid)
+                    ahead = close_ahead(
+                        self._closes_at.get(uid),
+                        self._served_close.get(uid),
+                        now,
+                        self._lead(uid),
+                        self.config.round_seconds,
+                    )
+                    to_close = None if ahead is None else ahead[1]
                     if contribution_due(samples, now - since, self.config, to_close):
                         self._since[uid] = now
-                        if close is not None and to_close is not None and to_close <= 0:
-                            self._served_close[uid] = close
+                        if ahead is not None and ahead[1] <= 0:  # this close is served
+                            self._served_close[uid] = ahead[0]
                         await self._send_all(uid, backend, nursery)
                 await trio.sleep(0.5)
-
-    def _next_close(self, uid: str, now: float) -> float | None:
-        told = self._closes_at.get(uid)
-        if told is None:
-            return None
-        return next_close(told, self._served_close.get(uid), now, self.config.round_seconds)
 
     def _lead(self, uid: str) -> float:
         """How long before a round's close its last contribution is sent."""

@@ -10,7 +10,7 @@ import torch
 
 from core.aggregator.verify import Rejected, VerifyContext, verify
 from core.contributing.codecs import CODECS, CodecError, ErrorFeedback, codec
-from core.contributing.sender import SenderConfig, contribution_due, next_close
+from core.contributing.sender import SenderConfig, close_ahead, contribution_due, next_close
 from core.project.versions import pull_interval
 from core.protocol.contributions import Contribution, MessageError, ParamSpec, Receipt
 from net import Identity
@@ -235,6 +235,23 @@ def test_when_a_contribution_is_due(samples, seconds, to_close, due):
 )
 def test_when_the_round_closes_next(told, served, now, close):
     assert next_close(told, served, now, 60.0) == close
+
+
+@pytest.mark.parametrize(
+    ("told", "served", "now", "lead", "ahead"),
+    [
+        (None, None, 90.0, 2.0, None),  # not told (an older aggregator)
+        (100.0, None, 90.0, 2.0, (100.0, 8.0)),
+        (100.0, None, 98.5, 2.0, (100.0, -0.5)),  # due
+        (100.0, 100.0, 98.5, 2.0, (160.0, 59.5)),  # served: the next
+        # a delivery takes half a round or more: a send before each close would be a
+        # send all the time (big experts behind slow uplinks): the regular schedule
+        (100.0, None, 90.0, 30.0, None),
+        (100.0, None, 90.0, 29.0, (100.0, -19.0)),
+    ],
+)
+def test_how_far_ahead_the_close_is(told, served, now, lead, ahead):
+    assert close_ahead(told, served, now, lead, 60.0) == ahead
 
 
 @pytest.mark.parametrize(
