@@ -20,6 +20,9 @@ from net import Peer
 
 log = logging.getLogger(__name__)
 
+#: how often an expected version (its round closed) is looked for until it comes
+EXPECT_EVERY_S = 1.0
+
 
 class WeightsPuller:
     def __init__(
@@ -47,27 +50,64 @@ class WeightsPuller:
         self.after_swap = after_swap  # e.g. declare the new version at once
         self.interval = interval
         self.swaps = 0
-        #: set to check at once (an aggregator said our weights are behind)
+        #: set to look before the next interval (``nudge``, ``expect``)
         self._wake = trio.Event()
+        #: experts to look for at once (``nudge``)
+        self._nudged: set[str] = set()
+        #: per expert whose new version is due (``expect``): (trio time) when to look
+        #: next, and until when
+        self._expected: dict[str, tuple[float, float]] = {}
 
     async def run(
         self, *, task_status: trio.TaskStatus[WeightsPuller] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        """Every ``interval`` look for new versions of every expert; between, of those
+        nudged or expected."""
         task_status.started(self)
+        next_all = trio.current_time()
         while True:
-            for uid in list(self.backends):
+            now = trio.current_time()
+            if now >= next_all:
+                due = set(self.backends)
+                next_all = now + self.interval
+            else:
+                due = self._nudged | {u for u, (at, _) in self._expected.items() if at <= now}
+            self._nudged = set()
+            for uid in [u for u in self.backends if u in due]:
+                pulled = False
                 try:
-                    await self.check(uid)
+                    pulled = await self.check(uid)
                 except FetchError as exc:
                     log.info("could not pull a new version of %s: %s", uid, exc)
-            with trio.move_on_after(self.interval):
+                self._looked(uid, pulled)
+            with trio.move_on_at(min([next_all, *(at for at, _ in self._expected.values())])):
                 await self._wake.wait()
             self._wake = trio.Event()
 
     def nudge(self, uid: str = "") -> None:
-        """Check for new versions now rather than at the next interval (an aggregator
-        refused a contribution as stale: versions move faster than we pull them)."""
+        """Look for a new version of ``uid`` (empty: of every expert) now rather than at
+        the next interval (an aggregator refused a contribution as stale, or named a
+        newer version: versions move faster than we pull them)."""
+        self._nudged.update([uid] if uid else self.backends)
         self._wake.set()
+
+    def expect(self, uid: str, at: float) -> None:
+        """A new version of ``uid`` is due about ``at`` (trio time: its round closes
+        then): look for it from then, every ``EXPECT_EVERY_S``, until it comes, for at
+        most an interval (the regular look takes over)."""
+        if uid in self.backends:
+            self._expected[uid] = (at, at + self.interval)
+            self._wake.set()  # to wake by then
+
+    def _looked(self, uid: str, pulled: bool) -> None:
+        expected = self._expected.get(uid)
+        if expected is None:
+            return
+        now = trio.current_time()
+        if pulled or now + EXPECT_EVERY_S > expected[1]:
+            del self._expected[uid]
+        elif expected[0] <= now:
+            self._expected[uid] = (now + EXPECT_EVERY_S, expected[1])
 
     async def newest(self, uid: str) -> VersionRecord | None:
         return await newest_version(self.peer, self.project, uid, self.allowed)

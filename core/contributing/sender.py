@@ -209,6 +209,9 @@ class ContributionSender:
         #: the close a contribution was last sent just before; how long a delivery
         #: takes (timed, smoothed), so that a send lands before the close
         self._closes_at: dict[str, float] = {}
+        #: called with an expert and (trio time) when its round closes, once this
+        #: volunteer sent its last contribution to it: the new version is due then
+        self.on_round_close: Callable[[str, float], None] | None = None
         self._served_close: dict[str, float] = {}
         self._delivery_s: dict[str, float] = {}
 
@@ -236,6 +239,8 @@ class ContributionSender:
                         self._since[uid] = now
                         if ahead is not None and ahead[1] <= 0:  # this close is served
                             self._served_close[uid] = ahead[0]
+                            if self.on_round_close is not None:
+                                self.on_round_close(uid, ahead[0])
                         await self._send_all(uid, backend, nursery)
                 await trio.sleep(0.5)
 

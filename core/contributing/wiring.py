@@ -74,4 +74,5 @@ async def start_contributing(
     )
     await nursery.start(puller.run)
     sender.on_stale = puller.nudge
+    sender.on_round_close = puller.expect
     return sender
