@@ -109,18 +109,19 @@ def contribution_due(
     config: SenderConfig,
     seconds_to_close: float | None = None,
 ) -> bool:
-    """Send when ``every_samples`` are in, or when some are and the last send is
-    ``every_seconds`` old (a slow expert still contributes, a busy one in bounded pieces),
-    or when some are and the expert's round closes within a delivery's time
-    (``seconds_to_close`` <= 0; None: unknown): what was computed until then joins that
-    round rather than the next, a round sooner."""
+    """Send when ``every_samples`` are in (a busy expert sends in bounded pieces); else,
+    when some are, once the expert's round closes within a delivery's time
+    (``seconds_to_close`` <= 0: what was computed until then joins that round rather than
+    the next, and one contribution a round is sent instead of one every
+    ``every_seconds``); while when it closes is unknown (None), once the last send is
+    ``every_seconds`` old."""
     if samples <= 0:
         return False
-    return (
-        samples >= config.every_samples
-        or seconds_since_last >= config.every_seconds
-        or (seconds_to_close is not None and seconds_to_close <= 0)
-    )
+    if samples >= config.every_samples:
+        return True
+    if seconds_to_close is None:
+        return seconds_since_last >= config.every_seconds
+    return seconds_to_close <= 0
 
 
 def close_ahead(

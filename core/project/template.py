@@ -36,7 +36,8 @@ trainer_optimizer = "adamw"        # the trainers' own layers: adamw, or muon (h
                                    #   the demo's model better at its own rate (--lr 1e-2)
 learning_rate = 0.001
 contribution_samples = 512         # a volunteer sends its gradients every N samples...
-contribution_seconds = 30.0        # ...or every T seconds
+contribution_seconds = 30.0        # ...or once a round, just before it closes (every T
+                                   #   seconds until the aggregator has said when)
 staleness_bound = 4                # contributions older than this many versions are refused
 round_samples = 4096               # an aggregator steps once this many samples arrived...
 round_seconds = 60.0               # ...or this long after the round before it (volunteers

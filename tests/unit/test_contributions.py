@@ -214,6 +214,10 @@ def test_an_oversized_contribution_header_is_refused_before_decoding():
         (1, 5.0, -0.5, True),
         (1, 5.0, 0.1, False),  # not yet
         (0, 5.0, -0.5, False),  # nothing to send
+        # when the close is known, it replaces the regular time (one send a round)...
+        (1, 30.0, 5.0, False),
+        # ...but not the bound on samples
+        (512, 0.0, 5.0, True),
     ],
 )
 def test_when_a_contribution_is_due(samples, seconds, to_close, due):
