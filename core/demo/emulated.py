@@ -74,8 +74,8 @@ class EmulationOptions:
     #: the aggregator's rounds, in samples the whole swarm trains between two (at its
     #: capacity): the experts learn as often per sample whatever the swarm's size and
     #: speed (the demo on its real hardware: ~10 steps of 16). Volunteers contribute
-    #: twice a round. A batch whose backward pass comes rounds after its forward pass
-    #: finds its weights kept (ExpertBackend.previous)
+    #: once a round, just before it closes. A batch whose backward pass comes rounds
+    #: after its forward pass finds its weights kept (ExpertBackend.previous)
     round_samples: float = 64.0
     #: processes hosting the volunteers (core/demo/emulated_host.py); 0: this one
     volunteer_processes: int = 0
@@ -222,7 +222,7 @@ async def run_emulated(
                     in_flight=options.in_flight,
                     ramp_in_flight=options.ramp,
                     # the final loss after the experts' round that applies the last
-                    # steps (volunteers send twice a round; a round closes by time)
+                    # steps (volunteers send just before a round closes, by time)
                     final_round_wait_s=2 * round_seconds + 10,
                 ),
                 data_dir=workdir / f"trainer{i}",

@@ -1,7 +1,8 @@
 """The experts' last round before the final evaluation.
 
 A trainer's last batches leave their gradients with the volunteers, who send them to the
-aggregators twice a round; the round that applies them comes after the last step. An
+aggregators just before a round closes; the round that applies them comes after the
+last step. An
 evaluation made at once measures weights without the last round of learning, and a
 comparison of runs (time to the same loss) measures the swarm a round behind. So, when
 asked, the trainer waits for every expert that answered it to have a newer version

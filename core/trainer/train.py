@@ -681,7 +681,7 @@ async def _train(
             options.final_round_wait_s,
             pull_s,
             stalled=stalled,
-            round_s=2 * pull_s,  # volunteers send twice a round: their last ones are in
+            round_s=2 * pull_s,  # a round later the volunteers' last contributions are in
         )
         if sharing is not None:  # and the trunk: a version holding this trainer's last change
             left = options.final_round_wait_s - (trio.current_time() - waited)
