@@ -367,7 +367,7 @@ def expert_lateness(accounts: list[dict[str, Any]]) -> dict[str, Any]:
         return {"expert_versions_late": None, "contribution_age_s": None, "round_wait_s": None}
 
     def mean(key: str, digits: int) -> float:
-        return round(sum(n * a[key] for n, a in counted if n) / total, digits)
+        return round(sum(n * float(a[key]) for n, a in counted if n) / total, digits)
 
     return {
         "expert_versions_late": mean("mean_versions_late", 3),

@@ -249,7 +249,7 @@ class ContributionSender:
         """How long before a round's close its last contribution is sent."""
         return self._delivery_s.get(uid, DEFAULT_LEAD_S - LEAD_SLACK_S) + LEAD_SLACK_S
 
-    def _heard(self, uid: str, meta: dict[str, Any], began: float, first_try: bool) -> None:
+    def _heard(self, uid: str, meta: Mapping[str, Any], began: float, first_try: bool) -> None:
         """What an accepting reply says beyond "accepted": when the round closes (old
         aggregators do not say), and the aggregator's version (ours behind: pull)."""
         now = trio.current_time()
