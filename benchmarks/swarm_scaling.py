@@ -361,8 +361,8 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
 def expert_lateness(accounts: list[dict[str, Any]]) -> dict[str, Any]:
     """The aggregators' lateness figures (AggregatorReport), weighted by the
     contributions each applied."""
-    counted = [(sum(a.get("lateness") or []), a) for a in accounts]
-    total = sum(n for n, _ in counted)
+    counted = [(int(sum(a.get("lateness") or [])), a) for a in accounts]
+    total: int = sum(n for n, _ in counted)
     if total == 0:
         return {"expert_versions_late": None, "contribution_age_s": None, "round_wait_s": None}
 
