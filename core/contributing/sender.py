@@ -206,13 +206,13 @@ class ContributionSender:
         #: called with an expert whose weights are behind the aggregator's (a
         #: contribution refused as stale, or a reply naming a newer version): pull now
         self.on_stale: Callable[[str], None] | None = None
+        #: called with an expert and (trio time) when its round closes, once this
+        #: volunteer sent its last contribution to it: the new version is due then
+        self.on_round_close: Callable[[str, float], None] | None = None
         #: per expert: (trio time) when its round closes, as its aggregator last said;
         #: the close a contribution was last sent just before; how long a delivery
         #: takes (timed, smoothed), so that a send lands before the close
         self._closes_at: dict[str, float] = {}
-        #: called with an expert and (trio time) when its round closes, once this
-        #: volunteer sent its last contribution to it: the new version is due then
-        self.on_round_close: Callable[[str, float], None] | None = None
         self._served_close: dict[str, float] = {}
         self._delivery_s: dict[str, float] = {}
 
