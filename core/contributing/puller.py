@@ -100,13 +100,15 @@ class WeightsPuller:
             self._wake.set()  # to wake by then
 
     def _looked(self, uid: str, pulled: bool) -> None:
+        """After a look at ``uid``: an expected version that came, or was looked for
+        long enough, is expected no more; else it is looked for again in a second."""
         expected = self._expected.get(uid)
-        if expected is None:
-            return
         now = trio.current_time()
+        if expected is None or expected[0] > now:
+            return  # not yet due: what this look found is an earlier round's
         if pulled or now + EXPECT_EVERY_S > expected[1]:
             del self._expected[uid]
-        elif expected[0] <= now:
+        else:
             self._expected[uid] = (now + EXPECT_EVERY_S, expected[1])
 
     async def newest(self, uid: str) -> VersionRecord | None:
