@@ -563,7 +563,7 @@ class AggregatorCore:
             now, wall, replaced = self.clock.monotonic(), self.clock.wall(), self.versions[uid] - 1
             for p in pending:
                 self.stats.applied(
-                    replaced - p.base_version, now - p.accepted_at, wall - p.signed_at
+                    replaced - p.base_version, now - p.accepted_at, wall - p.signed_at, p.samples
                 )
         nonces = [p.nonce for p in pending]
         self.applied.update(nonces)

@@ -40,20 +40,23 @@ class AggregatorStatistics:
     contributors: dict[str, ContributorStatistics] = field(
         default_factory=lambda: defaultdict(ContributorStatistics)
     )
-    #: the experts' contributions a round applied, by how many versions old the weights
-    #: they were computed on were (0: the version the round replaces); the trunk's apart
+    #: the samples of the experts' contributions a round applied, by how many versions
+    #: old the weights they were computed on were (0: the version the round replaces);
+    #: the trunk's apart. Samples, not contributions: a volunteer's small contribution
+    #: (what it computed between its last send and a new version) weighs as little as
+    #: it moves the step
     lateness: Counter[int] = field(default_factory=Counter)
-    #: over the same contributions: seconds from acceptance to their round (this
-    #: aggregator's clock) and from signing to their round (the contributor's clock, in
-    #: whole seconds: what the volunteer held them for is the difference)
+    #: over the same samples: seconds from acceptance to their round (this aggregator's
+    #: clock) and from signing to their round (the contributor's clock, in whole
+    #: seconds: what the volunteer held them for is the difference)
     round_wait_s_sum: float = 0.0
     age_s_sum: float = 0.0
 
-    def applied(self, versions_late: int, round_wait_s: float, age_s: float) -> None:
-        """Count one contribution an expert's round applied."""
-        self.lateness[max(0, versions_late)] += 1
-        self.round_wait_s_sum += max(0.0, round_wait_s)
-        self.age_s_sum += max(0.0, age_s)
+    def applied(self, versions_late: int, round_wait_s: float, age_s: float, samples: int) -> None:
+        """Count a contribution of ``samples`` an expert's round applied."""
+        self.lateness[max(0, versions_late)] += samples
+        self.round_wait_s_sum += samples * max(0.0, round_wait_s)
+        self.age_s_sum += samples * max(0.0, age_s)
 
     def lateness_report(self) -> dict[str, Any]:
         """The lateness figures of AggregatorReport (none before a round applied one)."""

@@ -85,10 +85,11 @@ class AggregatorReport(_Report):
     pending_samples: dict[str, int] = {}
     #: rounds due but for more distinct contributors, and how many more each needs
     short_of_contributors: dict[str, int] = {}
-    #: the experts' contributions applied, counted by how many versions old their weights
-    #: were (index 0: the version the round replaced), and their means; with the mean
-    #: seconds from acceptance to the round and from signing to the round (the
-    #: contributor's clock). Empty and None before a round applied any
+    #: the samples of the experts' contributions applied, by how many versions old their
+    #: weights were (index 0: the version the round replaced), and the mean; with the
+    #: mean seconds from acceptance to the round and from signing to the round (the
+    #: contributor's clock), over the same samples. Empty and None before a round
+    #: applied any
     lateness: list[int] = []
     mean_versions_late: float | None = None
     mean_round_wait_s: float | None = None

@@ -46,9 +46,9 @@ async def test_a_volunteer_sends_again_just_before_its_round_closes(tmp_path, mo
         with trio.fail_after(ROUND_S + 10):
             while core.versions[UID] == 0:
                 await trio.sleep(0.05)
-        # the two batches' contributions, both computed on version 0, made version 1
+        # the two batches' contributions (6 samples), computed on version 0, made version 1
         assert sender.stats.accepted == 2
-        assert core.stats.lateness_report()["lateness"] == [2]
+        assert core.stats.lateness_report()["lateness"] == [6]
         assert core.stats.rounds == 1
         nursery.cancel_scope.cancel()
     core.close()
