@@ -26,6 +26,8 @@ from core.experts.server import ExpertServer, ServerConfig
 from core.experts.uid import ExpertUID
 from core.moe.client import ExpertCaller, ExpertServerRef, ReceiptSigner
 from core.namespaces import moehome_validator
+from core.project.chunks import ChunkStore
+from core.project.distribution import WeightsService
 from net import Peer
 from net.testing import open_swarm
 
@@ -45,6 +47,7 @@ class Rig:
     caller: ExpertCaller
     refs: list[ExpertServerRef]
     volunteer: Peer
+    server: ExpertServer
 
     async def backward(self) -> None:
         await self.caller.backward(UID, self.refs, torch.randn(4, 8), torch.randn(4, 8))
@@ -58,8 +61,11 @@ async def start_rig(
     *,
     attack: str | None = None,
     banned: bool = False,
+    weights: bool = False,
     **settings: object,
 ) -> Rig:
+    """``weights``: the aggregator serves its versions' weights (a volunteer can pull
+    them)."""
     trainer, volunteer, aggregator = peers
     base = AggregatorSettings(
         project=PROJECT,
@@ -75,12 +81,16 @@ async def start_rig(
     )
     if banned:
         core.ban_contributor(volunteer.identity.public_key)  # a project ban, honoured
-    service = AggregatorService(aggregator, core)
+    store = None
+    if weights:
+        store = ChunkStore(folder / "agg-chunks")
+        WeightsService.of(aggregator, store)
+    service = AggregatorService(aggregator, core, store=store)
     if service.auditor is not None:
         service.auditor.rng = random.Random(0)
     await nursery.start(service.run)
     backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
-    await nursery.start(
+    server = await nursery.start(
         ExpertServer(
             volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
         ).run
@@ -96,7 +106,7 @@ async def start_rig(
     )
     caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
     refs = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
-    return Rig(core, service, backend, sender, caller, refs, volunteer)
+    return Rig(core, service, backend, sender, caller, refs, volunteer, server)
 
 
 async def until(condition: Callable[[], bool]) -> None:

@@ -10,20 +10,12 @@ import torch
 import trio
 
 import core.contributing.sender as sender_module
-from core.aggregator.core import AggregatorCore, AggregatorSettings
-from core.aggregator.service import AggregatorService
 from core.contributing.puller import WeightsPuller
-from core.contributing.sender import ContributionSender, SenderConfig
-from core.experts.backend import ExpertBackend
-from core.experts.registry import build_expert
-from core.experts.server import ExpertServer, ServerConfig
-from core.experts.uid import ExpertUID
-from core.moe.client import ExpertCaller, ExpertServerRef, ReceiptSigner
+from core.contributing.sender import SenderConfig
 from core.namespaces import moehome_validator
 from core.project.chunks import ChunkStore
-from core.project.distribution import WeightsService
 from net.testing import open_swarm
-from tests.swarm.test_contribution_audits import PROJECT, SPEC, UID, start_rig, until
+from tests.swarm.test_contribution_audits import PROJECT, UID, start_rig, until
 
 ROUND_S = 8.0
 #: sent at 4 samples, or after an hour: neither happens for a batch of 2
@@ -43,9 +35,7 @@ async def test_a_volunteer_sends_again_just_before_its_round_closes(tmp_path, mo
         await rig.backward()  # 4 samples: sent at once; the reply says when the round closes
         await until(lambda: sender.stats.accepted == 1)
         await rig.caller.backward(UID, rig.refs, torch.randn(2, 8), torch.randn(2, 8))
-        with trio.fail_after(ROUND_S + 10):
-            while core.versions[UID] == 0:
-                await trio.sleep(0.05)
+        await until(lambda: core.versions[UID] == 1)  # within 20 s: a round is 8
         # the two batches' contributions (6 samples), computed on version 0, made version 1
         assert sender.stats.accepted == 2
         assert core.stats.lateness_report()["lateness"] == [6]
@@ -60,53 +50,28 @@ async def test_a_volunteer_pulls_the_version_its_round_made_when_it_closes(tmp_p
         open_swarm(3, validator=moehome_validator()) as swarm,
         trio.open_nursery() as nursery,
     ):
-        trainer, volunteer, aggregator = swarm.peers
-        settings = AggregatorSettings(
-            project=PROJECT,
-            spec=SPEC,
-            uids=(UID,),
-            trainers=frozenset({trainer.identity.public_key}),
-            optimizer="sgd",
-            learning_rate=0.5,
-            round_seconds=ROUND_S,
+        rig = await start_rig(
+            nursery, swarm.peers, tmp_path, SENDER, weights=True, round_seconds=ROUND_S
         )
-        core = AggregatorCore(settings, tmp_path / "agg", initial={UID: build_expert(SPEC, seed=1)})
-        agg_store = ChunkStore(tmp_path / "agg-chunks")
-        WeightsService.of(aggregator, agg_store)
-        await nursery.start(AggregatorService(aggregator, core, store=agg_store).run)
-        backend = ExpertBackend(ExpertUID.parse(UID), SPEC, build_expert(SPEC, seed=1))
-        server = await nursery.start(
-            ExpertServer(
-                volunteer, {UID: backend}, ServerConfig(project=PROJECT, require_receipts=True)
-            ).run
-        )
-        sender = await nursery.start(
-            ContributionSender(volunteer, {UID: backend}, [aggregator.peer_id], SENDER).run
-        )
+        sender, core, backend = rig.sender, rig.core, rig.backend
         puller = WeightsPuller(
-            volunteer,
+            rig.volunteer,
             PROJECT,
             {UID: backend},
-            [aggregator.identity.public_key],
+            [rig.service.peer.identity.public_key],
             ChunkStore(tmp_path / "vol-chunks"),
-            server.device,
+            rig.server.device,
             before_swap=sender.flush,
             interval=3600,  # its regular look: once now, then in an hour
         )
         await nursery.start(puller.run)
         sender.on_round_close = puller.expect  # as core/contributing/wiring.py
-        caller = ExpertCaller(trainer.rpc, receipts=ReceiptSigner(trainer.identity, PROJECT))
-        refs = [ExpertServerRef(volunteer.peer_id, backend.sha256)]
-        await caller.backward(UID, refs, torch.randn(4, 8), torch.randn(4, 8))
+        await rig.backward()
         await until(lambda: sender.stats.accepted == 1)
-        await caller.backward(UID, refs, torch.randn(2, 8), torch.randn(2, 8))
-        with trio.fail_after(ROUND_S + 10):
-            while core.versions[UID] == 0:
-                await trio.sleep(0.05)
+        await rig.caller.backward(UID, rig.refs, torch.randn(2, 8), torch.randn(2, 8))
+        await until(lambda: core.versions[UID] == 1)
         # the round the volunteer sent to closed: it has the version long before its hour
-        with trio.fail_after(20):
-            while backend.version == 0:
-                await trio.sleep(0.05)
+        await until(lambda: backend.version == 1)
         assert backend.sha256 == core.weights_sha256(UID)
         assert puller.swaps == 1
         nursery.cancel_scope.cancel()
