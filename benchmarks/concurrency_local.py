@@ -18,7 +18,12 @@ emulation isolates that cost, deterministically, without threads or a swarm:
   batches later; the aggregator's rule, the sum of every trainer's change with an outer
   SGD (Nesterov momentum), published ``delay`` batches after the last change arrived;
 - the experts are shared and step after every batch (their rounds cost ~1.5% at 60
-  steps, measured apart: the swarm's figure includes them, this one does not).
+  steps, measured apart: the swarm's figure includes them, this one does not);
+- ``ramp``: each trainer starts with one batch in flight and carries as many as the
+  trainer's own policy says (core/trainer/concurrency.py ``batches_in_flight``, on
+  core/trainer/noise_scale.py's estimate from its trunk gradients, the real code), up
+  to N: the swarm's ``--ramp`` runs, so that their same-concurrency guard compares
+  them with a reference that ramps as they do.
 
     python benchmarks/concurrency_local.py [--steps 60] [--seeds 1 2 3] \\
         [--arrangements 1:2 1:3 2:1 2:3 3:2 6:1] [--outer-momentum 0.5]
@@ -45,8 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.demo import DemoOptions
 from core.project.manifest import TrainerOptimizerKind
+from core.trainer.concurrency import batches_in_flight
 from core.trainer.data import Corpus, load_corpus, sample_batch, validation_batches
 from core.trainer.model import TrainerModel
+from core.trainer.noise_scale import NoiseScale, gradient_sample
 from core.trainer.optimizers import TrainerOptimizer, local_mixtures, stale_rate
 from core.trainer.trunk import Params, TrunkSync, rebase
 
@@ -99,6 +106,9 @@ class _Trainer:
     #: the other trainers' updates that landed between a gradient's computing and its
     #: applying, the recent mean (how far ahead to predict them)
     others_ahead: float = 0.0
+    #: batches carried at once (fixed, or ramped by ``noise``)
+    carrying: int = 1
+    noise: NoiseScale | None = None
 
 
 def train(corpus: Corpus, steps: int, arrangement: Arrangement, **options: Any) -> float:
@@ -130,6 +140,8 @@ def curve(
     others_staleness: float = 0.0,
     expert_lag: int = 0,
     staleness_power: float | None = None,
+    ramp: bool = False,
+    carried: list[tuple[int, int]] | None = None,
 ) -> list[tuple[int, float]]:
     """(samples applied, validation loss of the first trainer's model) every
     ``eval_every`` batches applied (0: at the end only), the start's included. The
@@ -140,7 +152,12 @@ def curve(
     reach a trainer's copy (with a version it rebases onto) between a gradient's
     computing and its applying in the staleness-aware rate, beside its own;
     ``predict_others`` keeps the own prediction across a rebase and predicts the others'
-    updates too (their last rebase's jump per step, times as many as landed lately)."""
+    updates too (their last rebase's jump per step, times as many as landed lately).
+
+    ``ramp``: each trainer carries from 1 up to ``arrangement.in_flight`` batches as its
+    gradient noise scale says (the trainer's ``--ramp``); ``carried``, if given, gets
+    (samples applied, batches carried) at the start and at every change of the first
+    trainer's."""
     m, weights_seed = demo_model()
     options = DemoOptions()
     lr = learning_rate or options.learning_rate
@@ -157,8 +174,13 @@ def curve(
                 replica,
                 TrainerOptimizer(model, optimizer, lr, among=_trunk(model).values()),
                 TrunkSync(sync_every=sync_every, anchor=_snapshot(model)),
+                carrying=1 if ramp else arrangement.in_flight,
+                noise=NoiseScale(options.batch_size) if ramp else None,
             )
         )
+    if carried is not None:
+        carried.append((0, trainers[0].carrying))
+    coordinates = sum(p.numel() for p in _trunk(first).values())
     experts = [p for n, p in first.named_parameters() if ".experts." in n]
     # the experts at the demo's rate whatever the trainer's (the manifest sets theirs)
     expert_optimizer = torch.optim.Adam(experts, lr=options.learning_rate * expert_rate_scale)
@@ -179,7 +201,6 @@ def curve(
     evaluation = validation_batches(
         corpus.validation, options.batch_size, first.context, eval_batches
     )
-    stale = arrangement.in_flight - 1
 
     def evaluate() -> float:
         model = trainers[0].model
@@ -187,6 +208,29 @@ def curve(
         with torch.no_grad():
             losses = [float(model.objective(x, y)[1]) for x, y in evaluation]
         return sum(losses) / len(losses)
+
+    def apply_oldest(t: _Trainer, stale: int) -> None:
+        """Applies the oldest of ``t``'s gradients in flight, computed ``stale`` of its
+        own steps ago, at the session's rate for that staleness."""
+        gradient, computed_at = t.waiting.popleft()
+        landed = t.updates - computed_at  # own steps (stale) and the others' since
+        t.others_ahead = 0.8 * t.others_ahead + 0.2 * (landed - stale)
+        params = _trunk(t.model)
+        for name, p in params.items():
+            p.grad = gradient[name]
+        nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        for group in t.optimizer.param_groups:
+            k = (landed if count_others else stale) + others_staleness
+            group["lr"] = (
+                stale_rate(optimizer, lr, round(k))
+                if staleness_power is None
+                else lr / (1 + k) ** staleness_power
+            )
+        before = _snapshot(t.model)
+        t.optimizer.step()
+        t.optimizer.zero_grad(set_to_none=True)
+        t.last_update = {n: p.detach() - before[n] for n, p in params.items()}
+        t.updates += 1
 
     out: list[tuple[int, float]] = [(0, evaluate())] if eval_every else []
     applied = 0
@@ -209,6 +253,7 @@ def curve(
                 published.append((batch + delay, version, weights, total_samples))
                 changes = {}
         t = trainers[batch % len(trainers)]
+        stale = t.carrying - 1  # the batches carried beside this one: its staleness
         ready = [v for v in published if v[0] <= batch and t.sync.may_rebase(v[1])]
         if ready:
             _, number, weights, samples = ready[-1]
@@ -259,36 +304,32 @@ def curve(
             expert_batches = 0
         gradients = {n: p.grad.clone() for n, p in _trunk(t.replica).items()}  # type: ignore[union-attr]
         t.waiting.append((gradients, t.updates))
-        if len(t.waiting) <= stale:
-            continue
-        # the gradient of the batch carried `stale` steps ago lands now
-        gradient, computed_at = t.waiting.popleft()
-        landed = t.updates - computed_at  # own steps (stale) and the others' since
-        t.others_ahead = 0.8 * t.others_ahead + 0.2 * (landed - stale)
-        params = _trunk(t.model)
-        for name, p in params.items():
-            p.grad = gradient[name]
-        nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        for group in t.optimizer.param_groups:
-            k = (landed if count_others else stale) + others_staleness
-            group["lr"] = (
-                stale_rate(optimizer, lr, round(k))
-                if staleness_power is None
-                else lr / (1 + k) ** staleness_power
-            )
-        before = _snapshot(t.model)
-        t.optimizer.step()
-        t.optimizer.zero_grad(set_to_none=True)
-        t.last_update = {n: p.detach() - before[n] for n, p in params.items()}
-        t.updates += 1
-        applied += 1
-        if eval_every and applied % eval_every == 0 and applied < steps:
-            out.append((applied * options.batch_size, evaluate()))
-        if len(trainers) > 1:
-            t.sync.stepped(options.batch_size)
-            if t.sync.due():
-                delta, _, samples = t.sync.take(_snapshot(t.model))
-                arriving.append((batch + delay, batch % len(trainers), delta, samples))
+        if t.noise is not None:  # in the order the batches finish, as the session adds
+            t.noise.add(gradient_sample(gradients.values(), coordinates))
+        # the gradient of the batch carried `stale` steps ago lands now; a ramp that came
+        # down lands two (the swarm's trainer starts no batch while one finishes)
+        while len(t.waiting) > stale and applied < steps:
+            apply_oldest(t, stale)
+            applied += 1
+            if eval_every and applied % eval_every == 0 and applied < steps:
+                out.append((applied * options.batch_size, evaluate()))
+            if len(trainers) > 1:
+                t.sync.stepped(options.batch_size)
+                if t.sync.due():
+                    delta, _, samples = t.sync.take(_snapshot(t.model))
+                    arriving.append((batch + delay, batch % len(trainers), delta, samples))
+            if t.noise is not None:
+                was = t.carrying
+                t.carrying = batches_in_flight(
+                    t.noise.sequences,
+                    t.noise.pairs,
+                    options.batch_size,
+                    len(trainers),
+                    t.carrying,
+                    arrangement.in_flight,
+                )
+                if carried is not None and t is trainers[0] and t.carrying != was:
+                    carried.append((applied * options.batch_size, t.carrying))
     out.append((applied * options.batch_size, evaluate()))
     return out
 

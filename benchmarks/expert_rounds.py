@@ -5,13 +5,16 @@ what issue 41's guard compares a swarm with) and every 2, 4... batches (an aggre
 round), over many seeds.
 
     python benchmarks/expert_rounds.py [--rounds 2 4] [--seeds 0 1 ... 15] [--lag 0]
+                                       [--rate-scales 1 2]
 
 L* is the synchronous one-process reference's mean loss after ``--target-samples`` over
 ``--reference-seeds`` (swarm_scaling.py's, Muon at 1e-2: its recipe). Each seed's curve
 gives its samples to L* (time_to_loss.samples_to_smoothed and the first crossing). One
 JSON line per round size: the mean, standard deviation and range over the seeds, the
 reference's (experts every batch) beside them, the ratio of the means (the guard that
-rounds alone leave) and the mean of the per-seed ratios with its standard error.
+rounds alone leave) and the mean of the per-seed ratios with its standard error;
+``--rate-scales``: the experts' rate in rounds times each of these (one line each: a
+round's mean gradient is of more samples than one batch's, so it may bear a larger step).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(16)))
     parser.add_argument("--lag", type=int, default=0, help="rounds the gradients land late")
+    parser.add_argument("--rate-scales", type=float, nargs="+", default=[1.0])
     parser.add_argument("--samples", type=int, default=4400, help="each run's (past L*)")
     parser.add_argument("--target-samples", type=int, default=1600)
     parser.add_argument("--reference-seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -63,7 +67,9 @@ def main() -> None:
     )
     steps = args.samples // 16
 
-    def reached(expert_round: int, lag: int) -> list[tuple[float | None, float | None]]:
+    def reached(
+        expert_round: int, lag: int, rate_scale: float = 1.0
+    ) -> list[tuple[float | None, float | None]]:
         out = []
         for seed in args.seeds:
             c = curve(
@@ -77,17 +83,19 @@ def main() -> None:
                 eval_batches=EVAL_BATCHES,
                 expert_round=expert_round,
                 expert_lag=lag,
+                expert_rate_scale=rate_scale,
             )
             out.append((samples_to_smoothed(c, target.loss), samples_to(c, target.loss)))
         return out
 
     reference = reached(1, 0)
-    for expert_round in args.rounds:
-        got = reached(expert_round, args.lag)
+    for expert_round, rate_scale in [(r, x) for r in args.rounds for x in args.rate_scales]:
+        got = reached(expert_round, args.lag, rate_scale)
         line: dict[str, Any] = {
             "benchmark": "expert_rounds",
             "expert_round": expert_round,
             "expert_lag": args.lag,
+            "expert_rate_scale": rate_scale,
             "seeds": args.seeds,
             "optimizer": args.optimizer,
             "learning_rate": args.lr,

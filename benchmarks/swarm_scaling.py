@@ -34,17 +34,21 @@ the swarm's trainers then take. Each trainer evaluates every ``--eval-every`` st
 each configuration's line adds ``curve`` (samples, loss), ``samples_to_target``,
 ``sample_efficiency`` (the target's samples over those), ``scaling_efficiency``
 (utilization x that), ``seconds_to_target``, and ``same_concurrency_efficiency``: the
-local emulation of the same trainers x batches in flight (benchmarks/concurrency_local.py,
-the same seeds and rate) over the swarm's samples to L*; the same figures follow by
-the ``smoothed`` crossing (time_to_loss.samples_to_smoothed: a line through the
-evaluations around the first crossing, less moved by one evaluation's noise). The
-summary's ``scaling_efficiency_{4,16,32}v``, ``time_to_loss_speedup_32v_vs_4v`` (8 x E32
-/ E4: time to L* at the same speed per volunteer) and ``same_concurrency_efficiency_min``
-come from the 100 ms lines by the smoothed crossing, each recipe's runs averaged
+local emulation of the same trainers x batches in flight
+(benchmarks/concurrency_local.py, the same seeds and rate; with ``--ramp`` ramped by the
+trainer's own policy on its own noise-scale estimate, as the swarm's trainers ramp) over
+the swarm's samples to L*; the same figures follow by the ``smoothed`` crossing
+(time_to_loss.samples_to_smoothed: a line through the evaluations around the first
+crossing, less moved by one evaluation's noise). The summary's
+``scaling_efficiency_{4,16,32}v``, ``time_to_loss_speedup_32v_vs_4v`` (8 x E32 / E4:
+time to L* at the same speed per volunteer) and ``same_concurrency_efficiency_min`` come
+from the 100 ms lines by the smoothed crossing, each recipe's runs averaged
 (``first_crossing``: the same by the first crossings); ``--local-only`` prints the local
-emulations for lines printed before they carried theirs. A run must train past L* for
-its figures (``--samples``); with ``--speed`` above the default, runs end sooner and
-utilization is lower (a batch's latency weighs more against its compute).
+emulations for lines printed before they carried theirs (before stop 56 none; before
+stop 58 a ramped run's was not ramped: ``--local-only --ramp`` lines replace it). A run
+must train past L* for its figures (``--samples``); with ``--speed`` above the default,
+runs end sooner and utilization is lower (a batch's latency weighs more against its
+compute).
 
 Then, unless skipped: ``local`` (benchmarks/trainer_local.py: the wire codec against
 float32 on the same batches, in this process) and ``demo`` (``moehome demo --steps 40``
@@ -188,12 +192,18 @@ def swarm_curve(
 
 
 def local_same_concurrency(
-    trainers: int, in_flight: int, target: Target, samples: float, batch_size: int
+    trainers: int,
+    in_flight: int,
+    target: Target,
+    samples: float,
+    batch_size: int,
+    ramp: bool = False,
 ) -> list[tuple[float, float]]:
     """The local emulation of ``trainers`` x ``in_flight`` batches in flight
     (benchmarks/concurrency_local.py: the target's seeds, rate and evaluations), the mean
-    of its seeds' curves over twice ``samples``: it may need more than the swarm did (it
-    carries every batch from the start; a ramp does not)."""
+    of its seeds' curves over twice ``samples`` (it may need more than the swarm did);
+    ``ramp``: from one batch up to ``in_flight`` as the trainer's policy says, as the
+    swarm's ``--ramp`` runs carry them."""
     corpus = load_corpus(STDLIB)
     steps = 2 * int(max(samples, target.samples)) // batch_size
     return mean_curve(
@@ -207,6 +217,7 @@ def local_same_concurrency(
                 learning_rate=target.learning_rate,
                 eval_every=target.eval_every,
                 eval_batches=EVAL_BATCHES,
+                ramp=ramp,
             )
             for seed in target.seeds
         ]
@@ -223,7 +234,12 @@ def time_to_target(
     needed = samples_to(curve, target.loss)
     sample_eff = efficiency(target.samples, needed)
     local = local_same_concurrency(
-        options.trainers, options.in_flight, target, curve[-1][0], options.batch_size
+        options.trainers,
+        options.in_flight,
+        target,
+        curve[-1][0],
+        options.batch_size,
+        ramp=options.ramp,
     )
     local_needed = samples_to(local, target.loss)
     line = {
@@ -243,6 +259,8 @@ def time_to_target(
             None if needed is None or local_needed is None else local_needed / needed
         ),
         "local_same_concurrency_curve": _printed(local),
+        # the local emulation ramped as the swarm did (lines before stop 58 did not)
+        "local_same_concurrency_ramp": options.ramp,
     }
     return {**line, **scores({**line, "utilization": rate / capacity}, local)}
 
@@ -542,10 +560,28 @@ def recipe_of(line: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(line.get(key, default) for key, default in RECIPE)
 
 
-def local_key(trainers: int, in_flight: int, optimizer: str, rate: float) -> str:
+def local_key(
+    trainers: int, in_flight: int, optimizer: str, rate: float, ramp: bool = False
+) -> str:
     """Which local emulation a line's guard compares with (its seeds and evaluations
     are the target's, the same for every line of a summary)."""
-    return f"{trainers}x{in_flight}:{optimizer}:{rate:g}"
+    return f"{trainers}x{in_flight}:{optimizer}:{rate:g}" + (":ramp" if ramp else "")
+
+
+def local_curve_of(line: dict[str, Any], curves: dict[str, Curve]) -> tuple[Curve | None, bool]:
+    """The local emulation a line's guard compares with, and whether the guard the line
+    printed was of it. A line's run emulated its concurrency (ramped since stop 58):
+    that emulation is its own curve, or for a line that does not carry one, ``curves``'
+    of the same (deterministic) emulation. But a line that ramped while its emulation did
+    not (the lines before stop 58) takes ``curves``' ramped one where given."""
+    ramp = bool(line.get("ramp", False))
+    emulated_ramp = bool(line.get("local_same_concurrency_ramp", False))
+    concurrency = (line["trainers"], line["in_flight"], line["optimizer"], line["learning_rate"])
+    ramped = local_key(*concurrency, ramp=ramp)
+    if ramp != emulated_ramp and ramped in curves:
+        return curves[ramped], False
+    own = line.get("local_same_concurrency_curve")
+    return own or curves.get(local_key(*concurrency, ramp=emulated_ramp)), True
 
 
 def _recipe_means(
@@ -613,14 +649,18 @@ def time_to_loss_summary(
     curves = local_curves or {}
 
     def smoothed(x: dict[str, Any]) -> tuple[float | None, float | None]:
-        local = x.get("local_same_concurrency_curve") or curves.get(
-            local_key(x["trainers"], x["in_flight"], x["optimizer"], x["learning_rate"])
-        )
+        local, _ = local_curve_of(x, curves)
         got = scores(x, local)
         return got["scaling_efficiency_smoothed"], got["same_concurrency_efficiency_smoothed"]
 
     def first(x: dict[str, Any]) -> tuple[float | None, float | None]:
-        return x["scaling_efficiency"], x["same_concurrency_efficiency"]
+        local, printed = local_curve_of(x, curves)
+        if printed or local is None:
+            return x["scaling_efficiency"], x["same_concurrency_efficiency"]
+        local_needed = samples_to(local, x["target_loss"])
+        needed = samples_to(x["curve"], x["target_loss"])
+        guard = None if needed is None or local_needed is None else local_needed / needed
+        return x["scaling_efficiency"], _round(guard)
 
     out: dict[str, Any] = {}
     if not measured:
@@ -650,20 +690,29 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
                 lines.append(line)
             if "local_same_concurrency" in line:
                 x = line["local_same_concurrency"]
-                key = local_key(x["trainers"], x["in_flight"], x["optimizer"], x["learning_rate"])
+                key = local_key(
+                    x["trainers"],
+                    x["in_flight"],
+                    x["optimizer"],
+                    x["learning_rate"],
+                    x.get("ramp", False),
+                )
                 local_curves[key] = [(a, b) for a, b in x["curve"]]
             local = line.get("local", local)
             demo = line.get("demo", demo)
     return summary(lines, local, demo, local_curves)
 
 
-def print_local_curves(runs: list[Run], target: Target, samples: int, batch_size: int) -> None:
+def print_local_curves(
+    runs: list[Run], target: Target, samples: int, batch_size: int, ramp: bool = False
+) -> None:
     """``--local-only``: a line of each run's concurrency's local emulation."""
     for trainers, in_flight in sorted({(r.trainers, r.in_flight) for r in runs}):
-        local = local_same_concurrency(trainers, in_flight, target, samples, batch_size)
+        local = local_same_concurrency(trainers, in_flight, target, samples, batch_size, ramp)
         line = {
             "trainers": trainers,
             "in_flight": in_flight,
+            "ramp": ramp,
             "optimizer": target.optimizer,
             "learning_rate": target.learning_rate,
             "seeds": list(target.seeds),
@@ -814,7 +863,7 @@ def main() -> None:
     if args.local_only:
         if target is None:
             parser.error("--local-only needs --target-samples")
-        print_local_curves(runs, target, args.samples or 0, base.batch_size)
+        print_local_curves(runs, target, args.samples or 0, base.batch_size, args.ramp)
         return
     lines = []
     for run in runs:

@@ -10,9 +10,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from concurrency_local import Arrangement, train
+from concurrency_local import Arrangement, curve, train
 
-from core.trainer.data import load_corpus
+from core.trainer.concurrency import MIN_PAIRS
+from core.trainer.data import Corpus, load_corpus
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +47,44 @@ def test_the_other_trainers_steps_are_predicted_once_a_rebase_brought_them(corpu
     predicted = train(corpus, 12, Arrangement(2, 2), seed=1, predict_others=True, others_ahead=2)
     slower = train(corpus, 12, Arrangement(2, 2), seed=1, others_staleness=1.0)
     assert len({plain, predicted, slower}) == 3
+
+
+def muon_curve(
+    corpus: Corpus,
+    steps: int,
+    arrangement: Arrangement,
+    ramp: bool = False,
+    carried: list[tuple[int, int]] | None = None,
+) -> list[tuple[int, float]]:
+    return curve(
+        corpus,
+        steps,
+        arrangement,
+        seed=1,
+        eval_every=4,
+        optimizer="muon",
+        learning_rate=1e-2,
+        ramp=ramp,
+        carried=carried,
+    )
+
+
+def test_a_ramp_carries_one_batch_until_the_noise_scale_makes_room_for_more(corpus):
+    # the swarm's --ramp runs, emulated: the trainer's policy on its own estimate
+    carried: list[tuple[int, int]] = []
+    ramped = muon_curve(corpus, 12, Arrangement(1, 3), ramp=True, carried=carried)
+    one_at_a_time = muon_curve(corpus, 12, Arrangement(1, 1))
+    assert carried[0] == (0, 1)
+    assert len(carried) >= 2, "the demo's noise scale passes 2 batches of 16 early"
+    widened_at = carried[1][0]
+    # not before the estimate has seen MIN_PAIRS pairs of batches (16 samples each)
+    assert widened_at >= 2 * MIN_PAIRS * 16
+    assert all(1 <= n <= 3 for _, n in carried)
+    before = [point for point in ramped if point[0] <= widened_at]
+    assert before == one_at_a_time[: len(before)]
+    assert ramped[-1] != one_at_a_time[-1]
+
+
+def test_a_ramp_up_to_one_batch_is_one_batch_at_a_time(corpus):
+    ramped = muon_curve(corpus, 8, Arrangement(1, 1), ramp=True)
+    assert ramped == muon_curve(corpus, 8, Arrangement(1, 1))

@@ -9,7 +9,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from time_to_loss import efficiency, loss_at, mean_curve, samples_to, samples_to_smoothed
+from time_to_loss import (
+    Curve,
+    efficiency,
+    loss_at,
+    mean_curve,
+    samples_to,
+    samples_to_smoothed,
+)
 
 CURVE = [(0, 5.0), (160, 3.0), (320, 2.5), (480, 2.6), (640, 2.0)]
 
@@ -165,6 +172,49 @@ def test_the_summary_averages_a_recipes_runs_and_takes_each_sizes_best():
     assert out["scaling_efficiency_4v"] is None
     assert out["time_to_loss_speedup_32v_vs_4v"] is None
     assert out["same_concurrency_efficiency_min"] is None
+
+
+def test_a_ramped_line_is_compared_with_a_local_emulation_that_ramps_too():
+    from swarm_scaling import local_key, time_to_loss_summary
+
+    ramped = {
+        "volunteers": 16,
+        "delay_ms": 100.0,
+        "speed": 0.125,
+        "trainers": 1,
+        "in_flight": 2,
+        "ramp": True,
+        "optimizer": "muon",
+        "learning_rate": 0.01,
+        "utilization": 0.8,
+        "curve": log_curve(2000),
+        "target_loss": 2.0,
+        "target_samples": 1000,
+        "samples_to_target": 2000.0,
+        "scaling_efficiency": 0.4,
+        "same_concurrency_efficiency": 1.1,
+        # a line before stop 58: its local emulation carried 2 batches from the start
+        "local_same_concurrency_curve": log_curve(2200),
+    }
+    ramping: dict[str, Curve] = {local_key(1, 2, "muon", 0.01, ramp=True): log_curve(1800)}
+    assert local_key(1, 2, "muon", 0.01, ramp=True) != local_key(1, 2, "muon", 0.01)
+    # without a ramped emulation given apart, the line's own
+    out = time_to_loss_summary([ramped])
+    assert out["same_concurrency_efficiency_min"] == pytest.approx(1.1, abs=0.005)
+    out = time_to_loss_summary([ramped], ramping)
+    assert out["same_concurrency_efficiency_min"] == pytest.approx(0.9, abs=0.005)
+    first = out["first_crossing"]["same_concurrency_efficiency_min"]
+    assert first == pytest.approx(0.9, abs=0.01)
+    # a line before stop 56 (no local curve of its own): the ramped one too
+    bare = {k: v for k, v in ramped.items() if k != "local_same_concurrency_curve"}
+    out = time_to_loss_summary([bare], ramping)
+    assert out["same_concurrency_efficiency_min"] == pytest.approx(0.9, abs=0.005)
+    assert out["first_crossing"]["same_concurrency_efficiency_min"] == pytest.approx(0.9, abs=0.01)
+    # a line whose own emulation ramped keeps it; one that did not ramp is not touched
+    for line in ({**ramped, "local_same_concurrency_ramp": True}, {**ramped, "ramp": False}):
+        out = time_to_loss_summary([line], ramping)
+        assert out["same_concurrency_efficiency_min"] == pytest.approx(1.1, abs=0.005)
+        assert out["first_crossing"]["same_concurrency_efficiency_min"] == 1.1
 
 
 @pytest.mark.parametrize(
