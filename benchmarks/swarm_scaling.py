@@ -123,8 +123,8 @@ EVAL_BATCHES = TrainerOptions(project="", workdir=Path()).eval_batches
 @dataclass(frozen=True)
 class Target:
     """L*: the synchronous one-process reference's validation loss after ``samples``
-    (the mean of its seeds, at its best learning rate), on the trainers' held-out
-    batches."""
+    (the mean of its seeds, at its best learning rates: the trainer's and the
+    experts'), on the trainers' held-out batches."""
 
     loss: float
     samples: int
@@ -132,39 +132,59 @@ class Target:
     optimizer: str
     seeds: tuple[int, ...]
     eval_every: int
+    #: the experts' (Adam, as the aggregators step them): the swarm's manifest takes it
+    expert_learning_rate: float = DemoOptions.learning_rate
 
 
 def reference_target(
-    samples: int, seeds: list[int], rates: list[float], optimizer: str, eval_every: int
+    samples: int,
+    seeds: list[int],
+    rates: list[float],
+    optimizer: str,
+    eval_every: int,
+    expert_rates: list[float] | None = None,
 ) -> tuple[Target, dict[str, Any]]:
-    """The target and the line that says how it was found (every rate's loss)."""
+    """The target and the line that says how it was found: every pair of the trainer's
+    ``rates`` and the experts' ``expert_rates`` (default: the demo's) tried, the best
+    pair's loss."""
     corpus = load_corpus(STDLIB)
     steps = samples // EmulationOptions.batch_size
-    losses: dict[float, float] = {}
-    curves: dict[float, list[tuple[float, float]]] = {}
+    losses: dict[tuple[float, float], float] = {}
+    curves: dict[tuple[float, float], list[tuple[float, float]]] = {}
     for rate in rates:
-        runs = [
-            train(
-                corpus,
-                steps,
-                eval_batches=EVAL_BATCHES,
-                eval_every=eval_every,
-                seed=seed,
-                learning_rate=rate,
-                optimizer=optimizer,  # type: ignore[arg-type]
-            )["curve"]
-            for seed in seeds
-        ]
-        curves[rate] = mean_curve([[(a, b) for a, b in c] for c in runs])
-        losses[rate] = loss_at(curves[rate], samples)
-    best = min(losses, key=lambda r: losses[r])
-    target = Target(losses[best], samples, best, optimizer, tuple(seeds), eval_every)
+        for expert_rate in expert_rates or [DemoOptions.learning_rate]:
+            runs = [
+                train(
+                    corpus,
+                    steps,
+                    eval_batches=EVAL_BATCHES,
+                    eval_every=eval_every,
+                    seed=seed,
+                    learning_rate=rate,
+                    optimizer=optimizer,  # type: ignore[arg-type]
+                    expert_learning_rate=expert_rate,
+                )["curve"]
+                for seed in seeds
+            ]
+            pair = (rate, expert_rate)
+            curves[pair] = mean_curve([[(a, b) for a, b in c] for c in runs])
+            losses[pair] = loss_at(curves[pair], samples)
+    best = min(losses, key=lambda pair: losses[pair])
+    target = Target(losses[best], samples, best[0], optimizer, tuple(seeds), eval_every, best[1])
     line = {
         "target_loss": round(target.loss, 4),
         "target_samples": samples,
         "optimizer": optimizer,
-        "learning_rate": best,
-        "losses_by_learning_rate": {str(r): round(v, 4) for r, v in losses.items()},
+        "learning_rate": best[0],
+        "expert_learning_rate": best[1],
+        # the trainer's rates at the best experts' rate, and the experts' at the best
+        # trainer's (the lines before stop 58: the first only, the experts at 3e-3)
+        "losses_by_learning_rate": {
+            str(r): round(v, 4) for (r, e), v in losses.items() if e == best[1]
+        },
+        "losses_by_expert_learning_rate": {
+            str(e): round(v, 4) for (r, e), v in losses.items() if r == best[0]
+        },
         "seeds": seeds,
         "curve": _printed(curves[best]),
     }
@@ -218,6 +238,7 @@ def local_same_concurrency(
                 eval_every=target.eval_every,
                 eval_batches=EVAL_BATCHES,
                 ramp=ramp,
+                expert_rate_scale=target.expert_learning_rate / DemoOptions.learning_rate,
             )
             for seed in target.seeds
         ]
@@ -309,6 +330,7 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
         eval_batches=EVAL_BATCHES,
         learning_rate=options.trainer_learning_rate,
         optimizer=options.demo.trainer_optimizer,  # type: ignore[arg-type]
+        expert_learning_rate=options.demo.learning_rate,
     )["loss"]
     forward, late, backward = (
         sum(c[key] for c in calls) for key in ("forward_rows", "late_rows", "backward_rows")
@@ -329,6 +351,7 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
         "speed": options.samples_per_s,
         "optimizer": options.demo.trainer_optimizer,
         "learning_rate": options.trainer_learning_rate or options.demo.learning_rate,
+        "expert_learning_rate": options.demo.learning_rate,
         "slow": options.slow,
         "slow_delay_ms": options.slow_delay_ms,
         "upload_mbit": options.upload_mbit,
@@ -549,6 +572,7 @@ RECIPE = (
     ("round_samples", 64.0),
     ("optimizer", "adamw"),
     ("learning_rate", None),
+    ("expert_learning_rate", DemoOptions.learning_rate),
     ("upload_mbit", 20.0),
     ("wire", "q4z"),
     ("rule", "centered_clip"),
@@ -561,11 +585,17 @@ def recipe_of(line: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def local_key(
-    trainers: int, in_flight: int, optimizer: str, rate: float, ramp: bool = False
+    trainers: int,
+    in_flight: int,
+    optimizer: str,
+    rate: float,
+    ramp: bool = False,
+    expert_rate: float = DemoOptions.learning_rate,
 ) -> str:
     """Which local emulation a line's guard compares with (its seeds and evaluations
     are the target's, the same for every line of a summary)."""
-    return f"{trainers}x{in_flight}:{optimizer}:{rate:g}" + (":ramp" if ramp else "")
+    experts = "" if expert_rate == DemoOptions.learning_rate else f":experts {expert_rate:g}"
+    return f"{trainers}x{in_flight}:{optimizer}:{rate:g}" + (":ramp" if ramp else "") + experts
 
 
 def local_curve_of(line: dict[str, Any], curves: dict[str, Curve]) -> tuple[Curve | None, bool]:
@@ -577,11 +607,12 @@ def local_curve_of(line: dict[str, Any], curves: dict[str, Curve]) -> tuple[Curv
     ramp = bool(line.get("ramp", False))
     emulated_ramp = bool(line.get("local_same_concurrency_ramp", False))
     concurrency = (line["trainers"], line["in_flight"], line["optimizer"], line["learning_rate"])
-    ramped = local_key(*concurrency, ramp=ramp)
+    experts = line.get("expert_learning_rate", DemoOptions.learning_rate)
+    ramped = local_key(*concurrency, ramp=ramp, expert_rate=experts)
     if ramp != emulated_ramp and ramped in curves:
         return curves[ramped], False
     own = line.get("local_same_concurrency_curve")
-    return own or curves.get(local_key(*concurrency, ramp=emulated_ramp)), True
+    return own or curves.get(local_key(*concurrency, emulated_ramp, experts)), True
 
 
 def _recipe_means(
@@ -696,6 +727,7 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
                     x["optimizer"],
                     x["learning_rate"],
                     x.get("ramp", False),
+                    x.get("expert_learning_rate", DemoOptions.learning_rate),
                 )
                 local_curves[key] = [(a, b) for a, b in x["curve"]]
             local = line.get("local", local)
@@ -715,6 +747,7 @@ def print_local_curves(
             "ramp": ramp,
             "optimizer": target.optimizer,
             "learning_rate": target.learning_rate,
+            "expert_learning_rate": target.expert_learning_rate,
             "seeds": list(target.seeds),
             "eval_every": target.eval_every,
             "samples_to_target": _round(samples_to(local, target.loss)),
@@ -791,6 +824,14 @@ def main() -> None:
         help="the reference's learning rates tried; the swarm's trainers take the best",
     )
     parser.add_argument(
+        "--expert-rates",
+        type=float,
+        nargs="+",
+        default=[DemoOptions.learning_rate],
+        help="the experts' rates (Adam) the reference tries beside each of --reference-rates; "
+        "the swarm's aggregators take the best pair's (the demo's 3e-3 was never tuned)",
+    )
+    parser.add_argument(
         "--optimizer",
         choices=["adamw", "muon"],
         default="adamw",
@@ -857,9 +898,16 @@ def main() -> None:
             args.reference_rates,
             args.optimizer,
             args.eval_every,
+            args.expert_rates,
         )
         print(json.dumps({"benchmark": "swarm_scaling", "reference": reference}), flush=True)
-        base = replace(base, eval_every=args.eval_every, trainer_learning_rate=target.learning_rate)
+        base = replace(
+            base,
+            eval_every=args.eval_every,
+            trainer_learning_rate=target.learning_rate,
+            # the aggregators' rate for the experts (the manifest's), the reference's best
+            demo=replace(base.demo, learning_rate=target.expert_learning_rate),
+        )
     if args.local_only:
         if target is None:
             parser.error("--local-only needs --target-samples")

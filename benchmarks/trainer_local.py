@@ -99,10 +99,12 @@ def train(
     seed: int = 0,
     learning_rate: float | None = None,
     optimizer: TrainerOptimizerKind = "adamw",
+    expert_learning_rate: float | None = None,
 ) -> dict[str, Any]:
     """The validation loss after ``steps`` batches; with ``eval_every``, also every that
     many steps (``curve``: [samples, loss] pairs, the start's included). ``seed`` draws
-    the batches; the weights are the demo's whatever it is."""
+    the batches; the weights are the demo's whatever it is. The experts step with Adam
+    at ``expert_learning_rate`` (default: the demo's rate), as the aggregators would."""
     m, weights_seed = demo_model("byte" if codecs is not None else DemoOptions.architecture)
     model = reference_model(m, weights_seed, codecs)
     options = DemoOptions()
@@ -119,7 +121,7 @@ def train(
             optimizer=optimizer,
             # the experts as the aggregators train them: Adam at the manifest's rate,
             # whatever the trainer's
-            local_expert_rate=options.learning_rate,
+            local_expert_rate=expert_learning_rate or options.learning_rate,
         ),
     )
     curve: list[list[float]] = []

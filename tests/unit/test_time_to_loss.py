@@ -259,3 +259,25 @@ def test_the_line_carries_the_aggregators_lateness(accounts, figures):
 
     got = expert_lateness(accounts)
     assert (got["expert_versions_late"], got["contribution_age_s"], got["round_wait_s"]) == figures
+
+
+def test_the_reference_tunes_the_experts_rate_beside_the_trainers():
+    from swarm_scaling import local_key, reference_target
+
+    from core.demo import DemoOptions
+
+    # two steps of one seed: the pairs tried, the best pair's loss taken
+    target, line = reference_target(32, [1], [1e-2], "muon", 1, expert_rates=[1e-4, 3e-3])
+    tried = line["losses_by_expert_learning_rate"]
+    assert set(tried) == {"0.0001", "0.003"}
+    assert target.expert_learning_rate == line["expert_learning_rate"]
+    assert round(target.loss, 4) == min(tried.values())
+    assert line["losses_by_learning_rate"] == {"0.01": round(target.loss, 4)}
+    # the experts' rate moves the reference: a hundredth of a step less in 2 steps
+    assert tried["0.0001"] != tried["0.003"]
+    # without experts' rates, the demo's (the lines before stop 58), whose key is unchanged
+    default, _ = reference_target(32, [1], [1e-2], "muon", 1)
+    assert default.expert_learning_rate == DemoOptions.learning_rate
+    assert default.loss == pytest.approx(tried["0.003"], abs=1e-4)
+    assert local_key(1, 1, "muon", 0.01, expert_rate=DemoOptions.learning_rate) == "1x1:muon:0.01"
+    assert local_key(1, 1, "muon", 0.01, expert_rate=1.5e-3) != "1x1:muon:0.01"
