@@ -6,7 +6,7 @@ summary with the activation codec and the demo's slow-link ratio measured beside
                                        [--speed 0.125] [--wire q4z] [--skip-local]
                                        [--skip-demo] [--slow N --slow-ms 250]
                                        [--target-samples 1600 --eval-every 10]
-                                       [--optimizer muon]
+                                       [--optimizer muon] [--expert-rates 1.5e-3 3e-3]
 
 ``--runs``: configurations as volunteers:delay_ms:trainers:in_flight (default: the
 goals' sizes, 4, 16 and 32 volunteers at 100 ms); ``--grid``: every volunteers (4, 8,
@@ -28,9 +28,10 @@ trainers, they share their trainer-side layers through the aggregator
 (core/trainer/trunk.py), and the loss is their mean.
 
 Time to the same loss (``--target-samples 1600``, issue 41): first the one-process
-reference at each ``--reference-rates`` over ``--reference-seeds`` (one ``reference``
-line); L* is its mean validation loss after the target's samples at its best rate, which
-the swarm's trainers then take. Each trainer evaluates every ``--eval-every`` steps, and
+reference at each ``--reference-rates`` (and the experts' ``--expert-rates``: Adam, the
+aggregators') over ``--reference-seeds`` (one ``reference`` line); L* is its mean
+validation loss after the target's samples at its best rates, which the swarm's trainers
+and aggregators then take. Each trainer evaluates every ``--eval-every`` steps, and
 each configuration's line adds ``curve`` (samples, loss), ``samples_to_target``,
 ``sample_efficiency`` (the target's samples over those), ``scaling_efficiency``
 (utilization x that), ``seconds_to_target``, and ``same_concurrency_efficiency``: the
