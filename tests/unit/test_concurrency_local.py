@@ -64,6 +64,7 @@ def muon_curve(
         eval_every=4,
         optimizer="muon",
         learning_rate=1e-2,
+        eval_batches=2,  # the evaluations are most of a short curve's time
         ramp=ramp,
         carried=carried,
     )
@@ -86,5 +87,5 @@ def test_a_ramp_carries_one_batch_until_the_noise_scale_makes_room_for_more(corp
 
 
 def test_a_ramp_up_to_one_batch_is_one_batch_at_a_time(corpus):
-    ramped = muon_curve(corpus, 8, Arrangement(1, 1), ramp=True)
-    assert ramped == muon_curve(corpus, 8, Arrangement(1, 1))
+    ramped = muon_curve(corpus, 4, Arrangement(1, 1), ramp=True)
+    assert ramped == muon_curve(corpus, 4, Arrangement(1, 1))
