@@ -277,14 +277,18 @@ def time_to_target(
         ),
         # the swarm against the local emulation of the same concurrency: what the
         # swarm itself adds (rounds, late and dropped calls, the wire)
-        "same_concurrency_efficiency": _round(
-            None if needed is None or local_needed is None else local_needed / needed
-        ),
+        "same_concurrency_efficiency": _round(guard(needed, local_needed)),
         "local_same_concurrency_curve": _printed(local),
         # the local emulation ramped as the swarm did (lines before stop 58 did not)
         "local_same_concurrency_ramp": options.ramp,
     }
     return {**line, **scores({**line, "utilization": rate / capacity}, local)}
+
+
+def guard(needed: float | None, local_needed: float | None) -> float | None:
+    """The same-concurrency guard: the local emulation's samples to L* over the swarm's
+    (None when either never reached it)."""
+    return None if needed is None or local_needed is None else local_needed / needed
 
 
 def scores(line: dict[str, Any], local: Curve | None) -> dict[str, Any]:
@@ -303,9 +307,7 @@ def scores(line: dict[str, Any], local: Curve | None) -> dict[str, Any]:
         "local_same_concurrency_samples_to_target_smoothed": (
             None if local_needed is None else round(local_needed, 1)
         ),
-        "same_concurrency_efficiency_smoothed": _round(
-            None if needed is None or local_needed is None else local_needed / needed
-        ),
+        "same_concurrency_efficiency_smoothed": _round(guard(needed, local_needed)),
     }
 
 
@@ -599,21 +601,31 @@ def local_key(
     return f"{trainers}x{in_flight}:{optimizer}:{rate:g}" + (":ramp" if ramp else "") + experts
 
 
+def local_key_of(line: dict[str, Any], ramp: bool | None = None) -> str:
+    """``local_key`` of the concurrency a line names (a swarm line's, or a
+    ``--local-only`` line's: the same fields); ``ramp``: the line's own unless given."""
+    return local_key(
+        line["trainers"],
+        line["in_flight"],
+        line["optimizer"],
+        line["learning_rate"],
+        bool(line.get("ramp", False)) if ramp is None else ramp,
+        line.get("expert_learning_rate", DemoOptions.learning_rate),
+    )
+
+
 def local_curve_of(line: dict[str, Any], curves: dict[str, Curve]) -> tuple[Curve | None, bool]:
     """The local emulation a line's guard compares with, and whether the guard the line
     printed was of it. A line's run emulated its concurrency (ramped since stop 58):
     that emulation is its own curve, or for a line that does not carry one, ``curves``'
     of the same (deterministic) emulation. But a line that ramped while its emulation did
     not (the lines before stop 58) takes ``curves``' ramped one where given."""
-    ramp = bool(line.get("ramp", False))
     emulated_ramp = bool(line.get("local_same_concurrency_ramp", False))
-    concurrency = (line["trainers"], line["in_flight"], line["optimizer"], line["learning_rate"])
-    experts = line.get("expert_learning_rate", DemoOptions.learning_rate)
-    ramped = local_key(*concurrency, ramp=ramp, expert_rate=experts)
-    if ramp != emulated_ramp and ramped in curves:
+    ramped = local_key_of(line)
+    if bool(line.get("ramp", False)) != emulated_ramp and ramped in curves:
         return curves[ramped], False
     own = line.get("local_same_concurrency_curve")
-    return own or curves.get(local_key(*concurrency, emulated_ramp, experts)), True
+    return own or curves.get(local_key_of(line, ramp=emulated_ramp)), True
 
 
 def _recipe_means(
@@ -689,10 +701,8 @@ def time_to_loss_summary(
         local, printed = local_curve_of(x, curves)
         if printed or local is None:
             return x["scaling_efficiency"], x["same_concurrency_efficiency"]
-        local_needed = samples_to(local, x["target_loss"])
         needed = samples_to(x["curve"], x["target_loss"])
-        guard = None if needed is None or local_needed is None else local_needed / needed
-        return x["scaling_efficiency"], _round(guard)
+        return x["scaling_efficiency"], _round(guard(needed, samples_to(local, x["target_loss"])))
 
     out: dict[str, Any] = {}
     if not measured:
@@ -722,15 +732,7 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
                 lines.append(line)
             if "local_same_concurrency" in line:
                 x = line["local_same_concurrency"]
-                key = local_key(
-                    x["trainers"],
-                    x["in_flight"],
-                    x["optimizer"],
-                    x["learning_rate"],
-                    x.get("ramp", False),
-                    x.get("expert_learning_rate", DemoOptions.learning_rate),
-                )
-                local_curves[key] = [(a, b) for a, b in x["curve"]]
+                local_curves[local_key_of(x)] = [(a, b) for a, b in x["curve"]]
             local = line.get("local", local)
             demo = line.get("demo", demo)
     return summary(lines, local, demo, local_curves)
