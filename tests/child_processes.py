@@ -35,6 +35,18 @@ def node_pid(data: Path) -> int | None:
         return None
 
 
+def kill_children_running(module: str) -> None:
+    """Kill this process's descendants that run ``python -m module`` (what a test left
+    behind when it failed midway). One that ended meanwhile, or ended and waits for its
+    parent to reap it (a zombie has no command line left to read), is passed over."""
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if module in child.cmdline():
+                child.kill()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+
+
 def gone(pid: int) -> bool:
     """Whether the process ``pid`` ended (a zombie waiting for its parent counts)."""
     try:

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from app.launcher import CHILD_ENV, crashed, watch
-from tests.child_processes import gone, node_pid, stop_processes
+from tests.child_processes import gone, kill_children_running, node_pid, stop_processes
 from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +115,4 @@ def test_the_real_tray_comes_back_after_a_crash_and_goes_with_its_launcher(tmp_p
         assert "the tray crashed" in (tmp_path / "tray.log").read_text()
     finally:
         stop_processes([launcher])
-        for child in psutil.Process().children(recursive=True):
-            if "app.main" in " ".join(child.cmdline()):
-                child.kill()
+        kill_children_running("app.main")

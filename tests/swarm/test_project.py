@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -256,4 +258,39 @@ async def test_owner_status_shows_coverage_and_resumes_from_the_cache(tmp_path):
         await fetcher.fetch(prepared.signed, ["ffn0.0.0"])
         assert fetcher.stats.fetched == 0  # everything came from the volunteer's cache
         assert fetcher.stats.reused > 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_owner_status_looks_twice_before_calling_an_expert_uncovered(tmp_path, monkeypatch):
+    # a lookup whose queries all timed out (a busy computer) finds nothing: status looks
+    # again before it tells the owner that nobody serves an expert
+    from core.experts.server import ExpertServer, ServerConfig
+    from core.project.owner import project_status
+
+    prepared = prepare(small_manifest(tmp_path), OwnerKey.generate(), (), tmp_path / "owner")
+    pid = prepared.signed.project_id
+    async with (
+        open_swarm(3, validator=moehome_validator()) as swarm,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(serve_project, swarm.node(0), prepared)
+        _, backends = await join_project(
+            swarm.node(1), pid, ["ffn0.0.0", "ffn0.1.1"], data_dir=tmp_path / "v"
+        )
+        await nursery.start(ExpertServer(swarm.node(1), backends, ServerConfig(project=pid)).run)
+        dht = swarm.node(2).dht
+        real = dht.announcers
+        looked: Counter[str] = Counter()
+
+        async def first_lookup_times_out(key: str) -> dict[Any, Any]:
+            looked[key] += 1
+            return {} if looked[key] == 1 and "/expert/" in key else await real(key)
+
+        monkeypatch.setattr(dht, "announcers", first_lookup_times_out)
+        status = await project_status(swarm.node(2), pid, tmp_path / "o")
+        assert status["experts_covered"] == 2
+        assert sorted(status["uncovered"]) == ["ffn0.0.1", "ffn0.1.0"]
+        # every expert was looked up twice (nobody declared two of them), and no more
+        expert_keys = {k: n for k, n in looked.items() if "/expert/" in k}
+        assert sorted(expert_keys.values()) == [2, 2, 2, 2]
         nursery.cancel_scope.cancel()
