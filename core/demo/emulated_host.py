@@ -25,6 +25,7 @@ from core.demo.rig import node_hooks
 from core.experts.batching import Pace
 from core.experts.server import ServerConfig
 from core.namespaces import moehome_validator
+from core.project.distribution import ProjectNotFound
 from core.roles.expert_server import serve_project_experts
 from net import Identity, Peer, network_config
 from net.testing.link import EmulatedLink
@@ -35,6 +36,11 @@ LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 READY = b"ready\n"
 #: a spec longer than this is not one we wrote
 _MAX_SPEC = 1 << 20
+#: how long a volunteer looks for a manifest the swarm does not show it yet (a node's
+#: first look, core/node/options.py first_look_s) before its host gives up, and every
+#: how many seconds it looks meanwhile
+FIRST_LOOK_S = 60.0
+LOOK_AGAIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -104,9 +110,21 @@ async def serve_volunteers(nursery: trio.Nursery, spec: HostSpec) -> list[str]:
         cheats = i in spec.attacking
         answer_hook, sums_hook = node_hooks(spec.attack if cheats else None)
         config = replace(honest, answer_hook=answer_hook)
-        await serve_project_experts(
-            nursery, volunteer, spec.project, mine, data_dir, config, sums_hook=sums_hook
-        )
+        since = trio.current_time()
+        while True:
+            try:
+                await serve_project_experts(
+                    nursery, volunteer, spec.project, mine, data_dir, config, sums_hook=sums_hook
+                )
+                break
+            except ProjectNotFound as exc:
+                # a join that fails starts nothing: look again, as a node does for its
+                # first minute (32 volunteers joining at once on a loaded computer once
+                # missed the manifest, and the whole run died at its start)
+                if trio.current_time() - since >= FIRST_LOOK_S:
+                    raise
+                log.info("volunteer %d: %s; looking again in %.0f s", i, exc, LOOK_AGAIN_S)
+                await trio.sleep(LOOK_AGAIN_S)
         peers.append(str(volunteer.peer_id))
     return peers
 
