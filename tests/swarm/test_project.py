@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +21,12 @@ from core.project.joining import join_project
 from core.project.keys import KeyRotation, OwnerKey, OwnerKeyError
 from core.project.manifest import ManifestError, load_manifest
 from core.project.pins import PinStore
-from core.project.publish import prepare, serve_project
+from core.project.publish import Prepared, prepare, serve_project
 from core.project.records import project_key
 from core.project.signed import ManifestRejected, SignedManifest
 from core.project.template import write_template
 from net import BadRequest, Reply
-from net.testing import open_swarm
+from net.testing import Swarm, open_swarm
 
 
 def small_manifest(tmp_path: Path, name: str = "tiny", **edits: str) -> Path:
@@ -232,9 +234,13 @@ def _now() -> int:
     return int(time.time() * 1000)
 
 
-async def test_owner_status_shows_coverage_and_resumes_from_the_cache(tmp_path):
+@asynccontextmanager
+async def half_served_project(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Swarm, Prepared, trio.Nursery]]:
+    """A swarm of 3: node 0 publishes a project of 4 experts, node 1 serves two of them
+    (ffn0.0.0 and ffn0.1.1), node 2 is free to look."""
     from core.experts.server import ExpertServer, ServerConfig
-    from core.project.owner import project_status
 
     prepared = prepare(small_manifest(tmp_path), OwnerKey.generate(), (), tmp_path / "owner")
     pid = prepared.signed.project_id
@@ -247,6 +253,14 @@ async def test_owner_status_shows_coverage_and_resumes_from_the_cache(tmp_path):
             swarm.node(1), pid, ["ffn0.0.0", "ffn0.1.1"], data_dir=tmp_path / "v"
         )
         await nursery.start(ExpertServer(swarm.node(1), backends, ServerConfig(project=pid)).run)
+        yield swarm, prepared, nursery
+
+
+async def test_owner_status_shows_coverage_and_resumes_from_the_cache(tmp_path):
+    from core.project.owner import project_status
+
+    async with half_served_project(tmp_path) as (swarm, prepared, nursery):
+        pid = prepared.signed.project_id
         status = await project_status(swarm.node(2), pid, tmp_path / "o")
         assert status["experts_total"] == 4
         assert status["experts_covered"] == 2
@@ -264,20 +278,10 @@ async def test_owner_status_shows_coverage_and_resumes_from_the_cache(tmp_path):
 async def test_owner_status_looks_twice_before_calling_an_expert_uncovered(tmp_path, monkeypatch):
     # a lookup whose queries all timed out (a busy computer) finds nothing: status looks
     # again before it tells the owner that nobody serves an expert
-    from core.experts.server import ExpertServer, ServerConfig
     from core.project.owner import project_status
 
-    prepared = prepare(small_manifest(tmp_path), OwnerKey.generate(), (), tmp_path / "owner")
-    pid = prepared.signed.project_id
-    async with (
-        open_swarm(3, validator=moehome_validator()) as swarm,
-        trio.open_nursery() as nursery,
-    ):
-        await nursery.start(serve_project, swarm.node(0), prepared)
-        _, backends = await join_project(
-            swarm.node(1), pid, ["ffn0.0.0", "ffn0.1.1"], data_dir=tmp_path / "v"
-        )
-        await nursery.start(ExpertServer(swarm.node(1), backends, ServerConfig(project=pid)).run)
+    async with half_served_project(tmp_path) as (swarm, prepared, nursery):
+        pid = prepared.signed.project_id
         dht = swarm.node(2).dht
         real = dht.announcers
         looked: Counter[str] = Counter()
