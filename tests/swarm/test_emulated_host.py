@@ -17,6 +17,7 @@ from core.project.keys import OwnerKey
 from core.project.publish import prepare, serve_project
 from net.testing import open_swarm
 from tests.swarm.test_project import small_manifest
+from tests.waiting import eventually
 
 
 def spec_for(swarm_addrs: list[str], project: str, workdir: Path) -> HostSpec:
@@ -53,14 +54,10 @@ async def test_volunteers_look_again_for_a_manifest_published_after_they_start(
         with caplog.at_level(logging.INFO, logger="core.demo.emulated_host"):
             nursery.start_soon(volunteers)
             # the owner publishes once the first volunteer has looked and found nothing
-            with trio.fail_after(30):
-                while "looking again" not in caplog.text:
-                    await trio.sleep(0.05)
+            await eventually(lambda: "looking again" in caplog.text, 30)
             assert not served
             await nursery.start(serve_project, swarm.node(1), prepared)
-            with trio.fail_after(60):
-                while not served:
-                    await trio.sleep(0.05)
+            await eventually(lambda: served, 60)
         assert len(served) == 2  # both volunteers serve, the first after looking again
         nursery.cancel_scope.cancel()
 
