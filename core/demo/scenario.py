@@ -272,9 +272,17 @@ async def run_demo(
     # the processes' keys are made here; "created a new identity" lines are noise in a demo
     logging.getLogger("net.identity").setLevel(logging.WARNING)
     with _work_folder(options.workdir) as root, _places(options) as places:
-        swarm = Swarm(root)
+        # (in the network lab every process starts in its host's namespace)
+        swarm = Swarm(root, fork=places.lab is None)
+        summary: dict[str, Any] | None = None
         try:
-            summary = await _run(options, swarm, places, console, handle_signals)
+            async with trio.open_nursery() as nursery:
+                if handle_signals:
+                    nursery.start_soon(_stop_when_terminated, nursery.cancel_scope)
+                summary = await _run(options, swarm, places, console, handle_signals)
+                nursery.cancel_scope.cancel()
+            if summary is None:
+                raise UserFacingError("stopped by SIGTERM or SIGHUP; every process with it")
         finally:
             # before the lab goes (its namespaces take what runs inside along)
             with trio.CancelScope(shield=True):
@@ -282,6 +290,16 @@ async def run_demo(
         if options.workdir is None:  # the run's folder goes now
             keep_results(summary, data_dir() / "demo-page")
         return summary
+
+
+async def _stop_when_terminated(scope: trio.CancelScope) -> None:
+    """SIGTERM (a supervisor, ``kill``) or SIGHUP (the terminal closed) stop the demo
+    as a second Ctrl-C does: everything at once, no process left behind. (Its processes
+    run in sessions of their own: the terminal's hangup does not reach them.)"""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
 
 
 def keep_results(summary: dict[str, Any], kept: Path) -> None:

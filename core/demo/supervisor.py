@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from core.errors import UserFacingError
+from core.forkserver import ForkedProcess, ForkServer, can_fork_here
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def free_port() -> int:
 @dataclass
 class Proc:
     name: str
-    popen: subprocess.Popen[str]
+    popen: subprocess.Popen[str] | ForkedProcess
     role: str = ""
     public_key: str = ""
     lines: list[str] = field(default_factory=list)
@@ -51,12 +52,18 @@ class Proc:
 
 class Swarm:
     """The demo's processes: started in their own session (a Ctrl-C in the terminal
-    reaches only the demo, which then stops them in order), stopped on the way out."""
+    reaches only the demo, which then stops them in order), stopped on the way out.
+    ``fork``: those on this computer (no ``prefix``) are forked from a server that
+    imported torch, transformers and libp2p once (:mod:`core.forkserver`), where
+    the platform allows it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, fork: bool = True) -> None:
         self.root = root
         self.procs: list[Proc] = []
         self._log_files: list[Any] = []
+        self._fork_server = (
+            ForkServer(root / "fork-server-log.txt") if fork and can_fork_here() else None
+        )
 
     def folder(self, name: str) -> Path:
         path = self.root / name
@@ -85,16 +92,20 @@ class Swarm:
             env["OMP_NUM_THREADS"] = str(threads)
         log_file = open(folder / "log.txt", "a")  # noqa: SIM115 - closed in stop_all
         self._log_files.append(log_file)
-        cmd = [*prefix, *moehome_command(), "--data-dir", str(folder / "data"), *args]
-        popen = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
+        args = ["--data-dir", str(folder / "data"), *args]
+        popen: subprocess.Popen[str] | ForkedProcess
+        if self._fork_server is not None and not prefix:
+            popen = self._fork_server.start(args, env=env, stderr=log_file)
+        else:
+            popen = subprocess.Popen(
+                [*prefix, *moehome_command(), *args],
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
         proc = Proc(name, popen, role)
         self.procs.append(proc)
         return proc
@@ -146,5 +157,7 @@ class Swarm:
                 proc.popen.wait()
             if proc.popen.stdout is not None:
                 proc.popen.stdout.close()
+        if self._fork_server is not None:
+            self._fork_server.close()
         for f in self._log_files:
             f.close()

@@ -79,3 +79,27 @@ async def test_ctrl_c_stops_the_swarm_and_a_second_run_resumes(tmp_path):
     assert not summary["stopped_early"]
     assert summary["generated"], "the resumed run's model exported and sampled"
     assert Path(summary["page"]).is_file()
+
+
+async def test_sigterm_stops_the_demo_and_all_it_started(tmp_path):
+    # the demo's processes run in sessions of their own: a supervisor's SIGTERM (or the
+    # terminal's SIGHUP, the same path) reaches them only through the demo
+    workdir = tmp_path / "demo"
+    run = demo(workdir, "--steps", "1000", "--volunteers", "1", "--no-sample")
+    try:
+        # the swarm is starting: the fork server, the bootstrap peer, the owner (publishing)
+        # and the aggregator run
+        children: list[psutil.Process] = []
+
+        def started() -> bool:
+            children[:] = psutil.Process(run.pid).children(recursive=True)
+            return len(children) >= 4
+
+        await eventually(started, 120, step=0.2)
+        run.send_signal(signal.SIGTERM)
+        _, err = await trio.to_thread.run_sync(lambda: run.communicate(timeout=60))
+    finally:
+        stop_processes([run])
+    assert run.returncode == 1, err[-2000:]
+    assert "stopped by SIGTERM or SIGHUP" in err
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

@@ -1,0 +1,22 @@
+"""Run by tests/unit/test_forkserver.py in a process the fork server forked: it says
+what the child sees (arguments, folder, environment, session, stdin, torch's threads),
+then sleeps or exits as its arguments ask."""
+
+import json
+import os
+import sys
+import time
+
+what = {
+    "argv": sys.argv[1:],
+    "cwd": os.getcwd(),
+    "probe_value": os.environ.get("PROBE_VALUE"),
+    "own_session": os.getsid(0) == os.getpid(),
+    "stdin": sys.stdin.read(),
+    "torch_threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
+}
+print(json.dumps(what), flush=True)
+print("to the log", file=sys.stderr, flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(600)
+sys.exit(int(sys.argv[2]))
