@@ -41,10 +41,12 @@ test: lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest --durations=25
 
 # The fast tier alone (pure functions, decoders, models; no sockets, no processes): < 1 min,
-# on two workers (one process, about 65 s on 2 cores). The whole suite stays in one
-# process: its bundle build takes the idle core (tests/bundle/building.py).
+# on two workers (one process, about 65 s on 2 cores), each with one torch thread (two
+# workers of two threads each on two cores: 118 s against 95 s on a slow machine). The
+# whole suite stays in one process: its bundle build takes the idle core
+# (tests/bundle/building.py).
 test-fast:
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest tests/unit -n 2
+	OMP_NUM_THREADS=1 QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest tests/unit -n 2
 
 bundle:
 	$(BIN)/python installer/build.py
