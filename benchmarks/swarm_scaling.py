@@ -715,10 +715,35 @@ def time_to_loss_summary(
     return out
 
 
-def summarize(paths: list[Path]) -> dict[str, Any]:
+def recipe_condition(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--where``: a RECIPE key, and its value as the lines carry it
+    (a number where the key's values are numbers)."""
+    key, sep, value = text.partition("=")
+    kinds = dict(RECIPE)
+    if not sep or key not in kinds:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: KEY=VALUE with KEY one of {', '.join(k for k, _ in RECIPE)}"
+        )
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    try:
+        return key, float(value)
+    except ValueError:
+        return key, value
+
+
+def of_recipe(line: dict[str, Any], where: list[tuple[str, Any]]) -> bool:
+    """Whether a line's recipe has every ``KEY=VALUE`` of ``where`` (a key the line does
+    not carry has its RECIPE default)."""
+    defaults = dict(RECIPE)
+    return all(line.get(key, defaults[key]) == value for key, value in where)
+
+
+def summarize(paths: list[Path], where: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
     """The summary of lines this benchmark printed before (runs made apart: a run of
     every size takes most of an hour on two cores), and of ``local_same_concurrency``
-    lines (``--local-only``) for swarm lines that do not carry their local curve."""
+    lines (``--local-only``) for swarm lines that do not carry their local curve;
+    ``where``: only the swarm lines of recipes with these values (``--where``)."""
     lines, local, demo = [], None, None
     local_curves: dict[str, Curve] = {}
     for path in paths:
@@ -728,7 +753,7 @@ def summarize(paths: list[Path]) -> dict[str, Any]:
             line = json.loads(text)
             if line.get("benchmark") != "swarm_scaling" or line.get("summary"):
                 continue
-            if "volunteers" in line:
+            if "volunteers" in line and of_recipe(line, where or []):
                 lines.append(line)
             if "local_same_concurrency" in line:
                 x = line["local_same_concurrency"]
@@ -863,10 +888,19 @@ def main() -> None:
         nargs="+",
         help="print the summary of these files' lines (earlier runs' output) and stop",
     )
+    parser.add_argument(
+        "--where",
+        type=recipe_condition,
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --summarize: only the runs of recipes with these values (e.g. "
+        "expert_learning_rate=1.5e-3: one recipe's summary beside the others')",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.summarize:
-        print(json.dumps(summarize(args.summarize)), flush=True)
+        print(json.dumps(summarize(args.summarize, args.where)), flush=True)
         return
     runs = args.runs if args.runs is not None else GOALS
     if args.grid:

@@ -1,5 +1,6 @@
 """benchmarks/time_to_loss.py: where a loss curve reaches a target."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -172,6 +173,54 @@ def test_the_summary_averages_a_recipes_runs_and_takes_each_sizes_best():
     assert out["scaling_efficiency_4v"] is None
     assert out["time_to_loss_speedup_32v_vs_4v"] is None
     assert out["same_concurrency_efficiency_min"] is None
+
+
+def test_summarize_where_keeps_one_recipes_runs(tmp_path):
+    import argparse
+
+    from swarm_scaling import recipe_condition, summarize
+
+    def line(v: int, crossing: float, expert_rate: float | None) -> dict[str, Any]:
+        out = {
+            "benchmark": "swarm_scaling",
+            "volunteers": v,
+            "delay_ms": 100.0,
+            "speed": 0.125,
+            "trainers": 1,
+            "in_flight": 3,
+            "optimizer": "muon",
+            "learning_rate": 0.01,
+            "utilization": 1.0,
+            "utilization_full": 1.0,
+            "samples_per_s": v / 8,
+            "loss_ratio": 1.0,
+            "activation_bytes_ratio": 0.15,
+            "curve": log_curve(crossing),
+            "target_loss": 2.0,
+            "target_samples": 1000,
+            "scaling_efficiency": round(1000 / crossing, 3),
+            "same_concurrency_efficiency": 1.0,
+            "local_same_concurrency_curve": log_curve(1000),
+        }
+        if expert_rate is not None:
+            out["expert_learning_rate"] = expert_rate
+        return out
+
+    # the demo's rate (3e-3, not written: RECIPE's default) did better at 4 volunteers
+    lines = [line(4, 1000, None), line(4, 2000, 1.5e-3), line(32, 1250, 1.5e-3)]
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert summarize([runs])["scaling_efficiency_4v"] == pytest.approx(1.0, abs=0.01)
+    tuned = summarize([runs], [recipe_condition("expert_learning_rate=1.5e-3")])
+    assert tuned["scaling_efficiency_4v"] == pytest.approx(0.5, abs=0.01)
+    assert tuned["scaling_efficiency_32v"] == pytest.approx(0.8, abs=0.01)
+    demo_rate = summarize([runs], [recipe_condition("expert_learning_rate=0.003")])
+    assert demo_rate["scaling_efficiency_4v"] == pytest.approx(1.0, abs=0.01)
+    assert "scaling_efficiency_32v" not in demo_rate
+    both = [recipe_condition("volunteers=32"), recipe_condition("ramp=false")]
+    assert "scaling_efficiency_4v" not in summarize([runs], both)
+    with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+        recipe_condition("learning_rat=0.01")
 
 
 def test_a_ramped_line_is_compared_with_a_local_emulation_that_ramps_too():
