@@ -154,9 +154,11 @@ class ForkServer:
         stderr: IO[Any],
         cwd: Path | None = None,
         module: str = "core.cli",
+        netns: str | None = None,
     ) -> ForkedProcess:
         """``python -m <module> <args>`` forked by the server: stdout a pipe to read,
-        stderr ``stderr`` (a file), stdin /dev/null, a session of its own."""
+        stderr ``stderr`` (a file), stdin /dev/null, a session of its own; ``netns``:
+        in that named network namespace (``ip netns``'), as ``ip netns exec`` runs it."""
         read_end, write_end = os.pipe()
         child = ForkedProcess([sys.executable, "-m", module, *args], open(read_end))  # noqa: SIM115 - the caller closes it, as Popen's
         request: dict[str, Any] = {
@@ -164,6 +166,7 @@ class ForkServer:
             "module": module,
             "env": dict(env),
             "cwd": str(cwd or Path.cwd()),
+            "netns": netns,
         }
         try:
             with self._lock:
@@ -285,6 +288,8 @@ def _run_child(request: dict[str, Any], fds: list[int]) -> None:
     code = 1
     try:
         os.setsid()
+        if request.get("netns"):
+            _enter_network_namespace(request["netns"])
         stdin = os.open(os.devnull, os.O_RDONLY)
         for fd, target in ((stdin, 0), (fds[0], 1), (fds[1], 2)):
             os.dup2(fd, target)
@@ -292,9 +297,7 @@ def _run_child(request: dict[str, Any], fds: list[int]) -> None:
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
         sys.argv = list(request["argv"])
-        threads = os.environ.get("OMP_NUM_THREADS")
-        if threads and "torch" in sys.modules:  # OpenMP read it in the server already
-            sys.modules["torch"].set_num_threads(int(threads))
+        _as_a_fresh_process()
         code = _run_module(request["module"])
     except BaseException:  # noqa: BLE001 - the child's failure is told on its stderr
         traceback.print_exc()
@@ -306,6 +309,47 @@ def _run_child(request: dict[str, Any], fds: list[int]) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _as_a_fresh_process() -> None:
+    """What the server's imports settled for it, settled again for this child as a
+    process started anew would: torch's thread count (OpenMP read OMP_NUM_THREADS when
+    the server loaded it) and the seeds of torch's and numpy's default generators (a
+    fresh process draws its own; every child would otherwise draw the server's
+    numbers). Python's ``random`` reseeds itself after a fork."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads:
+            torch.set_num_threads(int(threads))
+        torch.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+#: setns(2)'s flag for a network namespace
+CLONE_NEWNET = 0x40000000
+
+
+def _enter_network_namespace(name: str) -> None:
+    """This (single-threaded, just forked) process moves into the named network
+    namespace: what ``ip netns exec`` does for the network (its remount of /sys and its
+    /etc/netns files are not needed here: nothing reads them)."""
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        setns = getattr(os, "setns", None)  # Python 3.12
+        if setns is not None:
+            setns(fd, CLONE_NEWNET)
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into {name}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
 
 
 def _run_module(module: str) -> int:

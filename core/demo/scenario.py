@@ -272,8 +272,7 @@ async def run_demo(
     # the processes' keys are made here; "created a new identity" lines are noise in a demo
     logging.getLogger("net.identity").setLevel(logging.WARNING)
     with _work_folder(options.workdir) as root, _places(options) as places:
-        # (in the network lab every process starts in its host's namespace)
-        swarm = Swarm(root, fork=places.lab is None)
+        swarm = Swarm(root)
         summary: dict[str, Any] | None = None
         try:
             async with trio.open_nursery() as nursery:

@@ -39,6 +39,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _namespace_of(prefix: Sequence[str]) -> str | None:
+    """The network namespace of a prefix that runs a command in one (the network lab's
+    ``ip netns exec NAME``: the fork server moves its child there itself); else None."""
+    words = list(prefix)
+    if len(words) == 4 and words[:3] == ["ip", "netns", "exec"]:
+        return words[3]
+    return None
+
+
 @dataclass
 class Proc:
     name: str
@@ -53,9 +62,9 @@ class Proc:
 class Swarm:
     """The demo's processes: started in their own session (a Ctrl-C in the terminal
     reaches only the demo, which then stops them in order), stopped on the way out.
-    ``fork``: those on this computer (no ``prefix``) are forked from a server that
-    imported torch, transformers and libp2p once (:mod:`core.forkserver`), where
-    the platform allows it."""
+    ``fork``: they are forked from a server that imported torch, transformers and
+    libp2p once (:mod:`core.forkserver`; a prefix other than the network lab's
+    ``ip netns exec``: started as before), where the platform allows it."""
 
     def __init__(self, root: Path, *, fork: bool = True) -> None:
         self.root = root
@@ -94,8 +103,9 @@ class Swarm:
         self._log_files.append(log_file)
         args = ["--data-dir", str(folder / "data"), *args]
         popen: subprocess.Popen[str] | ForkedProcess
-        if self._fork_server is not None and not prefix:
-            popen = self._fork_server.start(args, env=env, stderr=log_file)
+        netns = _namespace_of(prefix)
+        if self._fork_server is not None and (not prefix or netns):
+            popen = self._fork_server.start(args, env=env, stderr=log_file, netns=netns)
         else:
             popen = subprocess.Popen(
                 [*prefix, *moehome_command(), *args],

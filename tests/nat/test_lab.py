@@ -3,11 +3,15 @@ keeps or randomizes ports, lets a simultaneous open through (or not), and cleans
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
+from core.forkserver import ForkServer
 from net.testing.lab import Home, LabError, network_lab, remove_stale
 from tests.child_processes import stop_processes
 from tests.nat.probes import ask, punch, start_echo
@@ -126,3 +130,30 @@ def test_the_lab_is_removed_when_its_body_fails_and_stale_labs_are_swept():
 def test_home_names_are_checked():
     with pytest.raises(LabError, match="unique"), network_lab([], [Home("a"), Home("a")]):
         pass
+
+
+def test_the_demos_fork_server_puts_a_child_in_a_lab_hosts_namespace(tmp_path: Path) -> None:
+    # the demo with --nat forks its processes into the lab's hosts as `ip netns exec` would
+    root = Path(__file__).resolve().parents[2]
+    with network_lab(["server"], [Home("a", 1)]) as lab:
+        namespace = lab.host("a/0").namespace
+        server = ForkServer(tmp_path / "server-log.txt", preload=())
+        try:
+            with open(tmp_path / "child-log.txt", "a") as log:
+                child = server.start(
+                    ["exit", "0"],
+                    env=dict(os.environ),
+                    stderr=log,
+                    cwd=root,
+                    module="tests.forkserver_probe",
+                    netns=namespace,
+                )
+            assert child.stdout is not None
+            seen = json.loads(child.stdout.readline())
+            assert child.wait(timeout=30) == 0
+            child.stdout.close()
+        finally:
+            server.close()
+        inode = os.stat(f"/run/netns/{namespace}").st_ino
+        assert seen["network_namespace"] == f"net:[{inode}]"
+        assert seen["network_namespace"] != os.readlink("/proc/self/ns/net")

@@ -101,12 +101,12 @@ def test_a_child_does_not_outlive_a_killed_server(server, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_child_of_a_server_that_loaded_torch_takes_its_own_thread_count(tmp_path):
+def test_a_child_of_a_server_that_loaded_torch_takes_its_own_threads_and_seed(tmp_path):
     # OpenMP read the server's environment when torch loaded: the child sets its own
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     server = ForkServer(tmp_path / "server-log.txt", preload=("torch",), env=env)
     try:
-        threads = {}
+        threads, seeds = {}, []
         for wanted in ("1", ""):
             with open(os.devnull, "w") as log:
                 child = server.start(
@@ -117,10 +117,14 @@ def test_a_child_of_a_server_that_loaded_torch_takes_its_own_thread_count(tmp_pa
                     module=PROBE,
                 )
             assert child.stdout is not None
-            threads[wanted] = json.loads(child.stdout.readline())["torch_threads"]
+            seen = json.loads(child.stdout.readline())
+            threads[wanted] = seen["torch_threads"]
+            seeds.append(seen["torch_seed"])
             assert child.wait(timeout=60) == 0
             child.stdout.close()
         assert threads["1"] == 1
+        # each draws its own random numbers, as a process started anew does
+        assert seeds[0] != seeds[1]
         if (os.cpu_count() or 1) > 1:  # the server's own count where none is asked for
             assert threads[""] > 1, threads
     finally:
