@@ -9,7 +9,7 @@ process that loaded Apple's frameworks is unsafe, Windows cannot fork, a frozen 
 and the network lab (``ip netns exec``) start their processes as before.
 
 Protocol, over a SOCK_SEQPACKET pair (a message per packet, file descriptors with it):
-the demo sends ``{"id", "argv", "env", "cwd", "module"}`` with the child's stdout and
+the demo sends ``{"id", "module", "args", "env", "cwd", "netns"}`` with the child's stdout and
 stderr; the server answers ``{"id", "pid"}`` once it forked, and ``{"id", "code"}``
 when the child exited (``code`` as ``Popen.returncode``: negative for a signal). When
 the demo's end closes (the demo ended, or was killed), the server stops its children
@@ -162,8 +162,8 @@ class ForkServer:
         read_end, write_end = os.pipe()
         child = ForkedProcess([sys.executable, "-m", module, *args], open(read_end))  # noqa: SIM115 - the caller closes it, as Popen's
         request: dict[str, Any] = {
-            "argv": [module, *args],
             "module": module,
+            "args": list(args),
             "env": dict(env),
             "cwd": str(cwd or Path.cwd()),
             "netns": netns,
@@ -296,7 +296,7 @@ def _run_child(request: dict[str, Any], fds: list[int]) -> None:
             os.close(fd)
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        sys.argv = list(request["argv"])
+        sys.argv = [request["module"], *request["args"]]  # runpy puts the module's path first
         _as_a_fresh_process()
         code = _run_module(request["module"])
     except BaseException:  # noqa: BLE001 - the child's failure is told on its stderr
@@ -362,7 +362,7 @@ def _run_module(module: str) -> int:
             return 0
         if isinstance(exit_.code, int):
             return exit_.code
-        print(exit_.code, file=sys.stderr)
+        sys.stderr.write(f"{exit_.code}\n")  # as the interpreter tells sys.exit("why")
         return 1
     return 0
 

@@ -1,11 +1,11 @@
 """Run by tests/unit/test_forkserver.py in a process the fork server forked: it says
 what the child sees (arguments, folder, environment, session, stdin, torch's threads),
-then sleeps or exits as its arguments ask."""
+then waits for a signal or exits as its arguments ask."""
 
 import json
 import os
+import signal
 import sys
-import time
 
 what = {
     "argv": sys.argv[1:],
@@ -19,6 +19,6 @@ what = {
 }
 print(json.dumps(what), flush=True)
 print("to the log", file=sys.stderr, flush=True)
-if sys.argv[1] == "sleep":
-    time.sleep(600)
+if sys.argv[1] == "sleep":  # until a signal ends it (the tests send one)
+    signal.pause()
 sys.exit(int(sys.argv[2]))
