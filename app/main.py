@@ -1,7 +1,8 @@
 """Entry point of the tray app (``moehome-tray``).
 
 The tray is a client of the node's control API only: it never imports torch, trio or
-libp2p (tests/unit/test_architecture.py checks this). It starts the node as a child process
+libp2p (tests/unit/test_architecture.py checks the imports, tests/processes/test_light_commands.py
+what a real process loads). It starts the node as a child process
 and keeps it running (app/supervisor.py); a crash of the node never takes the tray down.
 """
 

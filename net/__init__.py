@@ -1,6 +1,7 @@
 """moehome's networking: libp2p host and identity, framed tensor RPC, DHT of signed records.
 
-Never imports torch, Qt, core or app (checked by tests/unit/test_architecture.py).
+Never imports torch, Qt, core or app (checked by tests/unit/test_architecture.py, and in a
+real process by tests/processes/test_light_commands.py).
 """
 
 from net._libp2p import PeerID

@@ -1,4 +1,4 @@
-"""Run by tests/unit/test_forkserver.py in a process the fork server forked: it says
+"""Run by tests/processes/test_forkserver.py in a process the fork server forked: it says
 what the child sees (arguments, folder, environment, session, stdin, torch's threads),
 then waits for a signal or exits as its arguments ask."""
 

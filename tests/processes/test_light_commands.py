@@ -1,10 +1,13 @@
-"""The light commands start without torch (1.7 s of a 3 s start on these machines): an
-owner polling ``owner status``, a volunteer's ``moehome credit``, the project page. The
-import rules (pyproject.toml) say so of the modules; this checks what real processes
-load, lazy imports included."""
+"""What real processes load, lazy imports included: the import rules of ARCHITECTURE.md
+at run time (the tray never loads torch, trio or libp2p; net never loads torch or Qt; the
+volunteer's side never loads transformers), and the light commands, which start without
+torch (1.7 s of a 3 s start on these machines): an owner polling ``owner status``, a
+volunteer's ``moehome credit``, the project page. The import rules (pyproject.toml) say so
+of the modules; tests/unit/test_architecture.py checks them statically."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,3 +74,46 @@ def test_a_light_command_runs_without_torch(tmp_path, args, module):
     imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
     assert module in imported, done.stderr[-2000:]
     assert "torch" not in imported
+
+
+def loaded_after_import(module: str) -> set[str]:
+    code = f"import json, sys; import {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return {name.split(".")[0] for name in json.loads(out.stdout)}
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        ("app.main", {"torch", "trio", "libp2p", "net", "safetensors"}),
+        # the tray's launcher stays small: it waits beside the tray for hours
+        ("app.launcher", {"PySide6", "pyqtgraph", "numpy", "torch", "trio", "core", "net"}),
+        ("app.limits", {"torch", "trio"}),  # the tray's widgets, imported on their own
+        ("app.dashboard", {"torch", "trio"}),
+        ("net", {"torch", "PySide6", "core", "app"}),
+        ("net.testing", {"torch", "PySide6", "core", "app"}),
+        ("core.cli", {"PySide6", "app", "torch"}),  # --help must stay fast: torch loads lazily
+        ("core.control", {"torch", "trio", "libp2p", "net", "PySide6"}),  # the tray's client
+    ],
+)
+def test_modules_loaded_at_run_time(module, forbidden):
+    assert not loaded_after_import(module) & forbidden
+
+
+def test_the_volunteer_side_never_loads_transformers():
+    code = (
+        "import sys; import core.experts.registry, core.experts.backend, core.node.node; "
+        "print('transformers' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
