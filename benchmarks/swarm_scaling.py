@@ -398,6 +398,9 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
         "reference_loss": round(reference, 4),
         "loss_ratio": round(loss / reference, 4),
         "seconds": round(out["seconds"], 1),
+        # what the DHT cost, per volunteer and second (and per other peer): requests
+        # sent and answered, and the volunteers' own gets and puts by namespace
+        "dht": out["dht"],
         **reached,
     }
 

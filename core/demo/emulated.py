@@ -20,16 +20,25 @@ capacity the trainers' scheduling turns into trained samples.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from core.demo.emulated_host import HostSpec, serve_volunteers, start_host, start_peer
+from core.demo.emulated_host import (
+    HostSpec,
+    dht_statistics_path,
+    serve_volunteers,
+    start_host,
+    start_peer,
+    summed_dht_statistics,
+)
 from core.demo.options import DemoOptions
 from core.demo.scenario import demo_k_best, demo_manifest
 from core.experts import records as expert_records
@@ -39,6 +48,7 @@ from core.roles.aggregator import aggregate
 from core.trainer.data import STDLIB, load_corpus
 from core.trainer.events import Evaluated, TrainerEvent, TrainingProgressed
 from core.trainer.train import TrainerOptions, train_on
+from net import Peer
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +183,7 @@ async def run_emulated(
             for h in range(hosts)
         ]
         volunteers: list[str] = []  # peer ids, in volunteer order
+        in_process: list[Peer] = []  # the volunteers' peers, when they run here
         if options.volunteer_processes > 0:
             hosted: dict[int, list[str]] = {}
 
@@ -185,7 +196,7 @@ async def run_emulated(
             # volunteer v is on host v % hosts, its index there v // hosts
             volunteers = [hosted[v % hosts][v // hosts] for v in range(options.volunteers)]
         else:
-            volunteers = await serve_volunteers(nursery, specs[0])
+            volunteers = await serve_volunteers(nursery, specs[0], in_process)
         if report is not None:
             report({"event": "swarm", "volunteers": options.volunteers, "project": project})
         steps = max(1, options.samples // (options.batch_size * options.trainers))
@@ -235,8 +246,20 @@ async def run_emulated(
         async with trio.open_nursery() as trainers_nursery:
             for i in range(options.trainers):
                 trainers_nursery.start_soon(trainer, i)
+        elapsed = time.monotonic() - started
+        ours = [boot, aggregator, owner, *trainers]
+        dht = {
+            "volunteers": (
+                volunteers_dht([dht_statistics_path(workdir, s.host) for s in specs])
+                if options.volunteer_processes > 0
+                else dht_rates(summed_dht_statistics(in_process), len(in_process) * elapsed)
+            ),
+            # the bootstrap peer, the aggregator, the owner and the trainers, each
+            "others": dht_rates(summed_dht_statistics(ours), len(ours) * elapsed),
+        }
         nursery.cancel_scope.cancel()
     return {
+        "dht": dht,
         "samples": sum(s["samples"] for s in summaries),
         "samples_per_s": steady_rate(progress),
         "seconds": time.monotonic() - started,
@@ -245,6 +268,50 @@ async def run_emulated(
         "attackers": volunteers[: options.attackers],
         "slow": [volunteers[v] for v in slow],
     }
+
+
+def dht_rates(figures: Mapping[str, Any], peer_seconds: float) -> dict[str, Any]:
+    """DHT statistics (``DhtStatistics.as_dict``, summed over peers) per peer and second,
+    over ``peer_seconds`` (peers x seconds): requests sent and answered, by method, and
+    the peers' own gets and puts by the keys' namespace."""
+    if peer_seconds <= 0:
+        return {}
+
+    def rate(n: float) -> float:
+        return round(n / peer_seconds, 3)
+
+    def by(name: str) -> dict[str, float]:
+        counts: Mapping[str, float] = figures.get(name) or {}
+        return {k.removeprefix("dht."): rate(v) for k, v in sorted(counts.items())}
+
+    return {
+        "sent_per_s": rate(sum((figures.get("sent_by_method") or {}).values())),
+        "served_per_s": rate(sum((figures.get("served_by_method") or {}).values())),
+        "sent_by_method_per_s": by("sent_by_method"),
+        "gets_per_s": by("gets_by_namespace"),
+        "puts_per_s": by("puts_by_namespace"),
+        "failed_per_s": rate(figures.get("queries_failed", 0)),
+    }
+
+
+def volunteers_dht(paths: Sequence[Path]) -> dict[str, Any]:
+    """The volunteer hosts' DHT statistics (core/demo/emulated_host.py writes them every
+    few seconds) per volunteer and second; a host whose file is missing or unreadable is
+    left out."""
+    total: dict[str, Any] = {}
+    peer_seconds = 0.0
+    for path in paths:
+        try:
+            figures = json.loads(path.read_text())
+            peer_seconds += float(figures.pop("peers")) * float(figures.pop("seconds"))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        for name, value in figures.items():
+            if isinstance(value, dict):
+                total[name] = dict(Counter(total.get(name, {})) + Counter(value))
+            else:
+                total[name] = total.get(name, 0) + value
+    return dht_rates(total, peer_seconds)
 
 
 def steady_rate(progress: list[tuple[float, int]], skip: float = 0.2) -> float:

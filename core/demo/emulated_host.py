@@ -13,11 +13,15 @@ from __future__ import annotations
 import json
 import logging
 import operator
+import os
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -41,6 +45,8 @@ _MAX_SPEC = 1 << 20
 #: how many seconds it looks meanwhile
 FIRST_LOOK_S = 60.0
 LOOK_AGAIN_S = 2.0
+#: how often a host writes its volunteers' DHT statistics (``dht_statistics_path``)
+DHT_STATISTICS_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -98,14 +104,18 @@ async def start_peer(
     return peer
 
 
-async def serve_volunteers(nursery: trio.Nursery, spec: HostSpec) -> list[str]:
+async def serve_volunteers(
+    nursery: trio.Nursery, spec: HostSpec, started: list[Peer] | None = None
+) -> list[str]:
     """Start the spec's volunteers in ``nursery``; returns their peer ids once each
-    serves."""
+    serves (their peers appended to ``started``, for their statistics)."""
     honest = spec.server_config()
     peers = []
     for i, mine in enumerate(spec.experts):
         delay = spec.slow_delay if i in spec.slow else spec.delay
         volunteer = await start_peer(nursery, spec.bootstrap, link=(delay, spec.upload))
+        if started is not None:
+            started.append(volunteer)
         data_dir = Path(spec.workdir) / f"host{spec.host}" / f"volunteer{i}"
         cheats = i in spec.attacking
         answer_hook, sums_hook = node_hooks(spec.attack if cheats else None)
@@ -148,9 +158,50 @@ async def start_host(nursery: trio.Nursery, spec: HostSpec) -> list[str]:
     return [str(p) for p in peers]
 
 
+def dht_statistics_path(workdir: str | Path, host: int) -> Path:
+    """Where host ``host`` writes its volunteers' DHT statistics, summed."""
+    return Path(workdir) / f"host{host}" / "dht.json"
+
+
+def summed_dht_statistics(peers: Sequence[Peer]) -> dict[str, Any]:
+    """The DHT statistics (net/dht/node.py ``DhtStatistics``) of ``peers``, summed."""
+    total: dict[str, Any] = {}
+    for peer in peers:
+        for name, value in peer.dht.statistics().as_dict().items():
+            if isinstance(value, dict):
+                total[name] = dict(Counter(total.get(name, {})) + Counter(value))
+            else:
+                total[name] = total.get(name, 0) + value
+    return total
+
+
+async def write_dht_statistics(
+    peers: Sequence[Peer], path: Path, since: float, every: float = DHT_STATISTICS_EVERY_S
+) -> None:
+    """Every ``every`` seconds, ``peers``' DHT statistics, summed, with how many peers
+    and the seconds since ``since`` (trio time): what the host's volunteers' DHT cost
+    (the host is killed at the run's end; its last file is at most ``every`` old)."""
+    while True:
+        await trio.sleep(every)
+        figures = {
+            "peers": len(peers),
+            "seconds": trio.current_time() - since,
+            **summed_dht_statistics(peers),
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial_file = path.with_suffix(".json.partial")
+        partial_file.write_text(json.dumps(figures))
+        os.replace(partial_file, path)
+
+
 async def _host(spec: HostSpec) -> None:
+    since = trio.current_time()
+    volunteers: list[Peer] = []
     async with trio.open_nursery() as nursery:
-        peers = await serve_volunteers(nursery, spec)
+        peers = await serve_volunteers(nursery, spec, volunteers)
+        nursery.start_soon(
+            write_dht_statistics, volunteers, dht_statistics_path(spec.workdir, spec.host), since
+        )
         sys.stdout.buffer.write(json.dumps(peers).encode() + b"\n" + READY)
         sys.stdout.flush()
 

@@ -28,7 +28,13 @@ import trio
 
 from net._libp2p import PeerID
 from net.codec import pack, unpack_bounded
-from net.dht.records import NamespacedValidator, RecordRejected, SignedRecord, sign_record
+from net.dht.records import (
+    NamespacedValidator,
+    RecordRejected,
+    SignedRecord,
+    namespace_of,
+    sign_record,
+)
 from net.dht.routing import Contact, RoutingTable, key_id_of, node_id_of
 from net.dht.store import RecordStore, StoreLimits
 from net.identity import Identity
@@ -104,6 +110,34 @@ class DhtStatistics:
     queries_sent: int = 0
     queries_failed: int = 0
     records_refused: dict[str, int] = field(default_factory=dict)
+    #: requests sent and answered, by method (dht.find, dht.get, dht.store): what a
+    #: node's DHT costs it, both ways
+    sent_by_method: Counter[str] = field(default_factory=Counter)
+    served_by_method: Counter[str] = field(default_factory=Counter)
+    #: this node's own gets and puts, by the key's namespace (version, expert, peer...):
+    #: who the DHT's work is for
+    gets_by_namespace: Counter[str] = field(default_factory=Counter)
+    puts_by_namespace: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "lookups": self.lookups,
+            "queries_sent": self.queries_sent,
+            "queries_failed": self.queries_failed,
+            "records_refused": dict(self.records_refused),
+            "sent_by_method": dict(self.sent_by_method),
+            "served_by_method": dict(self.served_by_method),
+            "gets_by_namespace": dict(self.gets_by_namespace),
+            "puts_by_namespace": dict(self.puts_by_namespace),
+        }
+
+
+def _namespace(key: str) -> str:
+    """A key's namespace for the statistics (``?`` for a key no rule would take)."""
+    try:
+        return namespace_of(key)
+    except RecordRejected:
+        return "?"
 
 
 def _now_ms() -> int:
@@ -216,6 +250,7 @@ class DhtNode:
 
     async def put_record(self, record: SignedRecord) -> int:
         self.validator.validate(record, self._clock_ms())  # our own mistakes fail loudly here
+        self.stats.puts_by_namespace[_namespace(record.key)] += 1
         self.store.put(record, self._clock_ms())
         lookup = await self._lookup(key_id_of(record.key), width=self.config.replicas)
         stored, errors = await self._store_on(lookup.closest[: self.config.replicas], [record])
@@ -256,6 +291,7 @@ class DhtNode:
 
     async def get(self, key: str) -> list[SignedRecord]:
         """Every live, verified record under ``key`` (one per author), newest first."""
+        self.stats.gets_by_namespace[_namespace(key)] += 1
         found: dict[bytes, SignedRecord] = {}
         await self._merge(self.store.get(key, self._clock_ms()), key, found)
         target = key_id_of(key)
@@ -399,6 +435,7 @@ class DhtNode:
     ) -> Reply:
         """One DHT request; updates the routing table with the outcome."""
         self.stats.queries_sent += 1
+        self.stats.sent_by_method[method] += 1
         full_meta = dict(meta)
         full_meta["addrs"] = self.host.announce_addrs() if self.config.server_mode else []
         tensors = (_records_tensor(records),) if records else ()
@@ -463,6 +500,7 @@ class DhtNode:
 
     async def _handle_find(self, ctx: CallContext) -> Reply:
         self._require_server()
+        self.stats.served_by_method[FIND] += 1
         target = ctx.request.meta.get("target")
         if not isinstance(target, bytes) or len(target) != 32:
             raise BadRequest("target must be 32 bytes")
@@ -471,6 +509,7 @@ class DhtNode:
 
     async def _handle_get(self, ctx: CallContext) -> Reply:
         self._require_server()
+        self.stats.served_by_method[GET] += 1
         key = ctx.request.meta.get("key")
         if not isinstance(key, str) or len(key) > 256:
             raise BadRequest("key must be a string of at most 256 characters")
@@ -481,6 +520,7 @@ class DhtNode:
 
     async def _handle_store(self, ctx: CallContext) -> Reply:
         self._require_server()
+        self.stats.served_by_method[STORE] += 1
         self._note_sender(ctx)
         items = self._decode_record_list(ctx.request.tensors)
         # a signature check each: a source's rate is taken before any is checked

@@ -130,6 +130,44 @@ async def test_newest_record_of_an_author_wins_and_authors_are_deduplicated():
         }
 
 
+async def test_the_statistics_count_requests_both_ways_and_gets_and_puts_by_namespace():
+    def quiet(i: int) -> PeerConfig:  # no refresh meanwhile: every request is the test's
+        return PeerConfig(dht=DhtConfig(refresh_interval=3600))
+
+    async with open_swarm(6, quiet) as swarm:
+        writer, reader = swarm.node(1), swarm.node(4)
+        others = [p for p in swarm.peers if p is not writer and p is not reader]
+        sent_before = sum(p.dht.statistics().queries_sent for p in swarm.peers)
+        served_before = sum(sum(p.dht.statistics().served_by_method.values()) for p in swarm.peers)
+        replicas = await writer.dht.put("/moehome/demo/counted", b"once", ttl=60)
+        assert [r.value for r in await reader.dht.get("/moehome/demo/counted")] == [b"once"]
+        w, r = writer.dht.statistics(), reader.dht.statistics()
+        assert w.puts_by_namespace["demo"] == 1
+        assert r.gets_by_namespace["demo"] == 1
+        assert "demo" not in w.gets_by_namespace
+        assert "demo" not in r.puts_by_namespace
+        # the put asked where to store and stored on each replica; the get asked for it
+        assert w.sent_by_method["dht.store"] == replicas
+        assert w.sent_by_method["dht.find"] >= 1
+        assert r.sent_by_method["dht.get"] >= 1
+        assert w.queries_sent == sum(w.sent_by_method.values())
+        # every request sent was answered by one of the others (none failed here)
+        sent = sum(p.dht.statistics().queries_sent for p in swarm.peers) - sent_before
+        served = (
+            sum(sum(p.dht.statistics().served_by_method.values()) for p in swarm.peers)
+            - served_before
+        )
+        assert sum(p.dht.statistics().queries_failed for p in swarm.peers) == 0
+        assert served == sent > 0
+        assert (
+            sum(p.dht.statistics().served_by_method["dht.store"] for p in [*others, reader])
+            == replicas
+        )
+        figures = w.as_dict()
+        assert figures["puts_by_namespace"] == {"demo": 1}
+        assert figures["sent_by_method"]["dht.store"] == replicas
+
+
 async def test_an_expired_record_disappears():
     async with open_swarm(4) as swarm:
         await swarm.node(1).dht.put("/moehome/demo/short", b"soon gone", ttl=1.0)
