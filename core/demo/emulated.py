@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +32,7 @@ import trio
 
 from core.demo.emulated_host import (
     HostSpec,
+    add_dht_statistics,
     dht_statistics_path,
     serve_volunteers,
     start_host,
@@ -306,11 +306,7 @@ def volunteers_dht(paths: Sequence[Path]) -> dict[str, Any]:
             peer_seconds += float(figures.pop("peers")) * float(figures.pop("seconds"))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        for name, value in figures.items():
-            if isinstance(value, dict):
-                total[name] = dict(Counter(total.get(name, {})) + Counter(value))
-            else:
-                total[name] = total.get(name, 0) + value
+        add_dht_statistics(total, figures)
     return dht_rates(total, peer_seconds)
 
 

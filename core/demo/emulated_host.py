@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -163,15 +163,20 @@ def dht_statistics_path(workdir: str | Path, host: int) -> Path:
     return Path(workdir) / f"host{host}" / "dht.json"
 
 
+def add_dht_statistics(total: dict[str, Any], figures: Mapping[str, Any]) -> None:
+    """Add ``figures`` (``DhtStatistics.as_dict``: counts, and counts by name) to ``total``."""
+    for name, value in figures.items():
+        if isinstance(value, dict):
+            total[name] = dict(Counter(total.get(name, {})) + Counter(value))
+        else:
+            total[name] = total.get(name, 0) + value
+
+
 def summed_dht_statistics(peers: Sequence[Peer]) -> dict[str, Any]:
     """The DHT statistics (net/dht/node.py ``DhtStatistics``) of ``peers``, summed."""
     total: dict[str, Any] = {}
     for peer in peers:
-        for name, value in peer.dht.statistics().as_dict().items():
-            if isinstance(value, dict):
-                total[name] = dict(Counter(total.get(name, {})) + Counter(value))
-            else:
-                total[name] = total.get(name, 0) + value
+        add_dht_statistics(total, peer.dht.statistics().as_dict())
     return total
 
 
