@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import operator
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -28,6 +27,7 @@ import trio
 from core.demo.rig import node_hooks
 from core.experts.batching import Pace
 from core.experts.server import ServerConfig
+from core.files import replace_file
 from core.namespaces import moehome_validator
 from core.project.distribution import ProjectNotFound
 from core.roles.expert_server import serve_project_experts
@@ -193,10 +193,7 @@ async def write_dht_statistics(
             "seconds": trio.current_time() - since,
             **summed_dht_statistics(peers),
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial_file = path.with_suffix(".json.partial")
-        partial_file.write_text(json.dumps(figures))
-        os.replace(partial_file, path)
+        replace_file(path, json.dumps(figures))
 
 
 async def _host(spec: HostSpec) -> None:
