@@ -36,7 +36,12 @@ from core.protocol.credit import CREDIT, CreditStatement
 from core.protocol.evaluations import EVALUATION, EVALUATIONS, MAX_POINTS_PER_REPLY, EvaluationPoint
 from core.protocol.refusals import SLOW_DOWN, Refusal, is_offence
 from core.protocol.signed_report import SignedReport
-from core.protocol.versions import version_key
+from core.protocol.versions import (
+    CURRENT_VERSIONS,
+    parse_versions_ask,
+    version_key,
+    versions_answer,
+)
 from net import (
     BadRequest,
     CallContext,
@@ -46,6 +51,7 @@ from net import (
     RemoteError,
     Reply,
     RequestHead,
+    Tensor,
     Unavailable,
 )
 from net.codec import pack
@@ -111,6 +117,7 @@ class AggregatorService:
         peer.rpc.register(EVALUATION, self._evaluation)
         peer.rpc.register(EVALUATIONS, self._evaluations)
         peer.rpc.register(REFEREE, self._referee)
+        peer.rpc.register(CURRENT_VERSIONS, self._current_versions)
         self._trainers = frozenset(peer_id_from_public_key(k) for k in core.settings.trainers)
         # a referee's recomputations, one at a time beside the rounds
         self._refereeing = trio.CapacityLimiter(1)
@@ -182,6 +189,19 @@ class AggregatorService:
             )
         except DhtError as exc:
             log.info("could not announce the version of %s: %s", uid, exc)
+
+    async def _current_versions(self, ctx: CallContext) -> Reply:
+        """The records last announced of the experts asked (those this aggregator holds):
+        what the DHT holds under their keys, for one request instead of a lookup each."""
+        try:
+            project, uids = parse_versions_ask(ctx.request.meta)
+        except MessageError as exc:
+            raise BadRequest(str(exc)) from exc
+        records = {}
+        if project == self.core.settings.project:
+            records = {u: self._announced[u][1] for u in uids if u in self._announced}
+        blob = versions_answer(records)
+        return Reply({}, (Tensor("uint8", (len(blob),), blob),))
 
     def _export(self, uid: str) -> FileEntry:
         assert self.store is not None

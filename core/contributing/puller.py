@@ -1,11 +1,12 @@
-"""Volunteers pull new versions: an aggregator says in the DHT which version of an
-expert is current (a record it signs, from a key the manifest lists), the weights' chunks
-are fetched from it, checked against the record, and swapped in between batches."""
+"""Volunteers pull new versions: an aggregator says which version of an expert is current
+(a record in the DHT it signs, from a key the manifest lists, and the same record asked
+of it directly: core/project/versions.py's VersionFinder), the weights' chunks are
+fetched from it, checked against the record, and swapped in between batches."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -15,7 +16,7 @@ from core.experts.registry import build_expert
 from core.experts.weights import load_weights_bytes
 from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
-from core.project.versions import VersionRecord, fetch_version, newest_version
+from core.project.versions import VersionFinder, VersionRecord, fetch_version
 from net import Peer
 
 log = logging.getLogger(__name__)
@@ -30,20 +31,25 @@ class WeightsPuller:
         peer: Peer,
         project: str,
         backends: Mapping[str, ExpertBackend],
-        aggregator_keys: Collection[bytes],
+        aggregator_keys: Sequence[bytes],
         store: ChunkStore,
         device: trio.CapacityLimiter,
         *,
         before_swap: Callable[[str], Awaitable[None]] | None = None,
         after_swap: Callable[[str], Awaitable[None]] | None = None,
         interval: float = 10.0,
+        assignment: Mapping[str, int] | None = None,
     ) -> None:
+        """``aggregator_keys``: the manifest's, in its order; ``assignment``: its experts
+        to aggregators (core/project/assignment.py), whom their versions are asked of."""
         from net.identity import peer_id_from_public_key
 
         self.peer = peer
         self.project = project
         self.backends = backends
-        self.allowed = {str(peer_id_from_public_key(k)) for k in aggregator_keys}
+        self.finder = VersionFinder(
+            peer, project, [peer_id_from_public_key(k) for k in aggregator_keys], assignment
+        )
         self.fetcher = WeightsFetcher(peer, store)
         self.device = device
         self.before_swap = before_swap  # e.g. send what was accumulated on the old version
@@ -73,13 +79,7 @@ class WeightsPuller:
             else:
                 due = self._nudged | {u for u, (at, _) in self._expected.items() if at <= now}
             self._nudged = set()
-            for uid in [u for u in self.backends if u in due]:
-                pulled = False
-                try:
-                    pulled = await self.check(uid)
-                except FetchError as exc:
-                    log.info("could not pull a new version of %s: %s", uid, exc)
-                self._looked(uid, pulled)
+            await self._look([u for u in self.backends if u in due])
             with trio.move_on_at(min([next_all, *(at for at, _ in self._expected.values())])):
                 await self._wake.wait()
             self._wake = trio.Event()
@@ -111,13 +111,28 @@ class WeightsPuller:
         else:
             self._expected[uid] = (now + EXPECT_EVERY_S, expected[1])
 
+    async def _look(self, uids: list[str]) -> None:
+        """Pull the newer versions of ``uids`` there are (their records asked together)."""
+        if not uids:
+            return
+        records = await self.finder.newest(uids)
+        for uid in uids:
+            pulled = False
+            try:
+                pulled = await self._pull(uid, records[uid])
+            except FetchError as exc:
+                log.info("could not pull a new version of %s: %s", uid, exc)
+            self._looked(uid, pulled)
+
     async def newest(self, uid: str) -> VersionRecord | None:
-        return await newest_version(self.peer, self.project, uid, self.allowed)
+        return (await self.finder.newest([uid]))[uid]
 
     async def check(self, uid: str) -> bool:
         """Pull and swap in a newer version of ``uid`` if there is one. True if it did."""
+        return await self._pull(uid, await self.newest(uid))
+
+    async def _pull(self, uid: str, record: VersionRecord | None) -> bool:
         backend = self.backends[uid]
-        record = await self.newest(uid)
         if record is None or record.version <= backend.version:
             return False
         blob = await fetch_version(self.fetcher, record)

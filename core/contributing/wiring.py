@@ -40,6 +40,7 @@ async def start_contributing(
     if not keys:
         log.warning("project %s lists no aggregators: gradients are not sent anywhere", project)
         return None
+    assignment = expert_assignment(manifest)
     sender: ContributionSender = await nursery.start(
         ContributionSender(
             peer,
@@ -58,7 +59,7 @@ async def start_contributing(
             ),
             on_result=on_result,
             sums_hook=sums_hook,
-            assignment=expert_assignment(manifest),
+            assignment=assignment,
         ).run
     )
     puller = WeightsPuller(
@@ -71,6 +72,7 @@ async def start_contributing(
         before_swap=sender.flush,
         after_swap=server.announce_now,
         interval=pull_interval(manifest.training.round_seconds),
+        assignment=assignment,
     )
     await nursery.start(puller.run)
     sender.on_stale = puller.nudge

@@ -21,10 +21,11 @@ from torch import nn
 
 from core.experts.registry import ExpertSpec, build_expert
 from core.experts.weights import WeightsError, load_weights_bytes, weights_hash
+from core.project.assignment import expert_assignment
 from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
 from core.project.signed import SignedManifest
-from core.project.versions import VersionRecord, fetch_version, newest_version
+from core.project.versions import VersionFinder, VersionRecord, fetch_version
 from net import Peer
 from net.identity import peer_id_from_public_key
 
@@ -42,8 +43,8 @@ class PublishedWeights:
     ``interval`` and remembers the last ``history`` of each, so that an older version's
     file can still be fetched (aggregators keep the chunks) when one of its answers is
     drawn. Only audited versions are downloaded. The watched experts are the
-    ``max_watched`` most recently audited (at first, the manifest's first ones): one DHT
-    lookup each per ``interval``."""
+    ``max_watched`` most recently audited (at first, the manifest's first ones), asked of
+    their aggregators together each ``interval`` (core/project/versions.py)."""
 
     def __init__(
         self,
@@ -63,7 +64,12 @@ class PublishedWeights:
         keys = aggregator_keys
         if keys is None:
             keys = [bytes.fromhex(a.key) for a in signed.manifest.aggregators]
-        self.allowed = {str(peer_id_from_public_key(k)) for k in keys}
+        self.finder = VersionFinder(
+            peer,
+            signed.project_id,
+            [peer_id_from_public_key(k) for k in keys],
+            expert_assignment(signed.manifest),
+        )
         self.fetcher = WeightsFetcher(peer, store)
         self.max_bytes = max_bytes
         self.interval = interval
@@ -108,25 +114,25 @@ class PublishedWeights:
     async def watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            for uid in list(self._watched):
-                await self._look(uid)
+            await self._look(list(self._watched))
             await trio.sleep(self.interval)
 
-    async def _look(self, uid: str) -> VersionRecord | None:
-        """The newest announced record of ``uid``, remembered with the last few."""
-        record = await newest_version(self.peer, self.signed.project_id, uid, self.allowed)
-        if record is not None:
-            seen = self._records.setdefault(uid, {})
-            seen[record.version] = record
-            for old in sorted(seen)[: -self.history]:
-                del seen[old]
-        return record
+    async def _look(self, uids: list[str]) -> dict[str, VersionRecord | None]:
+        """The newest announced records of ``uids``, remembered with the last few."""
+        records = await self.finder.newest(uids)
+        for uid, record in records.items():
+            if record is not None:
+                seen = self._records.setdefault(uid, {})
+                seen[record.version] = record
+                for old in sorted(seen)[: -self.history]:
+                    del seen[old]
+        return records
 
     async def newest(self, uid: str) -> tuple[int, nn.Module]:
         """The newest announced version of ``uid`` and its weights (the owner's initial
         file when no aggregator announced one), checked as ``module``'s are; whatever
         the memory budget (export takes every expert, one at a time)."""
-        record = await self._look(uid)
+        record = (await self._look([uid]))[uid]
         if record is not None:
             blob = await fetch_version(self.fetcher, record)
             module, _ = await trio.to_thread.run_sync(self._load, blob)
@@ -172,7 +178,7 @@ class PublishedWeights:
         seen = self._records.get(uid, {})
         record = seen.get(version)
         if record is None and (not seen or version > max(seen)):
-            newest = await self._look(uid)
+            newest = (await self._look([uid]))[uid]
             record = newest if newest is not None and newest.version == version else None
         if record is not None:
             blob = await fetch_version(self.fetcher, record)

@@ -18,7 +18,7 @@ from core.project.assignment import expert_assignment
 from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
 from core.project.signed import SignedManifest
-from core.project.versions import VersionRecord, fetch_version, newest_version
+from core.project.versions import VersionFinder, VersionRecord, fetch_version
 from core.protocol.aggregator_methods import CONTRIBUTE, responsible_aggregator
 from core.protocol.contributions import TRUNK_UID, Contribution, ParamSpec, Receipt
 from core.trainer.session import TrainingSession
@@ -41,11 +41,11 @@ class TrunkSharing:
         self.signed = signed
         self.session = session
         self.sync = TrunkSync(m.training.trunk.sync_every, session.trunk_weights())
-        keys = [bytes.fromhex(a.key) for a in m.aggregators]
-        self.aggregator = responsible_aggregator(
-            TRUNK_UID, [peer_id_from_public_key(k) for k in keys], expert_assignment(m)
-        )
-        self.allowed = {str(peer_id_from_public_key(k)) for k in keys}
+        aggregators = [peer_id_from_public_key(bytes.fromhex(a.key)) for a in m.aggregators]
+        assignment = expert_assignment(m)
+        self.aggregator = responsible_aggregator(TRUNK_UID, aggregators, assignment)
+        #: the trunk's versions, asked of its aggregator (the DHT when it does not answer)
+        self.finder = VersionFinder(peer, signed.project_id, aggregators, assignment)
         self.fetcher = WeightsFetcher(peer, ChunkStore(store))
         #: changes sent and taken, versions rebased onto
         self.sent = 0
@@ -71,9 +71,7 @@ class TrunkSharing:
             if self.sync.due():
                 await self._send()
             try:
-                record = await newest_version(
-                    self.peer, self.signed.project_id, TRUNK_UID, self.allowed
-                )
+                record = (await self.finder.newest([TRUNK_UID]))[TRUNK_UID]
                 if record is not None and self.sync.may_rebase(record.version):
                     await self._rebase(record)
             except (FetchError, WeightsError) as exc:

@@ -43,7 +43,7 @@ from core.project.manifest import Manifest, ModelSection
 from core.project.owner import aggregator_statistics, why_experts_wait
 from core.project.pins import PinStore
 from core.project.signed import SignedManifest
-from core.project.versions import newest_version, pull_interval
+from core.project.versions import VersionFinder, pull_interval
 from core.protocol.aggregator_methods import responsible_aggregator
 from core.trainer.batches import (
     Batches,
@@ -421,10 +421,15 @@ async def train_on(
         # the layers' finders serve expired lookups while they look again behind them
         for finder in {id(m.finder): m.finder for m in session.mixtures()}.values():
             await nursery.start(finder.keep_fresh)
-        allowed = {str(p) for p in aggregator_peers(peer, signed.manifest)}
+        versions = VersionFinder(
+            peer,
+            signed.project_id,
+            aggregator_peers(peer, signed.manifest),
+            expert_assignment(signed.manifest),
+        )
 
         async def newest(uid: str) -> int | None:
-            record = await newest_version(peer, signed.project_id, uid, allowed)
+            record = (await versions.newest([uid]))[uid]
             return None if record is None else record.version
 
         async def stalled() -> frozenset[str]:
