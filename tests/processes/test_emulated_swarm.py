@@ -79,11 +79,11 @@ async def test_two_trainers_share_the_trunk_and_volunteers_and_route_around_slow
     near = sum(answers.values()) - far
     assert near > 5 * far, (out["slow"], answers)
     # what the DHT cost each volunteer (its host wrote its figures) and each other
-    # peer: requests both ways, and the volunteers' own lookups of the experts' versions
+    # peer: requests both ways, and the volunteers' declarations of their experts (their
+    # versions are asked of the aggregator: tests/swarm/test_version_finder.py)
     volunteers, others = out["dht"]["volunteers"], out["dht"]["others"]
     assert volunteers["sent_per_s"] > 0, out["dht"]
     assert volunteers["served_per_s"] > 0, out["dht"]
-    assert volunteers["gets_per_s"]["version"] > 0, out["dht"]
     assert volunteers["puts_per_s"]["expert"] > 0, out["dht"]
     assert others["served_per_s"] > 0, out["dht"]
     # the host processes went with the swarm
