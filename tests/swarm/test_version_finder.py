@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -91,7 +92,7 @@ async def test_an_expert_the_aggregator_does_not_hold_is_looked_up_in_the_dht(tm
         assert (finder.stats.from_aggregators, finder.stats.dht_lookups) == (1, 1)
 
 
-MALFORMED = [
+MALFORMED: list[dict[str, Any]] = [
     {},
     {"project": PROJECT},
     {"project": PROJECT, "uids": "ffn0.0"},
