@@ -13,8 +13,10 @@ from typing import Any
 
 import trio
 
+from core.project.assignment import expert_assignment
 from core.project.chunks import sha256_hex
-from core.project.distribution import FetchError, WeightsFetcher
+from core.project.distribution import FetchError, WeightsFetcher, aggregator_peers
+from core.project.signed import SignedManifest
 from core.protocol.aggregator_methods import responsible_aggregator
 from core.protocol.fields import MessageError
 from core.protocol.versions import (
@@ -113,13 +115,26 @@ class VersionFinder:
         #: aggregators that gave no answer, and until when they are not asked
         self._silent: dict[PeerID, float] = {}
 
+    @classmethod
+    def for_manifest(cls, peer: Peer, signed: SignedManifest) -> VersionFinder:
+        """Asking the manifest's aggregators (the addresses it lists remembered), each
+        for the experts its assignment gives it."""
+        manifest = signed.manifest
+        return cls(
+            peer, signed.project_id, aggregator_peers(peer, manifest), expert_assignment(manifest)
+        )
+
+    def aggregator_of(self, uid: str) -> PeerID:
+        """The aggregator that holds ``uid`` (and takes its contributions)."""
+        return responsible_aggregator(uid, self.aggregators, self.assignment)
+
     async def newest(self, uids: Iterable[str]) -> dict[str, VersionRecord | None]:
         """uid -> its newest announced version (None: none announced yet)."""
         wanted = list(dict.fromkeys(uids))
         groups: dict[PeerID, list[str]] = {}
         now = trio.current_time()
         for uid in wanted if self.aggregators else ():
-            agg = responsible_aggregator(uid, self.aggregators, self.assignment)
+            agg = self.aggregator_of(uid)
             if self._silent.get(agg, 0.0) <= now:
                 groups.setdefault(agg, []).append(uid)
         found: dict[str, VersionRecord | None] = {}

@@ -14,17 +14,15 @@ import trio
 from core.contributing.codecs import codec
 from core.experts.weights import WeightsError, load_weights_bytes
 from core.experts.wire import to_wire
-from core.project.assignment import expert_assignment
 from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
 from core.project.signed import SignedManifest
 from core.project.versions import VersionFinder, VersionRecord, fetch_version
-from core.protocol.aggregator_methods import CONTRIBUTE, responsible_aggregator
+from core.protocol.aggregator_methods import CONTRIBUTE
 from core.protocol.contributions import TRUNK_UID, Contribution, ParamSpec, Receipt
 from core.trainer.session import TrainingSession
 from core.trainer.trunk import Params, TrunkSync, build_trunk, snapshot
 from net import Peer, RemoteError, RpcError
-from net.identity import peer_id_from_public_key
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +39,9 @@ class TrunkSharing:
         self.signed = signed
         self.session = session
         self.sync = TrunkSync(m.training.trunk.sync_every, session.trunk_weights())
-        aggregators = [peer_id_from_public_key(bytes.fromhex(a.key)) for a in m.aggregators]
-        assignment = expert_assignment(m)
-        self.aggregator = responsible_aggregator(TRUNK_UID, aggregators, assignment)
         #: the trunk's versions, asked of its aggregator (the DHT when it does not answer)
-        self.finder = VersionFinder(peer, signed.project_id, aggregators, assignment)
+        self.finder = VersionFinder.for_manifest(peer, signed)
+        self.aggregator = self.finder.aggregator_of(TRUNK_UID)
         self.fetcher = WeightsFetcher(peer, ChunkStore(store))
         #: changes sent and taken, versions rebased onto
         self.sent = 0

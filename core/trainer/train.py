@@ -38,7 +38,7 @@ from core.namespaces import moehome_validator
 from core.project.assignment import expert_assignment
 from core.project.bans import BanBoard
 from core.project.chunks import ChunkStore
-from core.project.distribution import ProjectNotFound, aggregator_peers, find_manifest
+from core.project.distribution import ProjectNotFound, find_manifest
 from core.project.manifest import Manifest, ModelSection
 from core.project.owner import aggregator_statistics, why_experts_wait
 from core.project.pins import PinStore
@@ -421,12 +421,7 @@ async def train_on(
         # the layers' finders serve expired lookups while they look again behind them
         for finder in {id(m.finder): m.finder for m in session.mixtures()}.values():
             await nursery.start(finder.keep_fresh)
-        versions = VersionFinder(
-            peer,
-            signed.project_id,
-            aggregator_peers(peer, signed.manifest),
-            expert_assignment(signed.manifest),
-        )
+        versions = VersionFinder.for_manifest(peer, signed)
 
         async def newest(uid: str) -> int | None:
             record = (await versions.newest([uid]))[uid]
