@@ -13,7 +13,7 @@ import trio
 
 from core.experts.backend import ExpertBackend
 from core.experts.registry import build_expert
-from core.experts.weights import load_weights_bytes
+from core.experts.weights import WeightsError, load_weights_bytes
 from core.project.chunks import ChunkStore
 from core.project.distribution import FetchError, WeightsFetcher
 from core.project.versions import VersionFinder, VersionRecord, fetch_version
@@ -136,15 +136,16 @@ class WeightsPuller:
         if record is None or record.version <= backend.version:
             return False
         blob = await fetch_version(self.fetcher, record)
-        module = await trio.to_thread.run_sync(_load, backend, blob)
-        if backend.sha256_of(module) != record.sha256:
-            raise FetchError(f"version {record.version} of {uid} has other weights than announced")
+        try:  # the hash is checked as the weights load, once
+            module = await trio.to_thread.run_sync(_load, backend, blob, record.sha256)
+        except WeightsError as exc:
+            raise FetchError(f"version {record.version} of {uid}: {exc}") from exc
         async with self.device:  # between batches
             # flushed while holding the device: no backward pass can add gradients (and
             # receipts) of the old version between the flush and the swap
             if self.before_swap is not None:
                 await self.before_swap(uid)
-            backend.replace_weights(module, record.version)
+            backend.replace_weights(module, record.version, sha256=record.sha256)
         self.swaps += 1
         log.info("%s: now at version %d", uid, record.version)
         if self.after_swap is not None:
@@ -152,7 +153,7 @@ class WeightsPuller:
         return True
 
 
-def _load(backend: ExpertBackend, blob: bytes) -> Any:
+def _load(backend: ExpertBackend, blob: bytes, sha256: str) -> Any:
     module = build_expert(backend.spec)
-    load_weights_bytes(module, blob)
+    load_weights_bytes(module, blob, expected_sha256=sha256)
     return module

@@ -335,12 +335,14 @@ class ExpertBackend:
     def sha256_of(self, module: nn.Module) -> str:
         return weights_hash(module)
 
-    def replace_weights(self, module: nn.Module, version: int) -> None:
+    def replace_weights(self, module: nn.Module, version: int, *, sha256: str = "") -> None:
         """Serve new weights from now on (the caller holds the device, so no batch runs).
         The old weights, their kept graphs and what was accumulated on them join
         ``previous``; older weights whose kept graphs are all used or expired are dropped,
         and beyond ``max_previous`` the oldest (the caller sent every accumulator's
-        gradients first, see ``accumulators``)."""
+        gradients first, see ``accumulators``). ``sha256``: the weights' hash when the
+        caller checked it already (a pulled version): not computed again while every
+        batch waits."""
         old = self.graphs
         self.accumulator.on_host = True
         self.previous.insert(
@@ -356,7 +358,7 @@ class ExpertBackend:
             if spare < 0:
                 break
             self.previous.append(weights)
-        self.sha256 = weights_hash(module)
+        self.sha256 = sha256 or weights_hash(module)
         self.module = module.to(self.device, self.compute_dtype)
         self.module.requires_grad_(True)
         self.version = version

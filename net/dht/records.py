@@ -23,8 +23,8 @@ from net.identity import (
     PUBLIC_KEY_BYTES,
     SIGNATURE_BYTES,
     Identity,
+    VerifiedSignatures,
     peer_id_from_public_key,
-    verify_signature,
 )
 
 KEY_PREFIX: Final = "/moehome/"
@@ -199,6 +199,10 @@ class NamespacedValidator:
     """Checks records against their namespace's rule, signature and clock."""
 
     rules: Mapping[str, NamespaceRule] = field(default_factory=lambda: dict(BUILTIN_NAMESPACES))
+    #: the signatures found valid (a record comes back from every peer that stores it)
+    signatures: VerifiedSignatures = field(
+        default_factory=VerifiedSignatures, compare=False, repr=False
+    )
 
     def with_rules(self, rules: Mapping[str, NamespaceRule]) -> NamespacedValidator:
         """A validator that also accepts the given namespaces."""
@@ -227,7 +231,7 @@ class NamespacedValidator:
             raise RecordRejected("ttl_too_long", f"lifetime exceeds {rule.max_ttl_s:g} s")
         if record.expires_ms < record.timestamp_ms:
             raise RecordRejected("malformed", "expires before it was made")
-        if not verify_signature(record.author, record.signing_payload(), record.signature):
+        if not self.signatures.verify(record.author, record.signing_payload(), record.signature):
             raise RecordRejected("bad_signature", "signature does not match author and content")
         if rule.owner_in_key:
             owner = record.key[len(KEY_PREFIX) + len(namespace) + 1 :].split("/", 1)[0]

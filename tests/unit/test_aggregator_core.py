@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
 
 from core.aggregator.core import AggregatorCore, AggregatorSettings
 from core.aggregator.robust import RobustSettings
+from core.aggregator.store import StateFile
 from core.aggregator.verify import Rejected
 from core.contributing.codecs import codec
 from core.experts.registry import ExpertSpec
@@ -463,3 +465,60 @@ def test_a_bfloat16_project_keeps_float32_masters_and_publishes_them_rounded(tmp
     old = core.weights_of(UID, 2)
     assert old is not None
     assert all(t.dtype == torch.bfloat16 for t in old.values())
+
+
+def test_rounds_write_the_seen_contributions_only_before_the_journal_lets_them_go(tmp_path):
+    """A round writes its statistics, not every contribution seen in the last hour: a
+    restart remembers the journal's contributions again, applied ones included, so a kill
+    after rounds loses neither a round's statistics nor the refusal of a copy. What leaves
+    the journal is written first (seen.msgpack), and a state of the layout before it
+    (the seen ones inside state.msgpack) is read and moved."""
+    core = make_core(settings(round_samples=4), tmp_path)
+    seen_writes: list[int] = []
+    save = core._seen_file.save
+
+    def counted(state: dict[str, Any]) -> int:
+        seen_writes.append(1)
+        return save(state)
+
+    core._seen_file.save = counted  # type: ignore[method-assign]
+    sent = []
+    for i in range(3):
+        sent.append(contribution(core, Identity.generate(), version=i))
+        core.submit(*sent[-1])
+        assert core.run_round(UID) == i + 1  # the version it made
+    assert seen_writes == []  # the journal holds them all
+    after = weights(core)
+    core.close()  # like kill -9
+
+    core = make_core(settings(round_samples=4), tmp_path)
+    assert core.versions[UID] == 3
+    assert not core.pending[UID]
+    assert core.stats.rounds == 3
+    assert all(torch.equal(v, after[k]) for k, v in weights(core).items())
+    for msg, parts in sent:
+        with pytest.raises(Rejected, match="replay"):
+            core.submit(msg, parts)
+
+    # a segment per record: settled ones go, and what they held is written first
+    core._journal.segment_bytes = 1
+    sent.append(contribution(core, Identity.generate(), version=3))
+    core.submit(*sent[-1])
+    core.run_round(UID)
+    assert core._journal.segments() == [core._journal.current]
+    core.close()
+    written = StateFile(tmp_path / "seen.msgpack").load()
+    assert written is not None
+    assert len(written["seen"]["nonces"]) == len(sent)
+
+    # the layout before seen.msgpack: the seen ones in the state itself
+    state = StateFile(tmp_path / "state.msgpack").load()
+    assert state is not None
+    assert "seen" not in state
+    StateFile(tmp_path / "state.msgpack").save({**state, "seen": written["seen"]})
+    (tmp_path / "seen.msgpack").unlink()
+    core = make_core(settings(round_samples=4), tmp_path)
+    for msg, parts in sent:
+        with pytest.raises(Rejected, match="replay"):
+            core.submit(msg, parts)
+    assert (tmp_path / "seen.msgpack").exists()  # moved

@@ -90,7 +90,7 @@ def test_an_aggregator_forgets_old_contributions_and_still_refuses_their_copies(
     assert dict(rejected) == {"replay": 1, "clock": 1}
     assert core.stats.banned_peers == 0
     # what is written is what is remembered, and a restart reads it back
-    saved = StateFile(tmp_path / "state.msgpack").load()
+    saved = StateFile(tmp_path / "seen.msgpack").load()
     assert saved is not None
     assert "seen_nonces" not in saved
     assert len(saved["seen"]["nonces"]) == len(core.seen.nonces)

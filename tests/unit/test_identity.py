@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from net.identity import (
     Identity,
     IdentityError,
+    VerifiedSignatures,
     load,
     load_or_create,
     peer_id_from_public_key,
@@ -88,3 +89,26 @@ def test_a_key_readable_by_others_is_tightened(tmp_path):
     path.chmod(0o644)
     load(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_verified_signatures_remember_only_valid_ones_and_stay_bounded():
+    identity = Identity.generate()
+    memo = VerifiedSignatures(capacity=4)
+    sig = identity.sign(b"hello")
+    assert memo.verify(identity.public_key, b"hello", sig)
+    assert memo.verify(identity.public_key, b"hello", sig)
+    assert (memo.checked, memo.remembered) == (1, 1)
+    assert not memo.verify(identity.public_key, b"hellO", sig)  # the same signature
+    assert not memo.verify(Identity.generate().public_key, b"hello", sig)
+    assert not memo.verify(identity.public_key, b"hello", sig[:63] + b"\0")
+    assert not memo.verify(identity.public_key, b"hello", sig[:63] + b"\0")  # not remembered
+    assert memo.checked == 5
+    messages = [f"m{i}".encode() for i in range(20)]
+    for m in messages:
+        assert memo.verify(identity.public_key, m, identity.sign(m))
+    assert len(memo._new) + len(memo._old) <= 2 * 4
+    checked = memo.checked
+    assert memo.verify(identity.public_key, messages[-1], identity.sign(messages[-1]))
+    assert memo.checked == checked  # the newest are still remembered
+    assert memo.verify(identity.public_key, messages[0], identity.sign(messages[0]))
+    assert memo.checked == checked + 1  # the oldest were forgotten, and checked again

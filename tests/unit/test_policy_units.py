@@ -285,3 +285,27 @@ def test_a_fair_rate_lets_a_chunk_pass_however_many_share_it():
     for i in range(5):
         assert fair.try_take(f"s{i}", 0.5, 0.0)  # each newcomer: one chunk at once
     assert len(fair._sources) == 3  # the least recently used forgotten
+
+
+def test_a_remembered_signature_is_never_taken_for_a_changed_record():
+    """The validator remembers valid signatures (a record comes back from each peer that
+    stores it); a record changed in any signed field after its original passed is still
+    refused, and an expired one still expires."""
+    validator = NamespacedValidator()
+    genuine = record(ALICE)
+    validator.validate(genuine, NOW)
+    validator.validate(genuine, NOW)
+    assert (validator.signatures.checked, validator.signatures.remembered) == (1, 1)
+    for changed in (
+        tampered(genuine, value=b"changed"),
+        tampered(genuine, key="/moehome/demo/other"),
+        tampered(genuine, author=BOB.public_key),
+        tampered(genuine, timestamp_ms=genuine.timestamp_ms - 1),
+        tampered(genuine, expires_ms=genuine.expires_ms + 1),
+    ):
+        with pytest.raises(RecordRejected) as info:
+            validator.validate(changed, NOW)
+        assert info.value.reason == "bad_signature"
+    with pytest.raises(RecordRejected) as info:
+        validator.validate(genuine, genuine.expires_ms)
+    assert info.value.reason == "expired"
