@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from net.dht import DhtConfig, DhtError, SignedRecord, sign_record
+from net.dht import node as dht_node
 from net.dht.node import STORE
 from net.dht.routing import key_id_of, node_id_of
 from net.identity import Identity
@@ -362,3 +363,48 @@ async def test_a_record_put_before_the_swarm_grew_is_found_by_a_newcomer_and_mov
         # the closest peers the newcomer met lacked it: they hold it now
         after = {p.host.peer_id for p in swarm.peers if p.dht.store.get(key, now_ms())}
         assert holders < after
+
+
+async def test_a_key_put_again_soon_is_stored_on_the_same_peers_without_a_lookup(monkeypatch):
+    """An expert's declaration is put again after each version: within STORE_TARGETS_S
+    it goes to the peers the last lookup found, with no lookup; a put whose peer left,
+    or past that time, looks up again."""
+
+    def quiet(i: int) -> PeerConfig:  # no refresh meanwhile: every request is the test's
+        return PeerConfig(dht=DhtConfig(refresh_interval=3600))
+
+    key = "/moehome/demo/declared"
+    async with open_swarm(7, quiet) as swarm:
+        writer = swarm.node(1)
+        sent = writer.dht.statistics().sent_by_method
+
+        def holders(value: bytes) -> set[Any]:
+            return {
+                p.host.peer_id
+                for p in swarm.running()
+                if p is not writer and [r.value for r in p.dht.store.get(key, now_ms())] == [value]
+            }
+
+        assert await writer.dht.put(key, b"v1", ttl=60) == 5
+        finds, stores = sent["dht.find"], sent["dht.store"]
+        assert finds >= 1
+        first = holders(b"v1")
+        assert len(first) == 5
+        assert await writer.dht.put(key, b"v2", ttl=60) == 5
+        assert (sent["dht.find"], sent["dht.store"]) == (finds, stores + 5)
+        assert holders(b"v2") == first
+        # a holder leaves: the store on it fails, and the put looks up again
+        gone = next(p for p in swarm.peers if p.host.peer_id in first)
+        swarm.stop(gone)
+        await eventually(lambda: not gone.host.connected_peers())
+        assert await writer.dht.put(key, b"v3", ttl=60) == 5  # the five others left
+        assert sent["dht.find"] > finds
+        assert len(holders(b"v3")) == 5
+        reader = next(p for p in swarm.running() if p is not writer)
+        assert [r.value for r in await reader.dht.get(key)] == [b"v3"]
+        # past STORE_TARGETS_S: looked up again
+        monkeypatch.setattr(dht_node, "STORE_TARGETS_S", 0.0)
+        await writer.dht.put("/moehome/demo/other", b"x", ttl=60)
+        finds = sent["dht.find"]
+        await writer.dht.put("/moehome/demo/other", b"y", ttl=60)
+        assert sent["dht.find"] > finds
