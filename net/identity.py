@@ -103,6 +103,8 @@ class VerifiedSignatures:
         self.remembered = 0  # answered from memory
 
     def verify(self, public_key: bytes, message: bytes, signature: bytes) -> bool:
+        if len(public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
+            return False  # fixed lengths: the three parts cannot be cut elsewhere
         digest = hashlib.sha256(public_key + signature + message).digest()
         if digest in self._new or digest in self._old:
             self.remembered += 1

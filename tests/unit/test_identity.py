@@ -102,6 +102,9 @@ def test_verified_signatures_remember_only_valid_ones_and_stay_bounded():
     assert not memo.verify(Identity.generate().public_key, b"hello", sig)
     assert not memo.verify(identity.public_key, b"hello", sig[:63] + b"\0")
     assert not memo.verify(identity.public_key, b"hello", sig[:63] + b"\0")  # not remembered
+    # the same bytes cut elsewhere: never the remembered signature
+    assert not memo.verify(identity.public_key[:31], b"hello", identity.public_key[31:] + sig)
+    assert not memo.verify(identity.public_key + sig[:1], sig[1:] + b"hello"[:1], b"ello")
     assert memo.checked == 5
     messages = [f"m{i}".encode() for i in range(20)]
     for m in messages:
