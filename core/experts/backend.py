@@ -332,9 +332,6 @@ class ExpertBackend:
         self.module.to(self.device)
         self.accumulator.move_sums(self.device)
 
-    def sha256_of(self, module: nn.Module) -> str:
-        return weights_hash(module)
-
     def replace_weights(self, module: nn.Module, version: int, *, sha256: str = "") -> None:
         """Serve new weights from now on (the caller holds the device, so no batch runs).
         The old weights, their kept graphs and what was accumulated on them join
