@@ -546,6 +546,7 @@ class AggregatorCore:
         )
         for who, share in kept.items():
             self.stats.contributors[who].rounds += 1
+            self.stats.contributors[who].samples += samples_of[who]
             if len(kept) > 1:  # alone in a round, there is nothing to compare it with
                 self.stats.contributors[who].compared_rounds += 1
                 self.stats.contributors[who].influence_sum += share

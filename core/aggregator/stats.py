@@ -20,6 +20,9 @@ class ContributorStatistics:
     #: its input the robust rule kept (1: untouched)
     compared_rounds: int = 0
     influence_sum: float = 0.0
+    #: the samples of its contributions that rounds applied: its work, whatever share
+    #: of it the rule kept (credit is these times that share: core/aggregator/credit.py)
+    samples: int = 0
 
     def report(self) -> ContributorReport:
         return ContributorReport(
@@ -27,6 +30,7 @@ class ContributorStatistics:
             rejected=dict(self.rejected),
             rounds=self.rounds,
             influence=self.influence_sum / self.compared_rounds if self.compared_rounds else None,
+            samples=self.samples,
         )
 
 
@@ -85,6 +89,7 @@ def save_statistics(stats: AggregatorStatistics) -> dict[str, Any]:
                 "rounds": c.rounds,
                 "compared_rounds": c.compared_rounds,
                 "influence_sum": c.influence_sum,
+                "samples": c.samples,
             }
             for who, c in stats.contributors.items()
         },
@@ -112,5 +117,6 @@ def load_statistics(data: dict[str, Any]) -> AggregatorStatistics:
             rounds=int(c["rounds"]),
             compared_rounds=int(c["compared_rounds"]),
             influence_sum=float(c["influence_sum"]),
+            samples=int(c.get("samples", 0)),  # counted since 2026-11-28
         )
     return stats

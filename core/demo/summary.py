@@ -66,6 +66,7 @@ def demo_summary(
                 "rejected": c.rejected,
                 "rounds": c.rounds,
                 "influence": c.influence,
+                "samples": c.samples,
                 # a failed answer audit: the trainer calls it no more
                 "excluded": peer in excluded,
             }

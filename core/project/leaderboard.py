@@ -17,18 +17,28 @@ def leaderboard(
     aggregators: Sequence[dict[str, Any]], limit: int = LEADERS
 ) -> list[dict[str, Any]]:
     """Contributors by credit (summed over the aggregators' signed accounts), then by
-    contributions accepted: ``{rank, peer, key, credit, revoked, accepted, rounds}``.
+    contributions accepted: ``{rank, peer, key, credit, revoked, accepted, rounds,
+    samples}`` (samples: those rounds applied; credit is them times the share kept).
     Pure."""
     rows: dict[str, dict[str, Any]] = {}
     for agg in aggregators:
         for key, c in agg.get("contributors", {}).items():
             row = rows.setdefault(
-                key, {"key": key, "credit": 0.0, "revoked": 0.0, "accepted": 0, "rounds": 0}
+                key,
+                {
+                    "key": key,
+                    "credit": 0.0,
+                    "revoked": 0.0,
+                    "accepted": 0,
+                    "rounds": 0,
+                    "samples": 0,
+                },
             )
             row["credit"] += float(c.get("credit", 0.0))
             row["revoked"] += float(c.get("credit_revoked", 0.0))
             row["accepted"] += int(c.get("accepted", 0))
             row["rounds"] += int(c.get("rounds", 0))
+            row["samples"] += int(c.get("samples", 0))  # aggregators since 2026-11-28
     ordered = sorted(rows.values(), key=lambda r: (-r["credit"], -r["accepted"], r["key"]))
     out = []
     for rank, row in enumerate(ordered[:limit], start=1):

@@ -52,6 +52,9 @@ class ContributorReport(_Report):
     #: the mean share of its input the robust rule kept, over the rounds it shared with
     #: other contributors (1: untouched; None: it never shared one)
     influence: float | None = None
+    #: the samples of its contributions that rounds applied (credit: these times the
+    #: share kept)
+    samples: int = 0
     #: its credit in this aggregator's books (core/aggregator/credit.py), and what bans
     #: took back; a signed statement of it: agg.credit (core/protocol/credit.py)
     credit: float = 0.0

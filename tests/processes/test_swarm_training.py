@@ -141,9 +141,16 @@ async def test_one_attacker_in_five_does_not_spoil_training(tmp_path, tmp_path_f
     assert attacker["influence"] is not None
     assert attacker["influence"] < 0.05
     assert min(v["influence"] for v in honest if v["influence"] is not None) > 0.3
-    # credit follows the share kept: the attacker's samples earned far less
+    # credit follows the share kept: each of the attacker's samples earned a tiny share of
+    # what an honest one did. Per sample, not in total: the trainer's routing gives the
+    # volunteers very unequal work on two loaded cores (924 to 72,179 applied samples in
+    # one run), and the attacker's ~1% of its samples once outweighed the whole credit
+    # of the least used honest volunteer (210 against 405: CI failed so)
     assert attacker["credit"] is not None
-    assert attacker["credit"] < 0.5 * min(v["credit"] for v in honest if v["influence"] is not None)
+    assert attacker["samples"] > 0
+    rate = {v["name"]: v["credit"] / v["samples"] for v in [*honest, attacker] if v["samples"]}
+    assert rate[attacker["name"]] < 0.05, rate
+    assert min(rate[v["name"]] for v in honest if v["samples"]) > 0.3, rate
 
 
 async def test_volunteers_whose_answers_or_gradients_are_wrong_are_caught_and_banned(

@@ -113,6 +113,15 @@ def test_a_rounds_credit_is_what_the_receipts_and_the_robust_rule_justify(tmp_pa
     assert kept[mallory] < 0.5
     assert core.credit.total(mallory) == pytest.approx(16 * kept[mallory])
     assert core.credit.total(mallory) < 8
+    # the account reports the samples applied beside the credit, whatever share was kept:
+    # credit per sample is the share (an owner compares volunteers of unequal work so)
+    assert [core.stats.contributors[v.public_key.hex()].report().samples for v in honest] == [
+        4,
+        5,
+        6,
+        7,
+    ]
+    assert core.stats.contributors[mallory].report().samples == 16
 
 
 def _fill(core: AggregatorCore, volunteers: list[Identity]) -> None:

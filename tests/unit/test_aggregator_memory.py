@@ -169,6 +169,7 @@ def test_statistics_and_bans_outlive_a_restart(tmp_path):
     assert after == before
     assert after.accepted == 2
     assert after.rounds == 1
+    assert after.samples > 0
     assert again.stats.rejected["payload_mismatch"] == 2
     with pytest.raises(Exception, match="banned"):
         again.submit(*contribution(again, mallory, version=1))

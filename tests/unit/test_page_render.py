@@ -51,11 +51,15 @@ def test_the_leaderboard_sums_the_aggregators_and_ranks_by_credit() -> None:
     aggs: list[dict[str, Any]] = [
         {
             "contributors": {
-                A: {"credit": 10.0, "accepted": 5, "rounds": 2},
+                A: {"credit": 10.0, "accepted": 5, "rounds": 2, "samples": 12},
                 B: {"credit": 30.0, "accepted": 1},
             }
         },
-        {"contributors": {A: {"credit": 25.0, "accepted": 5, "credit_revoked": 0.0}}},
+        {
+            "contributors": {
+                A: {"credit": 25.0, "accepted": 5, "credit_revoked": 0.0, "samples": 30}
+            }
+        },
         {"unreachable": "timed out"},
         {"contributors": {C: {"credit": 0.0, "accepted": 9, "credit_revoked": 40.0}}},
     ]
@@ -66,6 +70,8 @@ def test_the_leaderboard_sums_the_aggregators_and_ranks_by_credit() -> None:
         (3, C, 0.0, 9),
     ]
     assert rows[2]["revoked"] == 40.0
+    # the samples applied, summed (an account of an older aggregator lacks them: 0)
+    assert [r["samples"] for r in rows] == [42, 0, 0]
     # a node's rank: its place, none with no credit or when not listed
     assert (rank_of(A, rows), rank_of(B, rows), rank_of(C, rows), rank_of("dd" * 32, rows)) == (
         1,
