@@ -320,6 +320,27 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
+def batch_seconds(calls: list[dict[str, Any]], compute_s: float) -> dict[str, Any]:
+    """Where a training batch's time went, per applied step (all trainers): its whole
+    time (``batch_s``), what it waited on the swarm (``batch_wait_s``: finding servers,
+    forward calls, backward calls, summed over the mixture layers; late and dropped
+    batches' waits included, rare), the rest (``batch_trainer_s``: the trainer's own
+    layers, its optimizer, the hops between its threads and the event loop) and, for
+    scale, ``batch_compute_s``: the experts' work of one batch with every volunteer on
+    it at once (its samples over the capacity). Empty for lines before stop 64."""
+    steps = sum(c.get("steps", 0) for c in calls)
+    if not steps:
+        return {}
+    total = sum(c["step_s"] for c in calls) / steps
+    wait = {k: sum(c[f"{k}_s"] for c in calls) / steps for k in ("plan", "forward", "backward")}
+    return {
+        "batch_s": round(total, 3),
+        "batch_wait_s": {k: round(v, 3) for k, v in wait.items()},
+        "batch_trainer_s": round(total - sum(wait.values()), 3),
+        "batch_compute_s": round(compute_s, 3),
+    }
+
+
 def measure(options: EmulationOptions, target: Target | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="moehome-scaling-") as tmp:
         out = trio.run(run_emulated, options, Path(tmp))
@@ -382,6 +403,7 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
         "failed_calls": sum(c["failed_calls"] for c in calls),
         "failed_steps": sum(s["failed_steps"] for s in summaries),
         "activation_bytes_ratio": round(wire_ratio, 4),
+        **batch_seconds(calls, options.batch_size / capacity),
         "loss": round(loss, 4),
         # the final evaluation came after every expert's round following the last step
         "final_round_applied": all((s["final_round"] or {}).get("applied") for s in summaries),

@@ -76,6 +76,13 @@ class MoEStatistics:
     answered_by: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     #: the newest weights version seen answering, per expert
     versions: dict[str, int] = field(default_factory=dict)
+    #: seconds training batches spent, summed over them, finding their experts' servers
+    #: (the plan), in their forward calls and in their backward calls (event loop's
+    #: clock, from the first call out to the last answer or the deadline): beside the
+    #: steps' own seconds, where a batch's time goes (benchmarks/swarm_scaling.py)
+    plan_s: float = 0.0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
 
 
 @dataclass
@@ -129,8 +136,7 @@ class RemoteMixtureOfExperts(nn.Module):
     def mix(self, x: torch.Tensor, per_dim: Sequence[torch.Tensor]) -> torch.Tensor:
         """The chosen experts' outputs for ``x``, mixed by the softmax of their scores:
         ``per_dim`` holds each grid dimension's scores [batch, n_d]."""
-        plan = self.portal.run(self._plan, [p.detach() for p in per_dim])
-        plan.keep = torch.is_grad_enabled()
+        plan = self.portal.run(self._plan, [p.detach() for p in per_dim], torch.is_grad_enabled())
         outputs, alive = _RemoteCallMany.apply(DUMMY, self, plan, x)  # type: ignore[no-untyped-call]
 
         # gating scores of the chosen experts: the sum of their per-dimension scores
@@ -145,12 +151,17 @@ class RemoteMixtureOfExperts(nn.Module):
         mixed: torch.Tensor = (weights * outputs).sum(dim=1)
         return mixed
 
-    async def _plan(self, per_dim: Sequence[torch.Tensor]) -> _Plan:
+    async def _plan(self, per_dim: Sequence[torch.Tensor], keep: bool) -> _Plan:
+        """The routing and the chosen experts' servers; ``keep``: a backward pass follows
+        (servers keep their forward graphs)."""
+        started = trio.current_time()
         routing = await self.finder.route(per_dim, self.config.k_best)
         dispatch = Dispatch.of(routing)
         names = {e: self.finder.uid_name(e) for e in dispatch.experts}
         servers = await self.finder.servers_many(list(names.values()))
-        return _Plan(routing, dispatch, names, servers)
+        if keep:
+            self.stats.plan_s += trio.current_time() - started
+        return _Plan(routing, dispatch, names, servers, keep=keep)
 
     # ---- the calls (trio side)
 
@@ -221,6 +232,7 @@ class RemoteMixtureOfExperts(nn.Module):
         else:
             enough.set()
             finished.set()
+        started = trio.current_time()
         with trio.move_on_after(cfg.forward_timeout):
             async with trio.open_nursery() as nursery:
                 for span in calls:
@@ -232,6 +244,7 @@ class RemoteMixtureOfExperts(nn.Module):
                 late_rows = sum(span.rows for span in unanswered)  # cancelling empties it
                 nursery.cancel_scope.cancel()
         if plan.keep:
+            self.stats.forward_s += trio.current_time() - started
             self.stats.forward_rows += sum(span.rows for span in plan.answered)
             self.stats.late_rows += late_rows
         if x.shape[0] and int(counts.min()) < cfg.k_min and not cfg.allow_zero_outputs:
@@ -264,10 +277,12 @@ class RemoteMixtureOfExperts(nn.Module):
                 self.stats.failed_calls += 1
                 log.info("backward of %s failed: %s", uid, exc)
 
+        started = trio.current_time()
         with trio.move_on_after(cfg.backward_timeout):
             async with trio.open_nursery() as nursery:
                 for span in spans:
                     nursery.start_soon(call, span)
+        self.stats.backward_s += trio.current_time() - started
         counts = torch.zeros(x.shape[0], dtype=torch.int32)
         needed = torch.zeros(x.shape[0], dtype=torch.bool)
         for span in spans:

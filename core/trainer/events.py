@@ -89,6 +89,14 @@ class CallCounts(BaseModel):
     forward_rows: int = 0
     late_rows: int = 0
     backward_rows: int = 0
+    #: seconds the training batches waited on the swarm, summed: finding servers, the
+    #: forward calls, the backward calls; ``step_s`` the applied steps' whole seconds
+    #: (``steps`` of them; trainer compute is the rest)
+    plan_s: float = 0.0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    step_s: float = 0.0
+    steps: int = 0
     #: activations and their gradients on the wire, per sample and over float32's
     activation_bytes_per_sample: float = 0.0
     activation_bytes_ratio: float = 0.0

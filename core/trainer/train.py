@@ -735,6 +735,13 @@ async def _train(
             "forward_rows": sum(m.stats.forward_rows for m in session.mixtures()),
             "late_rows": sum(m.stats.late_rows for m in session.mixtures()),
             "backward_rows": sum(m.stats.backward_rows for m in session.mixtures()),
+            # where the applied steps' seconds went: waiting on the swarm (summed over
+            # the mixture layers and the batches) and the steps' whole time
+            "plan_s": sum(m.stats.plan_s for m in session.mixtures()),
+            "forward_s": sum(m.stats.forward_s for m in session.mixtures()),
+            "backward_s": sum(m.stats.backward_s for m in session.mixtures()),
+            "step_s": state.train_seconds,
+            "steps": sum(state.staleness.values()),
             # activations and their gradients on the wire, per sample and over float32's
             "activation_bytes_per_sample": wire / max(trained, 1),
             "activation_bytes_ratio": wire / max(as_float32, 1),

@@ -247,8 +247,16 @@ async def test_a_node_that_stops_answering_costs_only_the_grace_period():
         assert h.layer.stats.late_calls == 2
         # 8 samples x 4 experts: the silent node's two experts' rows computed for nothing
         assert (h.layer.stats.forward_rows, h.layer.stats.late_rows) == (16, 16)
+        # the batch's time in its forward calls: the grace it gave the silent node too
+        waited = h.layer.stats.forward_s
+        assert 0.3 <= waited < 3
         await trio.to_thread.run_sync(lambda: out.sum().backward())
         assert h.layer.stats.backward_rows == 16  # only the answered calls' rows
+        assert h.layer.stats.backward_s > 0
+        # an evaluation's pass (no backward follows) is not a training batch's time
+        spent = (h.layer.stats.plan_s, h.layer.stats.forward_s, h.layer.stats.backward_s)
+        await trio.to_thread.run_sync(torch.no_grad()(h.layer), torch.randn(8, HIDDEN))
+        assert (h.layer.stats.plan_s, h.layer.stats.forward_s, h.layer.stats.backward_s) == spent
 
 
 async def test_k_min_not_reached_raises_unless_zero_outputs_are_allowed():
