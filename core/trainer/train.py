@@ -741,7 +741,7 @@ async def _train(
             "forward_s": sum(m.stats.forward_s for m in session.mixtures()),
             "backward_s": sum(m.stats.backward_s for m in session.mixtures()),
             "step_s": state.train_seconds,
-            "steps": sum(state.staleness.values()),
+            "steps": state.step,  # as step_s, kept across a resume (staleness is not)
             # activations and their gradients on the wire, per sample and over float32's
             "activation_bytes_per_sample": wire / max(trained, 1),
             "activation_bytes_ratio": wire / max(as_float32, 1),
