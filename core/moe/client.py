@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -164,10 +164,18 @@ class ExpertCaller:
     voices: ExpertVoices | None = None
 
     async def forward(
-        self, uid: str, servers: Sequence[ExpertServerRef], x: torch.Tensor, *, keep: bool = False
+        self,
+        uid: str,
+        servers: Sequence[ExpertServerRef],
+        x: torch.Tensor,
+        *,
+        keep: bool = False,
+        prefer: Hashable | None = None,
     ) -> ForwardResult:
         """Outputs of ``uid`` for ``x`` from the first server that answers. With ``keep``
-        the server keeps the autograd graph for the backward pass (see ``backward``)."""
+        the server keeps the autograd graph for the backward pass (see ``backward``).
+        ``prefer``: the peer id of the server to ask first (a phase's plan, core/moe/load.py
+        ``ServerLoads.plan``), the others only if it fails."""
         self.stats.forward_calls += 1
         x = x.to(self.dtype)
         codec = self.codecs.activations
@@ -184,6 +192,7 @@ class ExpertCaller:
             x.shape[0] * FORWARD_UNITS,
             # a kept graph's backward pass follows, on the same server: it contributes
             rows=x.shape[0] if keep else 0,
+            prefer=prefer,
         )
         outputs = self._answer(uid, server, reply, x)
         self._offer_audit("forward", uid, server, reply, x, None, outputs)
@@ -460,14 +469,20 @@ class ExpertCaller:
         units: float = 0.0,
         *,
         rows: int = 0,
+        prefer: Hashable | None = None,
     ) -> tuple[ExpertServerRef, Reply]:
         """``rows``: the samples this call adds to the answering server's contribution
-        (0 for a pass that leads to none)."""
+        (0 for a pass that leads to none); ``prefer``: the server to ask first (a plan
+        that spread the expert's work already: no reordering for its voices)."""
         if not servers:
             raise ExpertCallError(f"no server of {uid} is known")
         if self.loads is not None:
             servers = self.loads.order(servers, units, trio.current_time(), key=lambda s: s.peer_id)
-        if self.voices is not None and rows:
+        if prefer is not None:
+            servers = [s for s in servers if s.peer_id == prefer] + [
+                s for s in servers if s.peer_id != prefer
+            ]
+        elif self.voices is not None and rows:
             servers = self.voices.order(uid, servers, key=lambda s: s.peer_id)
         errors: list[str] = []
         with trio.move_on_after(timeout):

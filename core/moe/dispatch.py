@@ -79,6 +79,21 @@ class Dispatch:
                 )
         return out
 
+    def expert_rows(self) -> list[tuple[int, int]]:
+        """Each expert with pairs, and how many, in order."""
+        return [
+            (e, b - a) for e, a, b in zip(self.experts, self.starts, self.starts[1:], strict=False)
+        ]
+
+    def spans_cut(self, cuts: Sequence[Sequence[tuple[int, int]]]) -> list[Span]:
+        """Calls from ``cuts``: per expert (in :meth:`expert_rows`' order), the
+        ``start:stop`` of its rows each call takes (none: no call)."""
+        out = []
+        for expert, start, pieces in zip(self.experts, self.starts, cuts, strict=False):
+            for part, (a, b) in enumerate(pieces):
+                out.append(Span(expert, part, start + a, start + b))
+        return out
+
     def rows_of(self, span: Span) -> torch.Tensor:
         return self.rows[span.start : span.stop]
 

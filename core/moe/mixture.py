@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from core.moe.client import (
 )
 from core.moe.dispatch import Answers, Dispatch, Span
 from core.moe.finder import ExpertFinder
-from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS
+from core.moe.load import BACKWARD_UNITS, FORWARD_UNITS, Piece
 
 log = logging.getLogger(__name__)
 
@@ -165,21 +165,36 @@ class RemoteMixtureOfExperts(nn.Module):
 
     # ---- the calls (trio side)
 
-    def _calls(self, plan: _Plan) -> list[Span]:
-        """Each chosen expert's sample rows, split over its servers when its work is long
-        enough (core/moe/load.py ``split_parts``); experts nobody serves get no call."""
+    def _calls(self, plan: _Plan) -> dict[Span, Hashable | None]:
+        """Each chosen expert's sample rows as calls, with the server each is pinned to:
+        an expert's rows are split over its servers when its work is long enough, the
+        phase's work levelled over them (core/moe/load.py ``ServerLoads.plan``); a call
+        not pinned (None) goes to the server ranked first when it is sent. Experts
+        nobody serves get no call."""
         loads = self.caller.loads
         units = FORWARD_UNITS + (BACKWARD_UNITS if plan.keep else 0.0)
-
-        def parts(expert: int, rows: int) -> int:
-            servers = plan.servers.get(plan.names[expert])
+        experts = plan.dispatch.expert_rows()
+        served = [plan.servers.get(plan.names[e]) or [] for e, _ in experts]
+        if loads is None:
+            planned: list[list[Piece] | None] = [None] * len(experts)
+        else:
+            requests = [
+                ([s.peer_id for s in servers], rows)
+                for servers, (_, rows) in zip(served, experts, strict=True)
+            ]
+            planned = loads.plan(requests, units, trio.current_time())
+        cuts: list[list[tuple[int, int]]] = []
+        pinned: list[Hashable | None] = []
+        for servers, (_, rows), pieces in zip(served, experts, planned, strict=True):
             if not servers:
-                return 0
-            if loads is None:
-                return 1
-            return loads.parts([s.peer_id for s in servers], rows, units)
-
-        return plan.dispatch.spans(parts)
+                cuts.append([])
+            elif pieces is None:
+                cuts.append([(0, rows)])
+                pinned.append(None)
+            else:
+                cuts.append([(p.start, p.stop) for p in pieces])
+                pinned.extend(p.server for p in pieces)
+        return dict(zip(plan.dispatch.spans_cut(cuts), pinned, strict=True))
 
     async def _forward_calls(self, plan: _Plan, x: torch.Tensor) -> Answers:
         cfg = self.config
@@ -202,7 +217,9 @@ class RemoteMixtureOfExperts(nn.Module):
         async def call(span: Span, rows: torch.Tensor) -> None:
             uid = plan.names[span.expert]
             try:
-                result = await self.caller.forward(uid, plan.servers[uid], rows, keep=plan.keep)
+                result = await self.caller.forward(
+                    uid, plan.servers[uid], rows, keep=plan.keep, prefer=calls[span]
+                )
                 y = result.outputs
                 if cfg.detect_anomalies and not torch.isfinite(y).all():
                     self.stats.anomalies += 1

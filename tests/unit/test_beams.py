@@ -144,6 +144,26 @@ def test_bfloat16_and_float64_scores_choose_as_the_reference():
         )
 
 
+def test_cut_spans_are_the_given_pieces_of_each_experts_rows() -> None:
+    """A phase's plan cuts each expert's rows at given places (core/moe/load.py
+    ``ServerLoads.plan``): the spans are those pieces, in the dispatch's order, and an
+    expert given none gets no call."""
+    torch.manual_seed(1)
+    dispatch = Dispatch.of(beam_search([torch.randn(10, 4) for _ in range(2)], 3))
+    per_expert = dispatch.expert_rows()
+    assert sum(rows for _, rows in per_expert) == len(dispatch)
+    cuts = [
+        [(0, rows // 2), (rows // 2, rows)] if rows > 1 else [(0, rows)] for _, rows in per_expert
+    ]
+    cuts[0] = []  # nobody serves the first expert
+    spans = dispatch.spans_cut(cuts)
+    assert spans == [
+        s
+        for s in dispatch.spans(lambda expert, rows: 2 if rows > 1 else 1)
+        if s.expert != per_expert[0][0]
+    ]
+
+
 @pytest.mark.parametrize("lost_at", [None, 3])  # every slot answered (a gather), or not
 def test_dispatch_groups_by_expert_and_combines_back(lost_at: int | None) -> None:
     torch.manual_seed(1)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Hashable, Iterable
+
 import pytest
 
 from core.moe.load import ServerLoads
@@ -152,3 +155,126 @@ def test_the_split_uses_what_is_known_of_the_experts_servers():
     assert loads.parts(["a", "b"], 512, 3.0) == 2
     # a server not measured yet is taken to be typical
     assert loads.parts(["a", "b", "c", "d"], 512, 3.0) == 4
+
+
+@pytest.mark.parametrize(
+    ("free_at", "rates", "work", "level", "why"),
+    [
+        ([0.0, 0.0], [1.0, 1.0], 4.0, 2.0, "equal servers share the work"),
+        ([0.0, 3.0], [1.0, 1.0], 2.0, 2.0, "a server busy past the level gets none"),
+        ([0.0, 1.0], [1.0, 1.0], 3.0, 2.0, "the busy one joins once the level reaches it"),
+        ([0.0, 0.0], [3.0, 1.0], 4.0, 1.0, "a faster server holds more of the work"),
+        ([0.5, 2.0], [1.0, 1.0], 0.0, 0.5, "no work: the soonest free"),
+    ],
+)
+def test_the_water_level_is_when_servers_free_at_different_times_finish_the_work(
+    free_at, rates, work, level, why
+):
+    from core.moe.load import water_level
+
+    assert water_level(free_at, rates, work) == pytest.approx(level), why
+
+
+@pytest.mark.parametrize(
+    ("rows", "room", "pieces", "why"),
+    [
+        (256, {"a": 128.0, "b": 128.0}, [(0, 128, "a"), (128, 256, "b")], "each filled in turn"),
+        (256, {"a": 300.0, "b": 10.0}, [(0, 256, "a")], "the first holds it all"),
+        (
+            100,
+            {"a": 10.0, "b": 60.0, "c": 60.0},
+            [(0, 10, "a"), (10, 70, "b"), (70, 100, "c")],
+            "in the order given, however small",
+        ),
+        (
+            100,
+            {"a": 0.0, "b": 40.0},
+            [(0, 70, "b"), (70, 100, "a")],
+            "no room: none; the rest shared out evenly",
+        ),
+        (
+            300,
+            {"a": 50.0, "b": 60.0},
+            [(0, 145, "a"), (145, 300, "b")],
+            "the rest shared out evenly",
+        ),
+        (
+            64,
+            {"a": 31.2, "b": 40.0},
+            [(0, 32, "a"), (32, 64, "b")],
+            "rooms rounded up: no row left over",
+        ),
+    ],
+)
+def test_an_experts_rows_are_laid_over_its_servers_room(rows, room, pieces, why):
+    from core.moe.load import lay
+
+    got = lay(rows, list(room), dict(room))
+    assert [(p.start, p.stop, p.server) for p in got] == pieces, why
+
+
+def _measured(loads: ServerLoads, servers: Iterable[str], rate: float = 96.0) -> None:
+    for server in servers:  # the emulated 0.125 samples/s volunteer, 0.2 s links
+        loads.sent(server, 10)
+        loads.ended(server, 10, 0.0, rate=rate, elapsed=1.0, seconds=0.8)
+
+
+def test_a_phase_is_levelled_over_the_servers_with_a_call_per_server_and_expert():
+    """Eight experts of unequal rows over 32 servers that serve them all (the emulated
+    swarm's 32 volunteers, one batch: 2,048 rows): every server gets about the mean,
+    where equal parts of each expert sent to the soonest server left the busiest with
+    1.44 times it (stop 65)."""
+    loads = ServerLoads()
+    servers = [f"s{i:02d}" for i in range(32)]
+    _measured(loads, servers)
+    rows = [300, 180, 260, 240, 310, 200, 278, 280]
+    planned = loads.plan([(servers, r) for r in rows], 3.0, 0.0)
+    per_server: dict[Hashable, int] = {}
+    for expert, pieces in zip(rows, planned, strict=True):
+        assert pieces is not None
+        assert pieces[0].start == 0  # whole, in order
+        assert pieces[-1].stop == expert
+        assert all(a.stop == b.start for a, b in itertools.pairwise(pieces))
+        assert len({p.server for p in pieces}) == len(pieces)  # one piece per server
+        for p in pieces:
+            per_server[p.server] = per_server.get(p.server, 0) + p.rows
+    mean = sum(rows) / len(servers)
+    assert len(per_server) == len(servers)
+    assert max(per_server.values()) <= mean + 1  # rooms are rounded up to whole rows
+    assert sum(len(p or []) for p in planned) <= len(servers) + len(rows) - 1
+
+
+def test_a_busy_server_gets_less_of_a_phase_and_short_work_goes_whole():
+    loads = ServerLoads()
+    _measured(loads, "abcd")
+    loads.sent("a", 96.0 * 4)  # four seconds of work outstanding on a: past the level
+    planned = loads.plan([(list("abcd"), 256), (list("abcd"), 20), ([], 64)], 3.0, 0.0)
+    pieces, short, unserved = planned
+    assert pieces is not None
+    assert "a" not in {p.server for p in pieces}  # busy past the level
+    # too few rows to split: one piece, placed with the rest (left to the choice when
+    # sent, it took the soonest server, which the plan filled too)
+    assert short is not None
+    assert len(short) == 1
+    assert short[0].rows == 20
+    assert short[0].server != "a"
+    assert unserved is None
+    rows_on: dict[Hashable, int] = {}
+    for p in [*pieces, *short]:
+        rows_on[p.server] = rows_on.get(p.server, 0) + p.rows
+    assert max(rows_on.values()) - min(rows_on.values()) <= 1  # b, c, d level
+    # nothing worth splitting, or nothing known of the servers: nothing planned
+    assert loads.plan([(list("abcd"), 20), (list("abcd"), 30)], 3.0, 0.0) == [None, None]
+    assert ServerLoads().plan([(list("abcd"), 256)], 3.0, 0.0) == [None]
+
+
+def test_experts_with_fewer_servers_are_cut_first():
+    """An expert only two servers hold takes their room before one that all hold."""
+    loads = ServerLoads()
+    _measured(loads, "abcd")
+    planned = loads.plan([(list("abcd"), 256), (["a", "b"], 256)], 3.0, 0.0)
+    wide, narrow = planned
+    assert narrow is not None
+    assert wide is not None
+    assert {p.server for p in narrow} == {"a", "b"}
+    assert {p.server for p in wide} == {"c", "d"}
