@@ -182,7 +182,17 @@ class RemoteMixtureOfExperts(nn.Module):
                 ([s.peer_id for s in servers], rows)
                 for servers, (_, rows) in zip(served, experts, strict=True)
             ]
-            planned = loads.plan(requests, units, trio.current_time())
+            # calls that lead to contributions keep each expert's rounds hearing enough
+            # of its servers (core/moe/voices.py), as the choice when sent does
+            voices = self.caller.voices if plan.keep else None
+            unheard = shares = None
+            if voices is not None:
+                unheard = [
+                    voices.unheard(plan.names[e], ids)
+                    for (e, _), (ids, _) in zip(experts, requests, strict=True)
+                ]
+                shares = [voices.floor(max(1, len(ids))) for ids, _ in requests]
+            planned = loads.plan(requests, units, trio.current_time(), unheard, shares)
         cuts: list[list[tuple[int, int]]] = []
         pinned: list[Hashable | None] = []
         for servers, (_, rows), pieces in zip(served, experts, planned, strict=True):

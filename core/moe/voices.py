@@ -68,24 +68,40 @@ class ExpertVoices:
         """The share of an expert's recent rows that counts a server as heard."""
         return 1.0 / (3 * min(self.voices, servers))
 
+    def unheard(
+        self, uid: str, servers: Sequence[K], key: Callable[[K], Hashable] | None = None
+    ) -> list[K]:
+        """``servers`` below the floor share of ``uid``'s recent rows, in their order,
+        while fewer than ``voices`` of them hold it; none otherwise."""
+        heard = self._heard(uid, servers, key)
+        return [] if heard is None else [s for s, h in zip(servers, heard, strict=True) if not h]
+
     def order(
         self, uid: str, servers: Sequence[K], key: Callable[[K], Hashable] | None = None
     ) -> list[K]:
         """``servers`` (ranked by finish time) with the soonest under-heard one first
         while fewer than ``voices`` of them hold the floor share of ``uid``'s rows."""
-        ident: Callable[[K], Hashable] = key if key is not None else (lambda s: s)
         ranked = list(servers)
-        target = min(self.voices, len(ranked))
-        if target < 2:
-            return ranked
-        recent = self._rows.get(uid, {})
-        shares = [recent.get(ident(s), 0.0) for s in ranked]
-        total = sum(shares)
-        if total <= 0:
-            return ranked
-        floor = self.floor(len(ranked))
-        heard = [share / total >= floor for share in shares]
-        if sum(heard) >= target:
+        heard = self._heard(uid, ranked, key)
+        if heard is None:
             return ranked
         first = heard.index(False)
         return [ranked[first], *ranked[:first], *ranked[first + 1 :]]
+
+    def _heard(
+        self, uid: str, servers: Sequence[K], key: Callable[[K], Hashable] | None
+    ) -> list[bool] | None:
+        """Whether each server holds the floor share of ``uid``'s recent rows; None
+        when enough of them do (or nothing was sent yet, or one server is all)."""
+        ident: Callable[[K], Hashable] = key if key is not None else (lambda s: s)
+        target = min(self.voices, len(servers))
+        if target < 2:
+            return None
+        recent = self._rows.get(uid, {})
+        shares = [recent.get(ident(s), 0.0) for s in servers]
+        total = sum(shares)
+        if total <= 0:
+            return None
+        floor = self.floor(len(servers))
+        heard = [share / total >= floor for share in shares]
+        return None if sum(heard) >= target else heard
