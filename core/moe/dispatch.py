@@ -68,16 +68,11 @@ class Dispatch:
         if parts is None:  # _make: thousands of spans per batch, a third faster than Span()
             bounds0 = zip(self.experts, itertools.repeat(0), self.starts, self.starts[1:])
             return list(map(Span._make, bounds0))
-        bounds = zip(self.experts, self.starts, self.starts[1:], strict=False)
-        out = []
-        for expert, start, stop in bounds:
-            n = parts(expert, stop - start)
-            for part in range(n):
-                size = stop - start
-                out.append(
-                    Span(expert, part, start + part * size // n, start + (part + 1) * size // n)
-                )
-        return out
+        cuts = []
+        for expert, rows in self.expert_rows():
+            n = parts(expert, rows)
+            cuts.append([(part * rows // n, (part + 1) * rows // n) for part in range(n)])
+        return self.spans_cut(cuts)
 
     def expert_rows(self) -> list[tuple[int, int]]:
         """Each expert with pairs, and how many, in order."""
