@@ -407,6 +407,14 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
         "loss": round(loss, 4),
         # the final evaluation came after every expert's round following the last step
         "final_round_applied": all((s["final_round"] or {}).get("applied") for s in summaries),
+        # when not: the experts still behind and how long the wait took (with every
+        # expert in time, the trunk's last change was what did not settle)
+        "final_round_behind": sum(
+            len((s["final_round"] or {}).get("behind", ())) for s in summaries
+        ),
+        "final_round_s": max(
+            round((s["final_round"] or {}).get("seconds", 0.0), 1) for s in summaries
+        ),
         # sequences carried at once, all trainers, over the gradient noise scale at the
         # end (the critical batch's order): above 1, concurrency costs samples
         "noise_scale": _mean([s["noise_scale"] for s in summaries]),
