@@ -75,6 +75,9 @@ def node(
     ] = False,
 ) -> None:
     """Run the volunteer node (what the tray starts): serves experts when allowed."""
+    # the tray, known before the node's slow imports: a tray gone meanwhile has handed
+    # this process to another parent already
+    parent = os.getppid()
     link = None
     if reply_delay_ms > 0:  # the rig is loaded only when asked for
         from net.testing.link import EmulatedLink
@@ -127,7 +130,7 @@ def node(
             sys.stdout.flush()
             nursery.start_soon(_stop_on_sigterm, started.stop, nursery.cancel_scope)
             if exit_with_parent:
-                nursery.start_soon(_stop_when_orphaned, started.stop, nursery.cancel_scope)
+                nursery.start_soon(_stop_when_orphaned, parent, started.stop, nursery.cancel_scope)
 
     run_async(main)
 
@@ -146,26 +149,15 @@ async def _stop_on_sigterm(stop: Callable[[], None], scope: Any) -> None:
             return
 
 
-async def _stop_when_orphaned(stop: Callable[[], None], scope: Any, every: float = 0.5) -> None:
-    """The tray started this node: when the tray is gone (quit without a word, killed,
-    crashed), the node stops as cleanly as on SIGTERM, within a second. Gone means this
-    process was handed to another parent, or the parent no longer runs (psutil compares
-    start times, so a pid used again by another program is not taken for the tray)."""
-    import psutil
-    import trio
+async def _stop_when_orphaned(parent: int, stop: Callable[[], None], scope: Any) -> None:
+    """The tray (pid ``parent``) started this node: when the tray is gone (quit without
+    a word, killed, crashed), the node stops as cleanly as on SIGTERM, within a second."""
+    from core.orphans import until_orphaned
 
-    first = os.getppid()
-    try:
-        parent = psutil.Process(first)
-    except psutil.Error:
-        parent = None
-    while True:
-        await trio.sleep(every)
-        if os.getppid() != first or parent is None or not parent.is_running():
-            log.warning("the app that started this node is gone: stopping")
-            stop()
-            scope.cancel()
-            return
+    await until_orphaned(parent)
+    log.warning("the app that started this node is gone: stopping")
+    stop()
+    scope.cancel()
 
 
 def _node_selftest() -> None:

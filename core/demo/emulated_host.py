@@ -5,7 +5,7 @@ process they share one event loop, which at 16 volunteers lagged 0.3-0.7 s and m
 CPU, not the scheduling, decide the measured throughput. Spread over a few processes
 they use every core. Started as ``python -m core.demo.emulated_host SPEC`` (SPEC: a
 :class:`HostSpec` in JSON); it prints ``ready`` once every volunteer serves, then runs
-until it is killed.
+until it is killed, or until the process that started it is gone.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import operator
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -29,6 +30,7 @@ from core.experts.batching import Pace
 from core.experts.server import ServerConfig
 from core.files import replace_file
 from core.namespaces import moehome_validator
+from core.orphans import until_orphaned
 from core.project.distribution import ProjectNotFound
 from core.roles.expert_server import serve_project_experts
 from net import Identity, Peer, network_config
@@ -72,6 +74,9 @@ class HostSpec:
     #: which of this host's volunteers sit behind a link ``slow_delay`` seconds long
     slow: list[int] = field(default_factory=list)
     slow_delay: float = 0.0
+    #: the pid of the run that started this host (start_host's), which it ends with
+    #: (0: the process that started it, as seen once it runs)
+    parent: int = 0
 
     def server_config(self) -> ServerConfig:
         return ServerConfig(
@@ -142,6 +147,7 @@ async def serve_volunteers(
 async def start_host(nursery: trio.Nursery, spec: HostSpec) -> list[str]:
     """Start a host process for ``spec``'s volunteers; returns their peer ids once they
     all serve. The process is killed when ``nursery`` is cancelled."""
+    spec = replace(spec, parent=os.getpid())
     command = [sys.executable, "-m", "core.demo.emulated_host", json.dumps(asdict(spec))]
     process: trio.Process = await nursery.start(
         partial(trio.run_process, command, stdout=subprocess.PIPE, check=False)
@@ -196,10 +202,20 @@ async def write_dht_statistics(
         replace_file(path, json.dumps(figures))
 
 
+async def _end_with_the_run(run: int, scope: trio.CancelScope) -> None:
+    """A host serves the run that started it (pid ``run``; 0: this process's parent)
+    and nobody else: when that run is gone (killed, so it could not stop its hosts), the
+    host stops too."""
+    await until_orphaned(run or None)
+    log.warning("the run that started this host is gone: stopping")
+    scope.cancel()
+
+
 async def _host(spec: HostSpec) -> None:
     since = trio.current_time()
     volunteers: list[Peer] = []
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(_end_with_the_run, spec.parent, nursery.cancel_scope)
         peers = await serve_volunteers(nursery, spec, volunteers)
         nursery.start_soon(
             write_dht_statistics, volunteers, dht_statistics_path(spec.workdir, spec.host), since
