@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from core.demo import emulated_host
-from core.demo.emulated_host import HostSpec
 from tests.child_processes import stop_processes
+from tests.swarm.test_emulated_host import spec_for
 from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,18 +46,7 @@ def gone(process: psutil.Process) -> bool:
 
 @pytest.mark.slow
 def test_a_volunteer_host_stops_when_the_run_that_started_it_is_killed(tmp_path: Path) -> None:
-    spec = HostSpec(
-        bootstrap=[],
-        project="a project no swarm shows",
-        experts=[["ffn0.0.0"]],
-        host=0,
-        workdir=str(tmp_path),
-        seconds_per_row=0.0,
-        delay=0.0,
-        upload=1e9,
-        announce_seconds=30.0,
-        announce_ttl=90.0,
-    )
+    spec = spec_for([], "a project no swarm shows", tmp_path)
     run = subprocess.Popen(
         [sys.executable, "-c", RUN, json.dumps(asdict(spec))], cwd=ROOT, stderr=subprocess.PIPE
     )
