@@ -152,6 +152,8 @@ async def _stop_on_sigterm(stop: Callable[[], None], scope: Any) -> None:
 async def _stop_when_orphaned(parent: int, stop: Callable[[], None], scope: Any) -> None:
     """The tray (pid ``parent``) started this node: when the tray is gone (quit without
     a word, killed, crashed), the node stops as cleanly as on SIGTERM, within a second."""
+    # here, not at the top: trio and psutil would add ~0.2 s to every light command
+    # (status, pause...) that this module also serves; core.cli is the top layer
     from core.orphans import until_orphaned
 
     await until_orphaned(parent)
