@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from core.aggregator.compact import state_dtype as compact_state_dtype
-from core.aggregator.credit import CreditLedger, round_grants
+from core.aggregator.credit import CreditLedger, credited_shares, round_grants
 from core.aggregator.heap import release_free_memory
 from core.aggregator.journal import Journal, Location, tensor_from_record, tensor_record
 from core.aggregator.optimizer import CompactAdam
@@ -542,12 +542,15 @@ class AggregatorCore:
         means = {who: total / samples for who, (total, samples) in per_contributor.items()}
         samples_of = {who: samples for who, (_, samples) in per_contributor.items()}
         aggregate, kept = self.rules[uid].combine(
-            means, self.robust[uid], self.versions[uid], self._sibling_scale()
+            means, self.robust[uid], self.versions[uid], self._sibling_scale(), samples_of
         )
-        for who, share in kept.items():
+        # what the rule kept, forgiven the noise of fewer samples: credit, and the
+        # influence the owner reads to tell poisoners from volunteers with little work
+        shares = credited_shares(kept, self.robust[uid].weights)
+        for who, share in shares.items():
             self.stats.contributors[who].rounds += 1
             self.stats.contributors[who].samples += samples_of[who]
-            if len(kept) > 1:  # alone in a round, there is nothing to compare it with
+            if len(shares) > 1:  # alone in a round, there is nothing to compare it with
                 self.stats.contributors[who].compared_rounds += 1
                 self.stats.contributors[who].influence_sum += share
         # the rate for this version (recomputed from it, never restored) and the clipping
@@ -574,7 +577,7 @@ class AggregatorCore:
         self.pending[uid] = [p for p in self.pending[uid] if p.held]
         self.stats.rounds += 1
         # the trunk's contributors are the project's trainers: no credit
-        grants = {} if uid == TRUNK_UID else round_grants(samples_of, kept)
+        grants = {} if uid == TRUNK_UID else round_grants(samples_of, shares)
         day = day_of(self.clock.wall())
         self._grant(uid, self.versions[uid], day, grants)
         self._save_round(uid, nonces, day, grants)

@@ -2,8 +2,9 @@
 
 A round grants each of its contributors the samples its receipts bind, times the share
 of its input the robust rule kept (core/aggregator/rounds.py ``combine``: 1 untouched,
-0 discarded): work refused never reaches a round, a contribution held for an audit
-reaches one only once it passed, and an input the rule threw away earns nothing.
+0 discarded), forgiven the noise of an input of fewer samples than the round's typical
+one (``credited_share``): work refused never reaches a round, a contribution held for an
+audit reaches one only once it passed, and an input the rule threw away earns nothing.
 Credit is booked per UTC day, so that a ban can take back the days it covers
 (``revoke``), and a statement can say what a volunteer earned when.
 
@@ -15,8 +16,10 @@ contributors, the smallest totals forgotten first, and ``MAX_DAYS`` days each.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from statistics import median_low
 from typing import Any, Final
 
 from core.protocol.credit import EARLIER_DAY
@@ -30,16 +33,51 @@ MAX_DAYS: Final = 90
 EARLIER: Final = EARLIER_DAY
 
 
-def round_grants(samples: Mapping[str, int], kept: Mapping[str, float]) -> dict[str, float]:
-    """Each contributor's credit for one round: its samples in the round times the share
-    of its input the robust rule kept (clamped to [0, 1]; one the rule did not report
-    gets nothing). Contributors granted nothing are left out."""
+def round_grants(samples: Mapping[str, int], shares: Mapping[str, float]) -> dict[str, float]:
+    """Each contributor's credit for one round: its samples in the round times its share
+    (:func:`credited_shares`; clamped to [0, 1]; one without a share gets nothing).
+    Contributors granted nothing are left out."""
     out: dict[str, float] = {}
     for who, n in samples.items():
-        share = min(1.0, max(0.0, float(kept.get(who, 0.0))))
+        share = min(1.0, max(0.0, float(shares.get(who, 0.0))))
         if n > 0 and share > 0:
             out[who] = n * share
     return out
+
+
+def credited_shares(
+    kept: Mapping[str, float], weights: Mapping[str, float] | None
+) -> dict[str, float]:
+    """Each input's credited share of a round: what the robust rule kept of it, forgiven
+    its noise (:func:`credited_share`) where ``weights`` says how many samples each
+    input the rule compared stands for; the typical input is the lower median's (one
+    input of many samples cannot raise it alone)."""
+    known = [weights[w] for w in kept if weights and w in weights]
+    typical = median_low(known) if known else None
+    return {
+        who: credited_share(share, weights[who], typical)
+        if weights and who in weights and typical is not None
+        else max(0.0, min(1.0, share))
+        for who, share in kept.items()
+    }
+
+
+def credited_share(kept: float, weight: float, typical: float) -> float:
+    """The share of an input credited: what the rule kept, x sqrt(typical / weight)
+    when the input stands for fewer samples than the round's typical (lower median) one.
+
+    The rule clips what lies beyond the median distance to the aggregate, and an honest
+    mean of n samples lies ~1/sqrt(n) out: a volunteer the trainer's routing gave 20
+    samples of a round where the others had 2,000 lies ~10x as far and keeps ~1/10,
+    though each of its samples was as honest (CI failed so: an honest volunteer at 0.295
+    credit per sample, stop 67). Credit forgives that much and no more: a gradient 1,000x
+    too large from such an input still earns ~1%, and an input of many samples is never
+    judged more leniently than the rule did (nor is claiming fewer samples worth it:
+    samples x share grows with them)."""
+    kept = max(0.0, min(1.0, kept))
+    if kept == 0.0 or weight <= 0.0:
+        return kept
+    return min(1.0, kept * max(1.0, math.sqrt(typical / weight)))
 
 
 @dataclass

@@ -11,7 +11,7 @@ comparison only (one attacker can move it anywhere).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +147,10 @@ class ExpertRoundState:
     #: middle) of the last round that had two contributors or more. A round with one
     #: contributor has nothing to compare it with, so its step is clipped to this.
     scale: float | None = None
+    #: each momentum's weight in samples (what its past contributions carried, decayed
+    #: by ``momentum`` at each of its rounds); absent for a momentum kept before weights
+    #: were (it then blends as the plain rule would)
+    weights: dict[str, float] | None = None
 
 
 def save_round_state(
@@ -162,7 +166,12 @@ def save_round_state(
             tensors[f"{prefix}/ms/{who}"] = m.scales
         else:
             tensors[f"{prefix}/m/{who}"] = m
-    return {"rounds": state.rounds, "last_seen": state.last_seen or {}, "scale": state.scale}
+    return {
+        "rounds": state.rounds,
+        "last_seen": state.last_seen or {},
+        "weights": state.weights or {},
+        "scale": state.scale,
+    }
 
 
 def load_round_state(
@@ -181,7 +190,20 @@ def load_round_state(
         dict(meta["last_seen"]),
         meta["rounds"],
         meta.get("scale"),
+        {who: float(w) for who, w in meta.get("weights", {}).items()},
     )
+
+
+def momentum_share(beta: float, weight: float | None, samples: int | None) -> float:
+    """The share of a contributor's momentum that its new mean gradient takes. Without
+    sample counts (or for a momentum kept without its weight), CC+momentum's 1 - beta.
+    With them, the momentum is the samples' mean, each past round's decayed by beta:
+    samples / (beta x weight + samples). Equal rounds give 1 - beta again; a momentum
+    begun on 2 samples no longer outweighs 2,048 nine to one (a noisy honest input the
+    rule clipped to a tenth: the credit of its samples with it, stop 67)."""
+    if samples is None or weight is None:
+        return 1.0 - beta
+    return samples / (beta * weight + samples) if samples > 0 else 0.0
 
 
 def robust_round(
@@ -190,25 +212,40 @@ def robust_round(
     settings: RobustSettings,
     generator: torch.Generator | None = None,
     fallback_scale: float | None = None,
+    samples: Mapping[str, int] | None = None,
 ) -> torch.Tensor:
-    """One round: contributor -> per-sample mean gradient (flat) in, the aggregate out.
+    """One round: contributor -> per-sample mean gradient (flat) in, the aggregate out;
+    ``samples``: contributor -> the samples its mean is over.
 
     Momentum is kept per contributor (the aggregator does, for each volunteer, what
     CC+momentum asks of workers): an attacker cannot make its inputs noisier than what it
-    sent before, and honest inputs cluster tighter, so attacks have less room to hide."""
+    sent before, and honest inputs cluster tighter, so attacks have less room to hide.
+    With ``samples``, each momentum is the decayed mean of its samples
+    (:func:`momentum_share`): volunteers' rounds carry 1 to thousands of samples."""
     if not contributions:
         raise ValueError("nothing to aggregate")
     momenta = state.momenta if state.momenta is not None else {}
     last_seen = state.last_seen if state.last_seen is not None else {}
+    weights = state.weights if state.weights is not None else {}
     beta = settings.momentum if settings.rule != "mean" else 0.0
     for who, g in contributions.items():
         g = g.reshape(-1).to(torch.float32)
         m = momenta.get(who)
+        n = None if samples is None else samples[who]
         if m is None or beta == 0.0:
             momenta[who] = g.clone()
+            weight = None if n is None else float(n)
         else:
             m = m.decode() if isinstance(m, Q8) else m
-            momenta[who] = m.mul_(beta).add_(g, alpha=1 - beta)
+            share = momentum_share(beta, weights.get(who), n)
+            momenta[who] = m.mul_(1.0 - share).add_(g, alpha=share)
+            # a weight-less momentum joins the weighted ones at the plain rule's weight
+            old = weights.get(who, n / (1.0 - beta) if n is not None else 0.0)
+            weight = None if n is None else beta * old + n
+        if weight is None:
+            weights.pop(who, None)
+        else:
+            weights[who] = weight
         last_seen[who] = state.rounds
     previous = None if state.previous is None else state.previous.to(torch.float32)
     ctx = RoundContext(
@@ -230,7 +267,8 @@ def robust_round(
     for who in [w for w, r in last_seen.items() if state.rounds - r > settings.forget_after_rounds]:
         del last_seen[who]
         momenta.pop(who, None)
-    state.momenta, state.last_seen = momenta, last_seen
+        weights.pop(who, None)
+    state.momenta, state.last_seen, state.weights = momenta, last_seen, weights
     return result
 
 

@@ -7,6 +7,7 @@ never asks which kind it holds."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -59,9 +60,11 @@ class RoundRule(Protocol):
         state: ExpertRoundState,
         version: int,
         sibling_scale: float | None,
+        samples: Mapping[str, int],
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """(the step's gradient, each contributor's kept share) from each contributor's
-        mean gradient (flat); ``state``: the uid's robust state across rounds."""
+        mean gradient (flat) over its ``samples``; ``state``: the uid's robust state
+        across rounds."""
         ...
 
 
@@ -124,9 +127,10 @@ class ExpertRounds:
         state: ExpertRoundState,
         version: int,
         sibling_scale: float | None,
+        samples: Mapping[str, int],
     ) -> tuple[torch.Tensor, dict[str, float]]:
         generator = torch.Generator().manual_seed(version)
-        aggregate = robust_round(state, means, self.robust, generator, sibling_scale)
+        aggregate = robust_round(state, means, self.robust, generator, sibling_scale, samples)
         momenta = state.momenta or {}
         kept = influence(
             {who: dense(momenta.get(who, g)) for who, g in means.items()}, aggregate, self.robust

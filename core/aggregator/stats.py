@@ -17,7 +17,8 @@ class ContributorStatistics:
     rejected: Counter[str] = field(default_factory=Counter)
     rounds: int = 0
     #: rounds it shared with other contributors, and the sum over those of the share of
-    #: its input the robust rule kept (1: untouched)
+    #: its input the robust rule kept (1: untouched), forgiven the noise of fewer samples
+    #: than the round's typical input (core/aggregator/credit.py ``credited_shares``)
     compared_rounds: int = 0
     influence_sum: float = 0.0
     #: the samples of its contributions that rounds applied: its work, whatever share

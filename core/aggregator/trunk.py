@@ -6,6 +6,7 @@ robust rule, no minimum of voices, no audits."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,7 @@ class TrunkRounds:
         state: ExpertRoundState,
         version: int,
         sibling_scale: float | None,
+        samples: Mapping[str, int],
     ) -> tuple[torch.Tensor, dict[str, float]]:
         # the sum of the trainers' changes, each whole, as steps of one run are. DiLoCo
         # averages its workers' changes, after hundreds of steps each; after a few,

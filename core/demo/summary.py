@@ -194,8 +194,9 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
             f"expert answers since: {since}"
         )
     console.print(
-        "influence: the share of a volunteer's gradient the robust rule kept, averaged over "
-        "rounds (poisoned gradients are clipped to a small share); credit: the samples of "
+        "influence: the share of a volunteer's gradient the robust rule kept (forgiven the "
+        "noise of fewer samples than the round's others), averaged over rounds (poisoned "
+        "gradients are clipped to a small share); credit: the samples of "
         "its contributions that reached a round, times that share, as the aggregator "
         "signed it (the project page's leaderboard)"
     )

@@ -8,7 +8,13 @@ import pytest
 
 from core.aggregator import credit as credit_module
 from core.aggregator.core import AggregatorCore
-from core.aggregator.credit import EARLIER, CreditLedger, round_grants
+from core.aggregator.credit import (
+    EARLIER,
+    CreditLedger,
+    credited_share,
+    credited_shares,
+    round_grants,
+)
 from core.aggregator.rounds import RoundRule
 from core.aggregator.verify import Rejected
 from core.protocol.credit import day_of
@@ -32,6 +38,41 @@ from tests.unit.test_aggregator_core import UID, contribution, make_core, settin
 )
 def test_a_round_grants_samples_times_the_share_kept(samples, kept, grants):
     assert round_grants(samples, kept) == pytest.approx(grants)
+
+
+@pytest.mark.parametrize(
+    ("kept", "weight", "typical", "share"),
+    [
+        (1.0, 20.0, 2000.0, 1.0),  # untouched stays whole
+        (0.1, 20.0, 2000.0, 1.0),  # 100x fewer samples: 10x as far is honest noise
+        (0.05, 20.0, 2000.0, 0.5),  # and no farther
+        (0.001, 20.0, 2000.0, 0.01),  # a x1000 gradient of few samples: ~1%
+        (0.4, 2000.0, 20.0, 0.4),  # more samples than typical: as the rule kept
+        (0.4, 2000.0, 2000.0, 0.4),
+        (0.0, 20.0, 2000.0, 0.0),  # thrown away: nothing
+        (1.7, 20.0, 2000.0, 1.0),  # clamped
+        (0.5, 0.0, 2000.0, 0.5),
+    ],
+)
+def test_a_share_is_forgiven_the_noise_of_fewer_samples_and_no_more(kept, weight, typical, share):
+    assert credited_share(kept, weight, typical) == pytest.approx(share)
+
+
+def test_a_round_credits_by_the_weights_of_the_inputs_it_compared():
+    samples = {"few": 20, "b": 2000, "c": 2000, "bad": 20}
+    kept = {"few": 0.1, "b": 1.0, "c": 0.5, "bad": 0.001}
+    weights = {"few": 20.0, "b": 2000.0, "c": 2000.0, "bad": 20.0}
+    # the typical weight is the lower median, 20: a third contributor of 2,000 makes it
+    shares = credited_shares(kept, weights)
+    assert shares == pytest.approx({"few": 0.1, "b": 1.0, "c": 0.5, "bad": 0.001})
+    weights["d"], kept["d"], samples["d"] = 2000.0, 1.0, 2000
+    shares = credited_shares(kept, weights)
+    assert shares == pytest.approx({"few": 1.0, "b": 1.0, "c": 0.5, "d": 1.0, "bad": 0.01})
+    assert round_grants(samples, shares) == pytest.approx(
+        {"few": 20.0, "b": 2000.0, "c": 1000.0, "d": 2000.0, "bad": 0.2}
+    )
+    # without weights (a rule that keeps none, as the trunk's): what the rule kept
+    assert credited_shares({"a": 1.3, "b": 0.2}, None) == {"a": 1.0, "b": 0.2}
 
 
 def test_the_ledger_books_per_day_and_a_ban_takes_back_the_days_it_covers():
@@ -104,9 +145,11 @@ def test_a_rounds_credit_is_what_the_receipts_and_the_robust_rule_justify(tmp_pa
     core.submit(*contribution(core, attacker, scale=-500.0, samples=16))
     kept = _round_with_kept(core, monkeypatch)
     day = day_of(core.clock.wall())
+    # each honest one's samples times the share kept, forgiven the noise of fewer samples
+    # than the round's typical (lower median: 6) input
     for i, v in enumerate(honest):
         assert core.credit.on_day(v.public_key.hex(), day) == pytest.approx(
-            (4 + i) * kept[v.public_key.hex()]
+            (4 + i) * credited_share(kept[v.public_key.hex()], 4 + i, 6)
         )
     # the robust rule kept less of the outlier, so it earned less than its 16 samples
     mallory = attacker.public_key.hex()

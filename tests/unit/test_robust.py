@@ -17,7 +17,11 @@ from core.aggregator.robust import (
     bucket,
     coordinate_median,
     dense,
+    influence,
+    load_round_state,
+    momentum_share,
     robust_round,
+    save_round_state,
     trimmed_mean,
 )
 from core.aggregator.rounds import ExpertRounds
@@ -102,7 +106,7 @@ def train(
             raise AssertionError(attack)
         inputs = {f"c{i}": v for i, v in enumerate([*honest, *bad])}
         if compact:
-            w = w - 0.1 * rounds.combine(inputs, state, step, None)[0]
+            w = w - 0.1 * rounds.combine(inputs, state, step, None, dict.fromkeys(inputs, 32))[0]
         else:
             w = w - 0.1 * robust_round(state, inputs, settings, g)
     loss = ((x_all @ w - y_all) ** 2).mean().item()
@@ -250,3 +254,71 @@ def test_a_lone_contributor_on_a_new_expert_is_clipped_to_the_scale_of_its_sibli
     # nothing to judge by at all: the lone input is all there is
     alone = robust_round(ExpertRoundState(), {"a": big}, RobustSettings())
     assert torch.equal(alone, big)
+
+
+@pytest.mark.parametrize(
+    ("beta", "weight", "samples", "share"),
+    [
+        (0.9, None, None, 0.1),  # no counts: CC+momentum's 1 - beta
+        (0.9, None, 500, 0.1),  # a momentum kept before weights: the same
+        (0.9, 5000.0, 500, 0.1),  # equal rounds in the steady state: the same
+        (0.9, 2.0, 2048, 2048 / (1.8 + 2048)),  # begun on 2 samples: the new mean
+        (0.9, 20480.0, 2, 2 / (18432 + 2)),  # 2 samples barely move a big history
+        (0.9, 10.0, 0, 0.0),
+        (0.0, 10.0, 5, 1.0),  # no momentum: the new mean alone
+    ],
+)
+def test_a_contributions_share_of_its_momentum(beta, weight, samples, share):
+    assert momentum_share(beta, weight, samples) == pytest.approx(share)
+
+
+def _noisy_mean(mu: torch.Tensor, samples: int, gen: torch.Generator) -> torch.Tensor:
+    """The mean gradient of ``samples`` samples whose own gradients scatter (sd 1)
+    around ``mu``."""
+    return mu + torch.randn(mu.numel(), generator=gen) / math.sqrt(samples)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_honest_momentum_begun_on_two_samples_is_not_clipped_when_thousands_follow(seed):
+    """In a demo, a volunteer's first round on an expert carried 2 samples, its next
+    2,048, as many as the others'. Its momentum (0.9 x the 2-sample mean) lay ~10x
+    farther out than theirs, and the rule kept a tenth of it, and credited a tenth of
+    its samples (CI failed so: an honest volunteer at 0.295 credit per sample). Here the
+    plain rule keeps 3% of it. Weighted by samples, its momentum is the mean of ~2,050
+    samples, the others' of ~3,900 (decayed): sqrt(2) farther out, 1/sqrt(2) kept."""
+    gen = torch.Generator().manual_seed(seed)
+    mu = 0.05 * torch.randn(4096, generator=gen)
+    settings = RobustSettings()
+
+    def second_round_share(with_samples: bool) -> float:
+        state, g = ExpertRoundState(), torch.Generator().manual_seed(seed)
+        for counts in ({"a": 2, "b": 2048, "c": 2048}, {"a": 2048, "b": 2048, "c": 2048}):
+            means = {w: _noisy_mean(mu, n, g) for w, n in counts.items()}
+            out = robust_round(state, means, settings, samples=counts if with_samples else None)
+        assert state.momenta is not None
+        return influence({w: dense(m) for w, m in state.momenta.items()}, out, settings)["a"]
+
+    assert second_round_share(with_samples=False) < 0.05
+    assert second_round_share(with_samples=True) > 0.6
+
+
+def test_momentum_weights_are_kept_with_the_round_state_and_may_be_absent():
+    state = ExpertRoundState()
+    robust_round(
+        state, {"a": torch.ones(3), "b": torch.zeros(3)}, RobustSettings(), samples={"a": 4, "b": 6}
+    )
+    assert state.weights == {"a": 4.0, "b": 6.0}
+    tensors: dict[str, torch.Tensor] = {}
+    meta = save_round_state(state, "r", tensors)
+    back = load_round_state(meta, "r", tensors)
+    assert back.weights == state.weights
+    # a state saved before weights were: its momenta blend as the plain rule's
+    del meta["weights"]
+    old = load_round_state(meta, "r", tensors)
+    assert old.weights == {}
+    robust_round(
+        old, {"a": torch.zeros(3), "b": torch.zeros(3)}, RobustSettings(), samples={"a": 4, "b": 6}
+    )
+    assert old.momenta is not None
+    assert torch.allclose(dense(old.momenta["a"]), 0.9 * torch.ones(3))
+    assert old.weights == {"a": pytest.approx(4 / 0.1), "b": pytest.approx(6 / 0.1)}
