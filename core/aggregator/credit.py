@@ -52,12 +52,14 @@ def credited_shares(
     its noise (:func:`credited_share`) where ``weights`` says how many samples each
     input the rule compared stands for; the typical input is the lower median's (one
     input of many samples cannot raise it alone)."""
-    known = [weights[w] for w in kept if weights and w in weights]
-    typical = median_low(known) if known else None
+    weights = weights or {}
+    known = [weights[w] for w in kept if w in weights]
+    if not known:
+        return {who: max(0.0, min(1.0, share)) for who, share in kept.items()}
+    typical = median_low(known)
+    # an input without a weight is taken for a typical one: what the rule kept
     return {
-        who: credited_share(share, weights[who], typical)
-        if weights and who in weights and typical is not None
-        else max(0.0, min(1.0, share))
+        who: credited_share(share, weights.get(who, typical), typical)
         for who, share in kept.items()
     }
 
