@@ -7,6 +7,7 @@ summary with the activation codec and the demo's slow-link ratio measured beside
                                        [--skip-demo] [--slow N --slow-ms 250]
                                        [--target-samples 1600 --eval-every 10]
                                        [--optimizer muon] [--expert-rates 1.5e-3 3e-3]
+                                       [--swarm-expert-rate 7.5e-4]
 
 ``--runs``: configurations as volunteers:delay_ms:trainers:in_flight (default: the
 goals' sizes, 4, 16 and 32 volunteers at 100 ms); ``--grid``: every volunteers (4, 8,
@@ -279,6 +280,8 @@ def time_to_target(
         # swarm itself adds (rounds, late and dropped calls, the wire)
         "same_concurrency_efficiency": _round(guard(needed, local_needed)),
         "local_same_concurrency_curve": _printed(local),
+        # its experts' rate: the reference's best (the swarm's may differ, --swarm-expert-rate)
+        "local_same_concurrency_expert_learning_rate": target.expert_learning_rate,
         # the local emulation ramped as the swarm did (lines before stop 58 did not)
         "local_same_concurrency_ramp": options.ramp,
     }
@@ -893,6 +896,14 @@ def main() -> None:
         "the swarm's aggregators take the best pair's (the demo's 3e-3 was never tuned)",
     )
     parser.add_argument(
+        "--swarm-expert-rate",
+        type=float,
+        default=None,
+        help="the aggregators' rate for the experts (the manifest's) instead of the "
+        "reference's best: the robust rule's per-volunteer momentum comes before their Adam, "
+        "which the reference's experts lack (the local emulation stays at the reference's)",
+    )
+    parser.add_argument(
         "--optimizer",
         choices=["adamw", "muon"],
         default="adamw",
@@ -975,8 +986,11 @@ def main() -> None:
             base,
             eval_every=args.eval_every,
             trainer_learning_rate=target.learning_rate,
-            # the aggregators' rate for the experts (the manifest's), the reference's best
-            demo=replace(base.demo, learning_rate=target.expert_learning_rate),
+            # the aggregators' rate for the experts (the manifest's): the reference's best
+            # unless the swarm's own is given
+            demo=replace(
+                base.demo, learning_rate=args.swarm_expert_rate or target.expert_learning_rate
+            ),
         )
     if args.local_only:
         if target is None:
