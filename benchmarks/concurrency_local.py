@@ -134,6 +134,8 @@ def curve(
     eval_batches: int = 8,
     expert_round: int = 1,
     expert_rate_scale: float = 1.0,
+    expert_momentum: float = 0.0,
+    expert_beta1: float = 0.9,
     count_others: bool = False,
     predict_others: bool = False,
     others_ahead: float | None = None,
@@ -146,7 +148,10 @@ def curve(
     """(samples applied, validation loss of the first trainer's model) every
     ``eval_every`` batches applied (0: at the end only), the start's included. The
     experts step every ``expert_round`` batches (an aggregator's round) at the demo's
-    rate times ``expert_rate_scale``.
+    rate times ``expert_rate_scale``. ``expert_momentum``: before their Adam (first moment
+    ``expert_beta1``), a round's mean gradient joins a momentum as the aggregators' robust
+    rule keeps one per volunteer (core/aggregator/robust.py; one volunteer here, equal
+    rounds: 1 - momentum of the new one), and the momentum is what Adam steps on.
 
     Staleness between trainers: ``count_others`` counts the other trainers' steps that
     reach a trainer's copy (with a version it rebases onto) between a gradient's
@@ -183,7 +188,10 @@ def curve(
     coordinates = sum(p.numel() for p in _trunk(first).values())
     experts = [p for n, p in first.named_parameters() if ".experts." in n]
     # the experts at the demo's rate whatever the trainer's (the manifest sets theirs)
-    expert_optimizer = torch.optim.Adam(experts, lr=options.learning_rate * expert_rate_scale)
+    expert_optimizer = torch.optim.Adam(
+        experts, lr=options.learning_rate * expert_rate_scale, betas=(expert_beta1, 0.999)
+    )
+    expert_momenta: list[torch.Tensor | None] = [None for _ in experts]
     expert_batches = 0
     rounds: deque[list[torch.Tensor | None]] = deque()
     # the aggregator's trunk and its outer optimizer
@@ -297,7 +305,12 @@ def curve(
             if len(rounds) > expert_lag:
                 # the round's gradients land ``expert_lag`` rounds late (computed on
                 # the weights of that many versions ago)
-                for p, g in zip(experts, rounds.popleft(), strict=True):
+                for i, (p, g) in enumerate(zip(experts, rounds.popleft(), strict=True)):
+                    m = expert_momenta[i]
+                    if g is not None and expert_momentum > 0:
+                        g = g.clone() if m is None else m.lerp_(g, 1.0 - expert_momentum)
+                        expert_momenta[i] = g
+                        g = g.clone()  # the momentum is kept; Adam gets a copy
                     p.grad = g
                 expert_optimizer.step()
                 expert_optimizer.zero_grad(set_to_none=True)
