@@ -17,7 +17,7 @@ rounds alone leave) and the mean of the per-seed ratios with its standard error;
 ``--rate-scales``: the experts' rate in rounds times each of these (one line each: a
 round's mean gradient is of more samples than one batch's, so it may bear a larger step);
 ``--reference-rate-scale``: the reference's experts' rate (x the demo's 3e-3; 0.5 is
-issue 41's tuned 1.5e-3). ``--momentum``: the rounds' experts step on a momentum of their
+issue 41's tuned 1.5e-3), L*'s too. ``--momentum``: the rounds' experts step on a momentum of their
 rounds, as the aggregators' robust rule keeps one per volunteer before their Adam (whose
 first moment is ``--beta1``): the swarm's experts see two momenta, the reference's one.
 """
@@ -40,6 +40,7 @@ from concurrency_local import Arrangement, curve
 from swarm_scaling import EVAL_BATCHES, reference_target
 from time_to_loss import samples_to, samples_to_smoothed
 
+from core.demo.options import DemoOptions
 from core.trainer.data import STDLIB, load_corpus
 
 
@@ -70,8 +71,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # the figures of one thread (the order of sums moves them ~1%)
     corpus = load_corpus(STDLIB)
+    # L* at the reference's experts' rate, as swarm_scaling.py's --expert-rates sets it
     target, _ = reference_target(
-        args.target_samples, args.reference_seeds, [args.lr], args.optimizer, args.eval_every
+        args.target_samples,
+        args.reference_seeds,
+        [args.lr],
+        args.optimizer,
+        args.eval_every,
+        [DemoOptions.learning_rate * args.reference_rate_scale],
     )
     steps = args.samples // 16
 
