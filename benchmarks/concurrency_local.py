@@ -306,9 +306,9 @@ def curve(
                 # the round's gradients land ``expert_lag`` rounds late (computed on
                 # the weights of that many versions ago)
                 for i, (p, g) in enumerate(zip(experts, rounds.popleft(), strict=True)):
-                    m = expert_momenta[i]
+                    kept = expert_momenta[i]
                     if g is not None and expert_momentum > 0:
-                        g = g.clone() if m is None else m.lerp_(g, 1.0 - expert_momentum)
+                        g = g.clone() if kept is None else kept.lerp_(g, 1.0 - expert_momentum)
                         expert_momenta[i] = g
                         g = g.clone()  # the momentum is kept; Adam gets a copy
                     p.grad = g
