@@ -357,7 +357,10 @@ def measure(options: EmulationOptions, target: Target | None = None) -> dict[str
         eval_batches=EVAL_BATCHES,
         learning_rate=options.trainer_learning_rate,
         optimizer=options.demo.trainer_optimizer,  # type: ignore[arg-type]
-        expert_learning_rate=options.demo.learning_rate,
+        # the reference's experts at its own best rate (the swarm's may be set apart)
+        expert_learning_rate=(
+            options.demo.learning_rate if target is None else target.expert_learning_rate
+        ),
     )["loss"]
     forward, late, backward = (
         sum(c[key] for c in calls) for key in ("forward_rows", "late_rows", "backward_rows")
