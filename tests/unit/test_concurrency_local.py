@@ -45,16 +45,22 @@ def test_an_expert_round_that_lands_after_the_run_leaves_the_experts_untrained(c
 def test_the_robust_rules_momentum_starts_at_the_first_round_then_holds_the_old_ones(corpus):
     # an aggregator's first round of a volunteer is its momentum whole (the rule starts
     # a momentum at its first input), so one batch steps alike; later rounds blend in
-    def after(batches: int, momentum: float) -> float:
-        return train(corpus, batches, Arrangement(1, 1), seed=1, expert_momentum=momentum)
+    def after(batches: int, momentum: float, beta1: float = 0.9) -> float:
+        return train(
+            corpus,
+            batches,
+            Arrangement(1, 1),
+            seed=1,
+            eval_batches=1,
+            expert_momentum=momentum,
+            expert_beta1=beta1,
+        )
 
     assert after(1, 0.9) == after(1, 0.0)
-    assert after(3, 0.9) != after(3, 0.0)
+    with_adams = after(3, 0.9)
+    assert with_adams != after(3, 0.0)
     # Adam's own first moment is a separate knob: at 0 it steps on the momentum alone
-    with_adams = train(corpus, 3, Arrangement(1, 1), seed=1, expert_momentum=0.9)
-    assert with_adams != train(
-        corpus, 3, Arrangement(1, 1), seed=1, expert_momentum=0.9, expert_beta1=0.0
-    )
+    assert with_adams != after(3, 0.9, beta1=0.0)
 
 
 def test_the_other_trainers_steps_are_predicted_once_a_rebase_brought_them(corpus):
