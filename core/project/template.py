@@ -34,7 +34,8 @@ optimizer = "adam"                 # sgd, adam or adamw, run by the aggregators
 trainer_optimizer = "adamw"        # the trainers' own layers: adamw, or muon (hidden
                                    #   matrices; AdamW for embeddings, head, vectors): on
                                    #   the demo's model better at its own rate (--lr 1e-2)
-learning_rate = 0.001
+learning_rate = 0.001              # the experts' Adam steps on the robust rule's momentum
+                                   #   (below): tuned on a one-process model, divide by 2-3
 contribution_samples = 512         # a volunteer sends its gradients every N samples...
 contribution_seconds = 30.0        # ...or once a round, just before it closes (every T
                                    #   seconds until the aggregator has said when)
