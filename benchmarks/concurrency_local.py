@@ -48,6 +48,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.aggregator.robust import momentum_share
 from core.demo import DemoOptions
 from core.project.manifest import TrainerOptimizerKind
 from core.trainer.concurrency import batches_in_flight
@@ -308,9 +309,11 @@ def curve(
                 for i, (p, g) in enumerate(zip(experts, rounds.popleft(), strict=True)):
                     kept = expert_momenta[i]
                     if g is not None and expert_momentum > 0:
-                        g = g.clone() if kept is None else kept.lerp_(g, 1.0 - expert_momentum)
-                        expert_momenta[i] = g
-                        g = g.clone()  # the momentum is kept; Adam gets a copy
+                        # the rule's share for equal rounds (no sample counts)
+                        share = momentum_share(expert_momentum, None, None)
+                        kept = g if kept is None else kept.lerp_(g, share)
+                        expert_momenta[i] = kept
+                        g = kept.clone()  # Adam gets a copy; the momentum stays
                     p.grad = g
                 expert_optimizer.step()
                 expert_optimizer.zero_grad(set_to_none=True)
