@@ -5,7 +5,7 @@ and a STUN responder on the lab's "internet" for it to learn its public address.
 miniupnpd refuses to forward ports while its WAN address is a reserved one (as
 198.18.0.0/15 is) unless STUN says the router is not itself behind a NAT: it sends four
 Binding requests from four sockets and wants every answer from the address it asked,
-showing its own address and ports. The responder below does just that (it ignores the
+showing its own address and ports. net/testing/stun_responder.py does just that (it ignores the
 "change address" flags, as a server with one address must).
 """
 
@@ -20,24 +20,8 @@ from pathlib import Path
 
 #: where the lab's STUN responder listens (on the bridge of the public network)
 STUN_PORT = 3478
-#: Binding responder (RFC 5389): MAPPED-ADDRESS and XOR-MAPPED-ADDRESS of the sender
-STUN_SOURCE = """
-import socket, struct, sys
-MAGIC = 0x2112A442
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind((sys.argv[1], int(sys.argv[2])))
-print("ready", flush=True)
-while True:
-    req, (ip, port) = s.recvfrom(2048)
-    if len(req) < 20 or struct.unpack("!H", req[:2])[0] != 0x0001:
-        continue
-    cookie, tid, raw = struct.unpack("!I", req[4:8])[0], req[8:20], socket.inet_aton(ip)
-    attrs = struct.pack("!HHBBH", 0x0001, 8, 0, 1, port) + raw
-    if cookie == MAGIC:
-        xip = struct.pack("!I", struct.unpack("!I", raw)[0] ^ MAGIC)
-        attrs += struct.pack("!HHBBH", 0x0020, 8, 0, 1, port ^ (MAGIC >> 16)) + xip
-    s.sendto(struct.pack("!HHI", 0x0101, len(attrs), cookie) + tid + attrs, (ip, port))
-"""
+#: the STUN responder, run as a script by its path (standard library only)
+STUN_RESPONDER = Path(__file__).with_name("stun_responder.py")
 
 _CONFIG = """ext_ifname=wan
 listening_ip=lan
@@ -91,7 +75,7 @@ def missing() -> str | None:
 
 def start_stun(prefix: list[str], ip: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [*prefix, sys.executable, "-c", STUN_SOURCE, ip, str(STUN_PORT)],
+        [*prefix, sys.executable, str(STUN_RESPONDER), ip, str(STUN_PORT)],
         stdout=subprocess.PIPE,
         text=True,
     )
