@@ -5,7 +5,10 @@
 Prints one JSON line:
 
 - ``device``; ``matmul_tflops``: a dense matrix product in the project's dtype (the
-  device's reference figure, same run);
+  device's reference figure, same run); ``compute_dtype``: what the expert computes in
+  here (a CPU computes 16-bit experts in float32: core/experts/backend.py), and where it
+  differs from the project's dtype ``matmul_tflops_compute``, the same product in it;
+  ``expert_vs_matmul`` is against the product in the compute dtype;
 - ``expert_tflops``: a SwiGLU expert's forward+backward (hidden 4096, inner 14336:
   one Mixtral-8x7B expert; ``--blocks`` for a thick one) through ``ExpertBackend`` as a
   node serves it: the request's tensors in host memory, its graph kept, parameter
@@ -14,11 +17,12 @@ Prints one JSON line:
 - ``remote_expert_tflops``: the same expert served by a second process, called over
   libp2p on loopback (``ExpertCaller``, ``--in-flight`` requests at a time), with
   ``wire_mb_per_s`` the bytes its activations and gradients moved;
-- ``params_per_gb_served`` (the project's dtype) beside ``params_per_gb_served_fp32``
-  (a float32 project, same plan) and ``params_per_gb_before`` (the plan's 20 B per
-  parameter before the footprint followed the dtype), from core/node/capacity.py; on a
-  GPU, ``plan_peak_gb`` is what serving the experts planned for ``plan_budget_gb``
-  really took (forward with kept graph, backward, a swap with a graph waiting);
+- ``params_per_gb_served`` (the project's dtype, as held on this device: float32 on a
+  CPU) beside ``params_per_gb_served_fp32`` (a float32 project, same plan) and
+  ``params_per_gb_before`` (the plan's 20 B per parameter before the footprint followed
+  the dtype), from core/node/capacity.py; on a GPU, ``plan_peak_gb`` is what serving
+  the experts planned for ``plan_budget_gb`` really took (forward with kept graph,
+  backward, a swap with a graph waiting);
 - ``audit_false_accusations`` over ``audits``: answers made on this device (forward and
   backward, raw and q8 on the wire), recomputed on the CPU, that exceed the honest
   bound; ``audit_max_excess`` the worst honest ratio (1 is the bound);
@@ -46,7 +50,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.experts import activations
-from core.experts.backend import ExpertBackend
+from core.experts.backend import ExpertBackend, compute_dtype
 from core.experts.registry import DTYPES, ExpertSpec, build_expert, parameter_count
 from core.experts.server import ExpertServer, ServerConfig
 from core.experts.tolerance import excess
@@ -252,7 +256,8 @@ def _passed(args: argparse.Namespace) -> list[str]:
 
 
 def memory_figures(spec: ExpertSpec, device: torch.device, budget_gb: float) -> dict[str, Any]:
-    itemsize = spec.torch_dtype.itemsize
+    # the weights as a node holds them here (core/node/serving.py's plan does the same)
+    itemsize = compute_dtype(spec.torch_dtype, device).itemsize
     on_gpu = device.type == "cuda"
     out: dict[str, Any] = {
         "params_per_gb_served": round(params_per_gb(itemsize, on_gpu=on_gpu) / 1e6, 2),
@@ -420,8 +425,15 @@ def main() -> None:
     }
     n = 8192 if device.type == "cuda" else (256 if args.quick else 1024)
     result["matmul_tflops"] = _sig(matmul_tflops(device, dtype, n, args.seconds))
+    computes_in = compute_dtype(dtype, device)
+    result["compute_dtype"] = str(computes_in).removeprefix("torch.")
+    reference = result["matmul_tflops"]
+    if computes_in != dtype:
+        reference = result["matmul_tflops_compute"] = _sig(
+            matmul_tflops(device, computes_in, n, args.seconds)
+        )
     result.update(expert_figures(spec, device, args.rows, args.seconds))
-    result["expert_vs_matmul"] = round(result["expert_tflops"] / result["matmul_tflops"], 3)
+    result["expert_vs_matmul"] = round(result["expert_tflops"] / reference, 3)
     if not args.no_remote:
         result.update(remote_figures(args))
         result["remote_vs_local"] = round(
