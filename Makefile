@@ -40,8 +40,13 @@ lint:
 # PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (these machines do),
 # every process compiled moehome's modules from source and pytest rewrote every test
 # module again, each run (the fast tier: 66 s, 55-59 s with the caches written).
+# Two workers, a test file (the NAT lab's files: one group) at a time each, the files
+# with slow tests first (tests/parallel.py): in one process the suite kept 1.08 of two
+# cores busy, 24:14 on a 2-core machine; on two workers 17:37, both cores ~85% busy.
+# One torch thread per process, as the fast tier: two workers' torch pools on two
+# cores (OpenMP spins while it waits) made one unit file 7 times slower (14 s -> 96 s).
 test: lint
-	PYTHONDONTWRITEBYTECODE= QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest --durations=25
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
 
 # The fast tier alone (pure functions, decoders, models; no sockets, no processes): < 1 min,
 # on two workers (one process, about 65 s on 2 cores), each with one torch thread (two

@@ -9,12 +9,19 @@ from tests.bundle.building import BUNDLE_BUILD, BundleBuild, prebuilt_bundle
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+#: the whole suite's grouping and order on two workers (make test)
+pytest_plugins = ["tests.parallel"]
+
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they will
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The bundle's test goes last, and when other tests run before it, its build
     starts now, at the lowest priority, to use the CPU time they leave idle (none when
-    MOEHOME_BUNDLE names one built before)."""
+    MOEHOME_BUNDLE names one built before). On workers of ``pytest -n`` the bundle's
+    test goes first instead and builds in the foreground, the other worker running
+    tests meanwhile (tests/parallel.py)."""
+    if hasattr(config, "workerinput"):
+        return
     bundle = [item for item in items if item.nodeid.startswith("tests/bundle/")]
     if not bundle or len(bundle) == len(items) or config.option.collectonly:
         return

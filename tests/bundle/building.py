@@ -1,16 +1,20 @@
 """The bundle's build for its test, started with the test session when the whole suite
-runs: PyInstaller needs about three minutes of one core, and the suite's quick tests
-(unit, property, most swarm and GUI tests: mostly one process) leave the other core
-idle for about as long. So the build runs beside them at the lowest priority the system
-offers (its own session and autogroup at nice 19, SCHED_IDLE, idle I/O class), and is
-stopped (SIGSTOP) for the length of every test marked slow: those run many processes and
-measure rates and routing. In the one fresh-clone run with the build beside them, the
-demo tests ran 20-40% slower and a routing margin broke (two vCPUs may share one
-physical core, which no priority helps); this machine's own speed varies that much too,
-so the cause is not proven, but a slow test now meets the machine as it did before the
-build moved here. The bundle test runs last and waits for what is left of the build.
+runs in one process (``pytest`` without ``-n``): PyInstaller needs about three minutes
+of one core, and the suite's quick tests (unit, property, most swarm and GUI tests:
+mostly one process) leave the other core idle for about as long. So the build runs
+beside them at the lowest priority the system offers (its own session and autogroup at
+nice 19, SCHED_IDLE, idle I/O class), and is stopped (SIGSTOP) for the length of every
+test marked slow: those run many processes and measure rates and routing. In the one
+fresh-clone run with the build beside them, the demo tests ran 20-40% slower and a
+routing margin broke (two vCPUs may share one physical core, which no priority helps);
+this machine's own speed varies that much too, so the cause is not proven, but a slow
+test now meets the machine as it did before the build moved here. The bundle test runs
+last and waits for what is left of the build.
 
-Run alone (``pytest tests/bundle``), the test starts the build in the foreground. With
+On two workers (``make test``: tests/parallel.py) the bundle's test goes first and
+builds in the foreground of its worker while the other worker runs tests: there is no
+idle core to borrow when two workers share two cores. Run alone (``pytest
+tests/bundle``), the test starts the build in the foreground too. With
 MOEHOME_BUNDLE naming a bundle built before (the GPU variant: installer/README.md), the
 test runs that one and nothing is built."""
 

@@ -2,9 +2,10 @@
 its folder: `moehome --version`, `moehome node --selftest` (the device it computes on,
 device benchmark, libp2p hosts, an expert forward on that device, probes) and
 `moehome-tray --selftest` offscreen (which also checks that the tray loaded neither
-torch, trio nor libp2p). Slow: the build takes ~3 minutes of one core; in a whole-suite
-run it starts with the session, beside the other tests at the lowest priority, and this
-test runs last (tests/bundle/building.py).
+torch, trio nor libp2p). Slow: the build takes ~3 minutes of one core; on two workers
+(``make test``) this test runs first and builds while the other worker runs tests; in a
+whole-suite run in one process the build starts with the session, beside the other
+tests at the lowest priority, and this test runs last (tests/bundle/building.py).
 MOEHOME_BUNDLE=dist/moehome-gpu-cu128 runs it on a bundle built before (the GPU variant,
 installer/README.md), which must compute on the GPU where there is one."""
 
