@@ -1,6 +1,6 @@
 """Time to the same loss (issue 41): where a loss curve first reaches a target, and the
 figures built on it. Pure functions, shared by benchmarks/swarm_scaling.py and tested in
-tests/unit/test_time_to_loss.py.
+tests/benchmarks/test_time_to_loss.py.
 
 A curve is [(samples trained, validation loss)], its evaluations in order. The target L*
 is the synchronous one-process reference's loss after ``target_samples``; a run's sample
