@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from contextlib import asynccontextmanager
 
@@ -180,9 +181,12 @@ async def test_the_network_keeps_answering_while_a_batch_computes():
         computing = trio.Event()
         token = trio.lowlevel.current_trio_token()
 
+        computed = threading.Event()
+
         def slow(x, keep=False, owner=None):
             trio.from_thread.run_sync(computing.set, trio_token=token)
             time.sleep(1.0)  # a long batch on the device
+            computed.set()
             return slow_forward(x, keep, owner)
 
         backend.forward = slow
@@ -191,9 +195,10 @@ async def test_the_network_keeps_answering_while_a_batch_computes():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(caller.forward, "ffn.0.0", [ref], torch.randn(2, 16))
             await computing.wait()
-            t0 = trio.current_time()
             info = await swarm.node(1).rpc.call(swarm.node(0).peer_id, INFO, {"uid": "ffn.0.0"})
-            assert trio.current_time() - t0 < 0.5  # answered during the 1 s computation
+            # answered while the batch still computed (an order, not a time: the answer's
+            # round trip is this machine's load)
+            assert not computed.is_set()
         assert info.meta["spec"] == FFN.to_dict()
         assert info.meta["sha256"] == backend.sha256
         assert info.meta["uid"] == "ffn.0.0"

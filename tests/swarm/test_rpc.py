@@ -415,7 +415,9 @@ async def test_connect_has_no_fixed_250_ms_dial_delay():
             t0 = time.perf_counter()
             await a.connect_addr(b.addrs()[0])
             durations.append(time.perf_counter() - t0)
-    assert sorted(durations)[1] < 0.2, durations
+    # a fixed delay is in every dial, so the fastest says whether there is one; the
+    # others are this machine's load (the suite runs on two workers beside each other)
+    assert min(durations) < 0.2, durations
 
 
 async def test_requests_beyond_the_memory_budget_are_refused_before_their_payload_is_read():
