@@ -5,12 +5,13 @@ and a STUN responder on the lab's "internet" for it to learn its public address.
 miniupnpd refuses to forward ports while its WAN address is a reserved one (as
 198.18.0.0/15 is) unless STUN says the router is not itself behind a NAT: it sends four
 Binding requests from four sockets and wants every answer from the address it asked,
-showing its own address and ports. net/testing/stun_responder.py does just that (it ignores the
-"change address" flags, as a server with one address must).
+showing its own address and ports. net/testing/stun_responder.py does just that (it
+ignores the "change address" flags, as a server with one address must).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -74,14 +75,21 @@ def missing() -> str | None:
 
 
 def start_stun(prefix: list[str], ip: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [*prefix, sys.executable, str(STUN_RESPONDER), ip, str(STUN_PORT)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
-        raise RuntimeError(f"the lab's STUN responder did not start (rc {proc.wait()})")
+    """The STUN responder in the lab's internet (``prefix``: the ``ip netns exec`` of
+    its namespace), returned once bound: it writes a newline to the pipe it is handed;
+    the pipe's end without one is a responder that died first."""
+    ready, notify = os.pipe()
+    with os.fdopen(ready, "rb") as pipe:
+        try:
+            proc = subprocess.Popen(
+                [*prefix, sys.executable, str(STUN_RESPONDER), ip, str(STUN_PORT), str(notify)],
+                pass_fds=(notify,),
+                text=True,
+            )
+        finally:
+            os.close(notify)  # the responder holds the only writing end now
+        if pipe.read(1) != b"\n":
+            raise RuntimeError(f"the lab's STUN responder did not start (rc {proc.wait()})")
     return proc
 
 

@@ -3,13 +3,15 @@ XOR-MAPPED-ADDRESS of each request's sender, for the lab's UPnP router
 (net/testing/lab_upnp.py). Run as a script by its path, in the lab's "internet"
 namespace, with only the standard library (no package import in the namespace):
 
-    python net/testing/stun_responder.py IP PORT
+    python net/testing/stun_responder.py IP PORT READY_FD
 
-It prints "ready" once bound: the parent's start handshake on its stdout.
+Once bound it writes a newline to READY_FD, a pipe its parent handed it, and closes it
+(s6's readiness notification): the parent's start handshake, stdout left alone.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import sys
@@ -34,9 +36,11 @@ def answer(request: bytes, ip: str, port: int) -> bytes | None:
 
 
 def main(argv: list[str]) -> None:
+    ip, port, ready = argv[0], int(argv[1]), int(argv[2])
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind((argv[0], int(argv[1])))
-    print("ready", flush=True)
+    s.bind((ip, port))
+    os.write(ready, b"\n")
+    os.close(ready)
     while True:
         request, (ip, port) = s.recvfrom(2048)
         response = answer(request, ip, port)
