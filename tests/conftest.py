@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.bundle.building import BUNDLE_BUILD, BundleBuild, prebuilt_bundle
+from tests.bundle.building import BUNDLE_BUILD, BUNDLE_TESTS, BundleBuild, prebuilt_bundle
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -20,9 +20,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     MOEHOME_BUNDLE names one built before). On workers of ``pytest -n`` the bundle's
     test goes first instead and builds in the foreground, the other worker running
     tests meanwhile (tests/parallel.py)."""
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput"):  # a worker of pytest -n (tests.parallel.in_a_worker)
         return
-    bundle = [item for item in items if item.nodeid.startswith("tests/bundle/")]
+    bundle = [item for item in items if item.nodeid.startswith(BUNDLE_TESTS)]
     if not bundle or len(bundle) == len(items) or config.option.collectonly:
         return
     if prebuilt_bundle() is not None:
@@ -41,7 +41,7 @@ def _bundle_build_stopped_beside_slow_tests(request: pytest.FixtureRequest) -> I
     stop = (
         build is not None
         and request.node.get_closest_marker("slow") is not None
-        and not request.node.nodeid.startswith("tests/bundle/")
+        and not request.node.nodeid.startswith(BUNDLE_TESTS)
     )
     if build is not None and stop:
         build.pause()

@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import pytest
 
+from tests.bundle.building import BUNDLE_TESTS
+
 #: files whose tests share what one machine has once, run one after another
 SHARED = {"tests/nat/": "nat"}
+
+
+def in_a_worker(config: pytest.Config) -> bool:
+    """Whether this process is a worker of ``pytest -n`` (xdist gives it its input)."""
+    return hasattr(config, "workerinput")
 
 
 def group_of(nodeid: str) -> str:
@@ -31,7 +38,7 @@ def rank_of_groups(items: list[pytest.Item]) -> dict[str, int]:
     rank: dict[str, int] = {}
     for item in items:
         group = group_of(item.nodeid)
-        if item.nodeid.startswith("tests/bundle/"):
+        if item.nodeid.startswith(BUNDLE_TESTS):
             mine = 0
         elif item.get_closest_marker("slow") is not None:
             mine = 1
@@ -43,7 +50,7 @@ def rank_of_groups(items: list[pytest.Item]) -> dict[str, int]:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names each test after its group
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not hasattr(config, "workerinput"):  # not a worker of pytest -n
+    if not in_a_worker(config):
         return
     rank = rank_of_groups(items)
     for item in items:

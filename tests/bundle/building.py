@@ -35,6 +35,8 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Where the bundle's tests are (their node ids start so).
+BUNDLE_TESTS = "tests/bundle/"
 #: A bundle's folder, built before: the test runs it instead of building one.
 BUNDLE_VARIABLE = "MOEHOME_BUNDLE"
 

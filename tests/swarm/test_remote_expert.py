@@ -179,9 +179,8 @@ async def test_the_network_keeps_answering_while_a_batch_computes():
         backend = server.backends["ffn.0.0"]
         slow_forward = backend.forward
         computing = trio.Event()
+        computed = threading.Event()  # set by the batch's thread when it ends
         token = trio.lowlevel.current_trio_token()
-
-        computed = threading.Event()
 
         def slow(x, keep=False, owner=None):
             trio.from_thread.run_sync(computing.set, trio_token=token)

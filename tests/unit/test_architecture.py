@@ -139,8 +139,17 @@ def test_every_test_sits_in_a_tier():
     """tests/<tier>/: unit (the fast tier), benchmarks (their harness), properties, swarm,
     processes, nat, gui, bundle, gpu (skipped without CUDA); a test file at the top would
     run in no tier of its own (README names the tiers)."""
-    tiers = {"unit", "benchmarks", "properties", "swarm", "processes", "nat", "gui", "bundle"}
-    tiers |= {"gpu"}  # skipped without CUDA
+    tiers = {
+        "unit",
+        "benchmarks",
+        "properties",
+        "swarm",
+        "processes",
+        "nat",
+        "gui",
+        "bundle",
+        "gpu",
+    }
     tests = ROOT / "tests"
     assert not sorted(p.name for p in tests.glob("test_*.py"))
     folders = {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
